@@ -1,0 +1,27 @@
+"""deepinfer: an LLM inference and serving engine with a minimal core and plugins for the rest."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from deepinfer.core.sampling_params import SamplingParams
+
+__version__ = "0.1.0"
+
+_ASSETS = Path(__file__).parent / "assets"
+DEMO_MODEL = str(_ASSETS / "demo-target")
+DEMO_DRAFT_MODEL = str(_ASSETS / "demo-draft")
+
+if TYPE_CHECKING:
+    from deepinfer.llm import LLM
+
+
+def __getattr__(name: str):
+    if name == "LLM":
+        from deepinfer.llm import LLM
+
+        return LLM
+    raise AttributeError(f"module 'deepinfer' has no attribute {name!r}")
+
+
+__all__ = ["DEMO_DRAFT_MODEL", "DEMO_MODEL", "LLM", "SamplingParams", "__version__"]

@@ -1,0 +1,119 @@
+"""The composition root: EngineConfig -> plugin instances -> an assembled LLMEngine."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pluggy
+
+from deepinfer.core.block_pool import BlockPool
+from deepinfer.core.config import EngineConfig
+from deepinfer.core.context import EngineContext
+from deepinfer.core.engine import LLMEngine
+from deepinfer.core.kv_manager import KVCacheManager
+from deepinfer.core.loader import load_model, resolve_dtype
+from deepinfer.core.metrics import Metrics
+from deepinfer.core.model_config import ModelConfigError, read_model_config
+from deepinfer.core.model_registry import ModelRegistry
+from deepinfer.core.model_runner import ModelRunner
+from deepinfer.core.sampler import Sampler
+from deepinfer.core.tokenizer import Tokenizer
+from deepinfer.plugins import hookspecs
+from deepinfer.plugins.discovery import PluginError, model_entry_points
+from deepinfer.plugins.selection import Selection, instantiate_hooks, select
+
+
+def demo_model_path() -> str:
+    from deepinfer import DEMO_MODEL
+
+    if not (Path(DEMO_MODEL) / "config.json").is_file():
+        raise ModelConfigError(f"no model given and the embedded demo model is missing at {DEMO_MODEL}; "
+                               "pass a model directory")
+    return DEMO_MODEL
+
+
+def model_registry() -> ModelRegistry:
+    reg = ModelRegistry()
+    for ep in model_entry_points():
+        try:
+            reg.register(ep.name, ep.load())
+        except Exception as e:  # a broken model plugin must not hide the others
+            raise PluginError(f"model plugin {ep.name!r} ({ep.value}) failed to load: {e}") from e
+    return reg
+
+
+def plugin_manager(sel: Selection) -> pluggy.PluginManager:
+    pm = pluggy.PluginManager("deepinfer")
+    pm.add_hookspecs(hookspecs)
+    for obj in instantiate_hooks(sel):
+        pm.register(obj)
+    return pm
+
+
+def build_engine(config: EngineConfig, progress: bool = True) -> LLMEngine:
+    """Resolve plugins, load the model, size the KV pool and assemble the engine."""
+    sel = select(config)
+    model_path = config.model or demo_model_path()
+    mcfg = read_model_config(model_path)
+    registry = model_registry()
+    registry.resolve(mcfg.architecture)  # fail before anything heavy happens
+    max_model_len = config.max_model_len or mcfg.max_position_embeddings
+    if max_model_len > mcfg.max_position_embeddings:
+        raise ModelConfigError(f"max_model_len {max_model_len} exceeds the model's "
+                               f"max_position_embeddings {mcfg.max_position_embeddings}")
+    tok_dir = Path(config.tokenizer or model_path)
+    tokenizer = Tokenizer(tok_dir) if (tok_dir / "tokenizer.json").is_file() else None
+
+    pm = plugin_manager(sel)
+    pm.hook.deepinfer_config_finalized(config=config)
+    ctx = EngineContext(config=config, metrics=Metrics(), model_path=model_path,
+                        model_config={"vocab_size": mcfg.vocab_size, "architecture": mcfg.architecture,
+                                      "sliding_window": mcfg.sliding_window,
+                                      "layer_types": mcfg.layer_types})
+    dev_info = sel.one("device")
+    device_cls = sel.classes[dev_info.name]
+    reason = device_cls.unavailable_reason()
+    if reason is not None:
+        raise PluginError(f"device plugin {dev_info.name!r} cannot run here: {reason}")
+    device = device_cls(sel.options[dev_info.name], ctx)
+    ctx.device = device
+    attn_name = sel.one("attention").name
+    attention = sel.classes[attn_name](sel.options[attn_name], ctx)
+    dtype = resolve_dtype(config.dtype, mcfg, device.torch_device.type)
+    model = load_model(mcfg, registry, attention, dtype, device.torch_device, progress)
+    ctx.layers = model.attention_layers()
+
+    bs = config.block_size
+    per_block = attention.kv_cache_bytes_per_block(ctx.layers, bs, dtype)
+    model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    num_blocks = config.num_kv_blocks or device.kv_cache_budget(model_bytes) // per_block
+    needed = -(-max_model_len // bs)
+    if num_blocks < needed:
+        raise ValueError(f"the KV pool has {num_blocks} blocks of {bs} tokens, fewer than one "
+                         f"max_model_len ({max_model_len}) request needs ({needed}); give more KV memory "
+                         "or lower max_model_len")
+    kv_caches = attention.allocate_kv_cache(ctx.layers, num_blocks, bs, dtype, device.torch_device)
+    pool = BlockPool(num_blocks, bs)
+    kv = KVCacheManager(pool, [])
+    ctx.kv = kv
+    for info in sel.all("cache_policy"):
+        policy = sel.classes[info.name](sel.options[info.name], ctx)
+        kv.policies.append(policy)
+        pool.add_evict_listener(policy.on_evict)
+    sched_name = sel.one("scheduler").name
+    scheduler = sel.classes[sched_name](sel.options[sched_name], ctx)
+    drafter = None
+    if sel.one("drafter") is not None:
+        raise PluginError("a drafter was selected, but this version of the core does not verify drafts yet; "
+                          "remove the drafter plugin")
+    for obj in (device, attention, scheduler, *kv.policies):
+        if any(n.startswith("deepinfer_") for n in dir(obj)):
+            pm.register(obj)
+    pm.hook.deepinfer_register_metrics(metrics=ctx.metrics)
+    runner = ModelRunner(model, attention, kv_caches, bs, device.torch_device, Sampler(config.seed))
+    eos = list(mcfg.eos_token_ids)
+    if tokenizer is not None and tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos:
+        eos.append(tokenizer.eos_token_id)
+    engine = LLMEngine(ctx, runner, scheduler, kv, tokenizer, max_model_len, eos, drafter, pm.hook)
+    engine.plugin_names = {slot: [i.name for i in infos] for slot, infos in sel.chosen.items()}
+    pm.hook.deepinfer_engine_started(engine=engine)
+    return engine

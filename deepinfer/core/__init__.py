@@ -1,0 +1,1 @@
+"""The minimal core: interfaces, config, block pool, requests, runner, sampler, engine loop."""

@@ -1,0 +1,121 @@
+"""EngineConfig: one pydantic model for every engine option, from defaults, file, env and flags."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+ENV_PREFIX = "DEEPINFER_"
+
+
+class EngineConfig(BaseModel):
+    """Engine options. Per-plugin options live in ``plugin_options[plugin_name]``."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    model: str | None = Field(None, description="model directory (default: the embedded demo model)")
+    tokenizer: str | None = Field(None, description="tokenizer directory (default: the model's)")
+    served_model_name: str | None = None
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    device: str = Field("auto", description="device plugin name, or auto")
+    plugins: list[str] = Field(default_factory=list)
+    plugin_options: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    block_size: int = Field(16, ge=1, le=1024)
+    num_kv_blocks: int | None = Field(None, ge=1, description="fix the KV pool size in blocks")
+    kv_cache_memory_gb: float | None = Field(None, gt=0, description="KV pool size in GiB")
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    max_model_len: int | None = Field(None, ge=1)
+    max_num_seqs: int = Field(256, ge=1)
+    max_num_batched_tokens: int = Field(8192, ge=1)
+    max_waiting_requests: int = Field(4096, ge=1)
+    seed: int = 0
+    trust_chat_template: bool = True
+
+    @field_validator("plugins", mode="before")
+    @classmethod
+    def _split_plugins(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            return [p.strip() for p in v.split(",") if p.strip()]
+        return v
+
+    @field_validator("plugins")
+    @classmethod
+    def _no_duplicates(cls, v: list[str]) -> list[str]:
+        seen: set[str] = set()
+        for name in v:
+            if name in seen:
+                raise ValueError(f"plugin {name!r} is listed twice")
+            seen.add(name)
+        return v
+
+
+def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read a YAML or TOML config file into a dict of options."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"config file {str(p)!r} does not exist")
+    text = p.read_text()
+    if p.suffix in (".toml",):
+        import tomllib
+
+        data = tomllib.loads(text)
+    elif p.suffix in (".yaml", ".yml"):
+        import yaml
+
+        data = yaml.safe_load(text) or {}
+    elif p.suffix == ".json":
+        data = json.loads(text)
+    else:
+        raise ValueError(f"config file {str(p)!r}: use a .yaml, .yml, .toml or .json file")
+    if not isinstance(data, dict):
+        raise ValueError(f"config file {str(p)!r} must hold a mapping of options")
+    return data
+
+
+def env_options(environ: dict[str, str] | None = None) -> dict[str, Any]:
+    """Options from ``DEEPINFER_*`` variables (``DEEPINFER_MAX_NUM_SEQS=8``)."""
+    environ = dict(os.environ if environ is None else environ)
+    fields = EngineConfig.model_fields
+    out: dict[str, Any] = {}
+    for key, raw in environ.items():
+        if not key.startswith(ENV_PREFIX):
+            continue
+        name = key[len(ENV_PREFIX):].lower()
+        if name == "plugins" or name not in fields:
+            continue  # DEEPINFER_PLUGINS is an allow-list, read by the plugin machinery
+        out[name] = json.loads(raw) if name == "plugin_options" else raw
+    return out
+
+
+def build_config(file: str | None = None, overrides: dict[str, Any] | None = None,
+                 environ: dict[str, str] | None = None) -> EngineConfig:
+    """Merge defaults < file < environment < explicit overrides (flags or keyword arguments).
+
+    Top-level keys of the file that are not engine options are taken as per-plugin sections
+    (``prefix-cache: {...}``) and checked later against the selected plugins.
+    """
+    merged: dict[str, Any] = {}
+    sections: dict[str, dict[str, Any]] = {}
+    if file:
+        for key, value in read_config_file(file).items():
+            key = key.replace("-", "_") if key.replace("-", "_") in EngineConfig.model_fields else key
+            if key in EngineConfig.model_fields:
+                merged[key] = value
+            elif isinstance(value, dict):
+                sections[key] = value
+            else:
+                valid = ", ".join(sorted(EngineConfig.model_fields))
+                raise ValueError(f"config file {file!r}: unknown option {key!r}; valid options: {valid}, "
+                                 "or a section named after a plugin")
+    merged.update(env_options(environ))
+    for key, value in (overrides or {}).items():
+        if value is not None:
+            merged[key] = value
+    opts = dict(sections)
+    for name, section in (merged.pop("plugin_options", None) or {}).items():
+        opts.setdefault(name, {}).update(section)
+    merged["plugin_options"] = opts
+    return EngineConfig(**merged)

@@ -1,0 +1,66 @@
+"""Incremental detokenization with stop strings: text grows as tokens arrive."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from deepinfer.core.tokenizer import Tokenizer
+
+
+@dataclass(slots=True)
+class IncrementalDetokenizer:
+    """Decodes only a short window of tokens per step; holds back an unfinished UTF-8 character
+    and any tail that could still become a stop string."""
+
+    tokenizer: Tokenizer | None
+    stop: tuple[str, ...] = ()
+    include_stop: bool = False
+    skip_special_tokens: bool = True
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    prefix_offset: int = 0
+    read_offset: int = 0
+    stopped_by: str | None = None
+
+    def add(self, new_ids: list[int]) -> str | None:
+        """Append tokens; returns the stop string if one appeared (the text is cut there)."""
+        self.token_ids.extend(new_ids)
+        if self.tokenizer is None or self.stopped_by is not None:
+            return None
+        dec = self.tokenizer.decode
+        prefix = dec(self.token_ids[self.prefix_offset:self.read_offset], self.skip_special_tokens)
+        full = dec(self.token_ids[self.prefix_offset:], self.skip_special_tokens)
+        if full.endswith("\ufffd") or len(full) <= len(prefix):
+            return None  # an incomplete character: wait for more tokens
+        before = len(self.text)
+        self.text += full[len(prefix):]
+        self.prefix_offset = self.read_offset
+        self.read_offset = len(self.token_ids)
+        if self.stop:
+            return self._check_stop(before)
+        return None
+
+    def _check_stop(self, before: int) -> str | None:
+        longest = max(len(s) for s in self.stop)
+        start = max(0, before - longest + 1)
+        hit, hit_at = None, len(self.text)
+        for s in self.stop:
+            i = self.text.find(s, start)
+            if i != -1 and i < hit_at:
+                hit, hit_at = s, i
+        if hit is None:
+            return None
+        self.text = self.text[:hit_at + (len(hit) if self.include_stop else 0)]
+        self.stopped_by = hit
+        return hit
+
+    def visible_text(self, finished: bool) -> str:
+        """Text safe to show: while running, a tail that may begin a stop string is held back."""
+        if finished or not self.stop:
+            return self.text
+        hold = 0
+        for s in self.stop:
+            for k in range(min(len(s) - 1, len(self.text)), 0, -1):
+                if self.text.endswith(s[:k]):
+                    hold = max(hold, k)
+                    break
+        return self.text[:len(self.text) - hold] if hold else self.text

@@ -1,0 +1,163 @@
+"""The engine loop: add requests, step (schedule, run, sample, stop checks), abort."""
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from deepinfer.core.context import EngineContext
+from deepinfer.core.detokenizer import IncrementalDetokenizer
+from deepinfer.core.interfaces import Drafter, Scheduler
+from deepinfer.core.kv_manager import KVCacheManager
+from deepinfer.core.model_runner import ModelRunner
+from deepinfer.core.output import RequestState, check_stop
+from deepinfer.core.request import Request, RequestOutput, RequestStatus
+from deepinfer.core.sampling_params import SamplingParams
+from deepinfer.core.tokenizer import Tokenizer
+
+
+class PromptTooLongError(ValueError):
+    """A prompt does not fit the model's context."""
+
+
+class _NoHooks:
+    """Stands in for the hook relay when no observer is registered."""
+
+    def __getattr__(self, name: str):
+        return lambda **kwargs: None
+
+
+class LLMEngine:
+    """Owns the request table and runs steps; every concrete part arrives as a plugin instance."""
+
+    def __init__(self, ctx: EngineContext, runner: ModelRunner, scheduler: Scheduler,
+                 kv: KVCacheManager, tokenizer: Tokenizer | None, max_model_len: int,
+                 eos_token_ids: Sequence[int] = (), drafter: Drafter | None = None,
+                 hooks: Any = None) -> None:
+        self.ctx = ctx
+        self.config = ctx.config
+        self.metrics = ctx.metrics
+        self.runner = runner
+        self.scheduler = scheduler
+        self.kv = kv
+        self.tokenizer = tokenizer
+        self.max_model_len = max_model_len
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.drafter = drafter
+        self.hooks = hooks if hooks is not None else _NoHooks()
+        self.requests: dict[str, RequestState] = {}
+        self._seq_owner: dict[str, RequestState] = {}
+        for name in ("prompt_tokens", "prompt_tokens_computed", "generation_tokens", "num_preemptions",
+                     "request_success", "request_aborted"):
+            self.metrics.counter(f"deepinfer:{name}")
+        for name in ("kv_cache_usage", "num_requests_running", "num_requests_waiting"):
+            self.metrics.gauge(f"deepinfer:{name}")
+
+    # ---------------------------------------------------------------------------------- requests
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                    prompt: str | None = None, cache_salt: str | None = None) -> None:
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        if not prompt_token_ids:
+            raise ValueError("the prompt is empty: give at least one token")
+        vocab = self.ctx.model_config.get("vocab_size")
+        if vocab is not None and (max(prompt_token_ids) >= vocab or min(prompt_token_ids) < 0):
+            raise ValueError(f"prompt token ids must lie in [0, {vocab}) for this model")
+        n = len(prompt_token_ids)
+        if n >= self.max_model_len:
+            raise PromptTooLongError(
+                f"the prompt has {n} tokens but max_model_len is {self.max_model_len}: it must leave "
+                "room for at least one new token; shorten the prompt or raise max_model_len")
+        seqs, detoks = [], []
+        for i in range(params.n):
+            p = params
+            if params.n > 1:
+                p = params.model_copy(update={"n": 1, "seed": None if params.seed is None else params.seed + i})
+            seq_id = request_id if params.n == 1 else f"{request_id}#{i}"
+            seqs.append(Request(seq_id, list(prompt_token_ids), p, self.eos_token_ids, cache_salt,
+                                self.max_model_len))
+            detoks.append(IncrementalDetokenizer(self.tokenizer, tuple(p.stop), p.include_stop_str_in_output,
+                                                 p.skip_special_tokens))
+        state = RequestState(request_id, prompt, list(prompt_token_ids), seqs, detoks)
+        self.requests[request_id] = state
+        for seq in seqs:
+            self._seq_owner[seq.request_id] = state
+            self.scheduler.add_request(seq)
+        self.metrics.inc("deepinfer:prompt_tokens", n * params.n)
+        self.hooks.deepinfer_request_added(request_id=request_id, num_prompt_tokens=n)
+
+    def abort_request(self, request_id: str) -> bool:
+        """Stop a request now and free its blocks; False if it is not (or no longer) running."""
+        state = self.requests.pop(request_id, None)
+        if state is None:
+            return False
+        for seq in state.seqs:
+            self._seq_owner.pop(seq.request_id, None)
+            if not seq.status.finished:
+                seq.status = RequestStatus.FINISHED_ABORTED
+                self.scheduler.finish_request(seq)
+        self.metrics.inc("deepinfer:request_aborted")
+        self.hooks.deepinfer_request_aborted(request_id=request_id)
+        return True
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    # -------------------------------------------------------------------------------------- step
+    def step(self) -> list[RequestOutput]:
+        """Run one scheduled step; return the requests that changed."""
+        self.hooks.deepinfer_step_begin(engine=self)
+        sched = self.scheduler.schedule()
+        touched: dict[str, RequestState] = {}
+        if not sched.empty:
+            result = self.runner.execute(sched)
+            self.scheduler.update_after_step(sched)
+            now = time.monotonic()
+            for s in sched.scheduled:
+                req = s.request
+                start = req.num_computed_tokens - s.num_new_tokens
+                computed_prompt = max(0, min(req.num_prompt_tokens, start + s.num_new_tokens) - start)
+                self.metrics.inc("deepinfer:prompt_tokens_computed", computed_prompt)
+                if req.request_id in result.prompt_logprobs:
+                    req.prompt_logprobs.extend(result.prompt_logprobs[req.request_id])
+                tokens = result.sampled.get(req.request_id) or []
+                if tokens:
+                    self._append(req, tokens, result.logprobs.get(req.request_id), now, touched)
+        self._update_gauges()
+        outputs = []
+        for rid, state in touched.items():
+            outputs.append(state.to_output())
+            if state.finished:
+                self.requests.pop(rid, None)
+                for seq in state.seqs:
+                    self._seq_owner.pop(seq.request_id, None)
+                self.metrics.inc("deepinfer:request_success")
+                self.hooks.deepinfer_request_finished(request_id=rid, output=outputs[-1])
+        self.hooks.deepinfer_step_end(engine=self, num_tokens=sched.num_tokens)
+        return outputs
+
+    def _append(self, req: Request, tokens: list[int], logprobs, now: float,
+                touched: dict[str, RequestState]) -> None:
+        state = self._seq_owner[req.request_id]
+        detok = state.detoks[state.seqs.index(req)]
+        if req.first_token_time is None:
+            req.first_token_time = now
+        for i, token in enumerate(tokens):
+            req.all_token_ids.append(token)
+            if logprobs and logprobs[i] is not None:
+                req.logprobs.append(logprobs[i])
+            self.metrics.inc("deepinfer:generation_tokens")
+            if check_stop(req, token, detok.add([token])):
+                self.scheduler.finish_request(req)
+                break
+        touched[state.request_id] = state
+
+    def _update_gauges(self) -> None:
+        m = self.metrics
+        m.set("deepinfer:kv_cache_usage", self.kv.usage)
+        m.set("deepinfer:num_requests_running", self.scheduler.num_running)
+        m.set("deepinfer:num_requests_waiting", self.scheduler.num_waiting)
+
+    def get_metrics(self) -> dict[str, float]:
+        self._update_gauges()
+        return self.metrics.snapshot()

@@ -1,0 +1,191 @@
+"""The five slots of deepinfer: what a device, attention backend, cache policy, drafter and
+scheduler each own. Built-in and third-party plugins implement these the same way."""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
+
+import torch
+from pydantic import BaseModel, ConfigDict
+
+if TYPE_CHECKING:
+    from deepinfer.core.block_pool import Block
+    from deepinfer.core.context import EngineContext
+    from deepinfer.core.request import Request
+    from deepinfer.core.step import StepBatch
+
+
+class NoOptions(BaseModel):
+    """Options model of a plugin that takes none."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class Plugin:
+    """Common shape of every slot plugin: a name, an options model, and a constructor
+    ``(options, ctx)``. ``unavailable_reason`` says why it cannot run here (None: it can)."""
+
+    name: ClassVar[str] = ""
+    Options: ClassVar[type[BaseModel]] = NoOptions
+
+    def __init__(self, options: BaseModel, ctx: EngineContext) -> None:
+        self.options = options
+        self.ctx = ctx
+
+    @classmethod
+    def unavailable_reason(cls) -> str | None:
+        return None
+
+
+# ----------------------------------------------------------------------------------------- device
+class Device(Plugin, ABC):
+    """One kind of accelerator (or the CPU): presence, memory budget, streams and defaults."""
+
+    #: higher wins when ``device: auto`` finds several usable plugins
+    specificity: ClassVar[int] = 0
+    #: the attention plugin used when the config names none
+    default_attention: ClassVar[str] = "torch"
+    dist_backend: ClassVar[str] = "gloo"
+
+    @property
+    @abstractmethod
+    def torch_device(self) -> torch.device: ...
+
+    @abstractmethod
+    def kv_cache_budget(self, model_bytes: int) -> int:
+        """Bytes the KV pool may take once the model's weights are loaded."""
+
+    def synchronize(self) -> None:
+        """Wait for queued work on the device."""
+
+    @property
+    def supports_batch_invariance(self) -> bool:
+        return False
+
+
+# -------------------------------------------------------------------------------------- attention
+@dataclass(frozen=True, slots=True)
+class AttentionLayerSpec:
+    """What one attention layer needs from the KV cache."""
+
+    layer_idx: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    sliding_window: int | None = None  # a token attends to itself and the W-1 before it
+    scale: float = 1.0
+
+
+class AttentionBackend(Plugin, ABC):
+    """KV-cache layout, per-step metadata and the attention forward over the paged cache."""
+
+    @abstractmethod
+    def kv_cache_bytes_per_block(self, layers: Sequence[AttentionLayerSpec], block_size: int,
+                                 dtype: torch.dtype) -> int:
+        """Bytes one block costs across all layers."""
+
+    @abstractmethod
+    def allocate_kv_cache(self, layers: Sequence[AttentionLayerSpec], num_blocks: int,
+                          block_size: int, dtype: torch.dtype, device: torch.device) -> list[Any]:
+        """One cache object per layer."""
+
+    @abstractmethod
+    def build_metadata(self, batch: StepBatch) -> Any:
+        """Per-step metadata, built once and handed to every layer."""
+
+    @abstractmethod
+    def forward(self, layer: AttentionLayerSpec, q: torch.Tensor, k: torch.Tensor,
+                v: torch.Tensor, kv_cache: Any, metadata: Any) -> torch.Tensor:
+        """Write k/v into the cache at the step's slots, attend; q is [T, H, D], returns [T, H, D]."""
+
+
+# ----------------------------------------------------------------------------------- cache policy
+class PrefixMatch(NamedTuple):
+    """Blocks a request can start from and how many of its tokens they cover."""
+
+    blocks: list[Block]
+    num_tokens: int
+
+
+class CachePolicy(Plugin, ABC):
+    """Which KV blocks outlive their request, and which a new request may reuse."""
+
+    def match(self, request: Request, previous: PrefixMatch) -> PrefixMatch:
+        """Cached blocks to start from; ``previous`` is what earlier policies in the stack found."""
+        return previous
+
+    def on_computed(self, request: Request, blocks: list[Block]) -> None:
+        """The request's KV now covers ``request.num_computed_tokens`` tokens."""
+
+    def on_free(self, request: Request, blocks: list[Block]) -> None:
+        """The request is letting go of ``blocks``: keep hashes on what should stay cached."""
+
+    def on_evict(self, block: Block) -> None:
+        """The pool is reusing a block that still carried this policy's hash."""
+
+
+# ---------------------------------------------------------------------------------------- drafter
+class Drafter(Plugin, ABC):
+    """Proposes draft tokens; the core verifies them losslessly."""
+
+    @abstractmethod
+    def propose(self, requests: Sequence[Request]) -> dict[str, list[int]]:
+        """Draft tokens per request id (requests absent or empty do not speculate)."""
+
+    def observe(self, request: Request, num_verified: int, num_accepted: int) -> None:
+        """Learn from a verification result."""
+
+
+# -------------------------------------------------------------------------------------- scheduler
+@dataclass(frozen=True, slots=True)
+class ScheduledRequest:
+    request: Request
+    num_new_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerOutput:
+    """What one step computes: requests with their token counts, in batch order."""
+
+    scheduled: tuple[ScheduledRequest, ...]
+    preempted: tuple[Request, ...] = ()
+    draft_tokens: dict[str, list[int]] = field(default_factory=dict)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+    @property
+    def empty(self) -> bool:
+        return not self.scheduled
+
+
+class Scheduler(Plugin, ABC):
+    """Chooses each step's requests and token counts within the budgets; preempts when short."""
+
+    @abstractmethod
+    def add_request(self, request: Request) -> None: ...
+
+    @abstractmethod
+    def schedule(self) -> SchedulerOutput: ...
+
+    @abstractmethod
+    def update_after_step(self, output: SchedulerOutput) -> None:
+        """The step ran: advance each request's computed tokens."""
+
+    @abstractmethod
+    def finish_request(self, request: Request) -> None:
+        """Remove a finished or aborted request and release its blocks."""
+
+    @abstractmethod
+    def has_unfinished_requests(self) -> bool: ...
+
+    @property
+    @abstractmethod
+    def num_running(self) -> int: ...
+
+    @property
+    @abstractmethod
+    def num_waiting(self) -> int: ...

@@ -1,0 +1,63 @@
+"""Model architectures by the ``architectures`` name of config.json, and the interface they implement."""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+from deepinfer.core.interfaces import AttentionBackend, AttentionLayerSpec
+from deepinfer.core.model_config import ModelConfig
+
+
+class CausalLM(nn.Module, ABC):
+    """A decoder-only model over flattened tokens; attention goes through the backend it is given."""
+
+    def __init__(self, config: ModelConfig, attention: AttentionBackend) -> None:
+        super().__init__()
+        self.config = config
+        self.attention = attention
+
+    @abstractmethod
+    def attention_layers(self) -> list[AttentionLayerSpec]: ...
+
+    @abstractmethod
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                kv_caches: list[Any], attn_metadata: Any) -> torch.Tensor:
+        """Hidden states [T, hidden] for the step's flattened tokens."""
+
+    @abstractmethod
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor: ...
+
+    @abstractmethod
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy checkpoint tensors in; raise on missing, unexpected or mis-shaped ones."""
+
+
+class UnsupportedArchitectureError(ValueError):
+    """config.json names an architecture no registered model implements."""
+
+
+class ModelRegistry:
+    """Architecture name -> model class; the composition root fills it from entry points."""
+
+    def __init__(self) -> None:
+        self._models: dict[str, type[CausalLM]] = {}
+
+    def register(self, architecture: str, cls: type[CausalLM]) -> None:
+        self._models[architecture] = cls
+
+    @property
+    def architectures(self) -> list[str]:
+        return sorted(self._models)
+
+    def resolve(self, architecture: str) -> type[CausalLM]:
+        try:
+            return self._models[architecture]
+        except KeyError:
+            raise UnsupportedArchitectureError(
+                f"architecture {architecture!r} is not supported; supported: "
+                f"{', '.join(self.architectures) or '(none registered)'}"
+            ) from None

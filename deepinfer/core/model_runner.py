@@ -1,0 +1,117 @@
+"""Turns a SchedulerOutput into model inputs, runs the forward, and samples."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from deepinfer.core.interfaces import AttentionBackend, SchedulerOutput
+from deepinfer.core.model_registry import CausalLM
+from deepinfer.core.request import Request
+from deepinfer.core.sampler import Sampler
+from deepinfer.core.step import StepBatch
+
+
+@dataclass(slots=True)
+class RunnerOutput:
+    """Per request id: the tokens it gained this step (empty while its prefill is unfinished)."""
+
+    sampled: dict[str, list[int]] = field(default_factory=dict)
+    logprobs: dict[str, list[dict[int, float] | None]] = field(default_factory=dict)
+    prompt_logprobs: dict[str, list[dict[int, float] | None]] = field(default_factory=dict)
+
+
+class ModelRunner:
+    """Owns the model, its KV caches and the sampler; executes one step at a time."""
+
+    def __init__(self, model: CausalLM, attention: AttentionBackend, kv_caches: list[Any],
+                 block_size: int, device: torch.device, sampler: Sampler) -> None:
+        self.model = model
+        self.attention = attention
+        self.kv_caches = kv_caches
+        self.block_size = block_size
+        self.device = device
+        self.sampler = sampler
+
+    def prepare(self, out: SchedulerOutput) -> StepBatch:
+        bs = self.block_size
+        ids: list[int] = []
+        pos_parts, slot_parts = [], []
+        q_lens, seq_lens, ctx_lens = [], [], []
+        max_blocks = 1
+        for s in out.scheduled:
+            r, n = s.request, s.num_new_tokens
+            start = r.num_computed_tokens
+            ids.extend(r.all_token_ids[start:start + n])
+            pos = np.arange(start, start + n, dtype=np.int64)
+            table = np.asarray(r.block_ids, dtype=np.int64)
+            pos_parts.append(pos)
+            slot_parts.append(table[pos // bs] * bs + pos % bs)
+            q_lens.append(n)
+            seq_lens.append(start + n)
+            ctx_lens.append(start)
+            max_blocks = max(max_blocks, len(r.block_ids))
+        tables = np.zeros((len(q_lens), max_blocks), dtype=np.int32)
+        for i, s in enumerate(out.scheduled):
+            tables[i, :len(s.request.block_ids)] = s.request.block_ids
+        dev = self.device
+        qsl = np.zeros(len(q_lens) + 1, dtype=np.int32)
+        np.cumsum(q_lens, out=qsl[1:])
+        return StepBatch(
+            input_ids=torch.tensor(ids, dtype=torch.long, device=dev),
+            positions=torch.from_numpy(np.concatenate(pos_parts)).to(dev),
+            slot_mapping=torch.from_numpy(np.concatenate(slot_parts)).to(dev),
+            query_start_loc=torch.from_numpy(qsl).to(dev),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
+            context_lens=torch.tensor(ctx_lens, dtype=torch.int32, device=dev),
+            block_tables=torch.from_numpy(tables).to(dev),
+            query_lens_cpu=tuple(q_lens),
+            seq_lens_cpu=tuple(seq_lens),
+            block_size=bs,
+            max_query_len=max(q_lens),
+            max_seq_len=max(seq_lens),
+        )
+
+    @torch.inference_mode()
+    def execute(self, out: SchedulerOutput) -> RunnerOutput:
+        batch = self.prepare(out)
+        meta = self.attention.build_metadata(batch)
+        hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, meta)
+        result = RunnerOutput()
+        rows: list[int] = []
+        sampling: list[Request] = []
+        start = 0
+        for s in out.scheduled:
+            r, n = s.request, s.num_new_tokens
+            end = start + n
+            if r.params.prompt_logprobs is not None and r.num_computed_tokens < r.num_prompt_tokens:
+                result.prompt_logprobs[r.request_id] = self._prompt_logprobs(hidden[start:end], r, n)
+            if r.num_computed_tokens + n >= r.num_tokens:  # caught up: the next token is new
+                rows.append(end - 1)
+                sampling.append(r)
+            else:
+                result.sampled[r.request_id] = []
+            start = end
+        if sampling:
+            logits = self.model.compute_logits(hidden[rows])
+            tokens, logprobs = self.sampler(logits, sampling)
+            for r, t, lp in zip(sampling, tokens, logprobs, strict=True):
+                result.sampled[r.request_id] = [t]
+                result.logprobs[r.request_id] = [lp]
+        return result
+
+    def _prompt_logprobs(self, hidden: torch.Tensor, r: Request, n: int) -> list[dict[int, float] | None]:
+        """Logprobs of prompt tokens start+1 .. start+n given what precedes them (vLLM's meaning)."""
+        from deepinfer.core.sampler import top_logprobs
+
+        start = r.num_computed_tokens
+        lps = self.model.compute_logits(hidden).float().log_softmax(-1)
+        out: list[dict[int, float] | None] = [None] if start == 0 else []
+        for j in range(n):
+            nxt = start + j + 1
+            if nxt >= r.num_prompt_tokens:
+                break
+            out.append(top_logprobs(lps[j], r.prompt_token_ids[nxt], r.params.prompt_logprobs))
+        return out

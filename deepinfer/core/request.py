@@ -1,0 +1,110 @@
+"""Request state inside the engine, and the outputs it reports."""
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from deepinfer.core.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED_STOPPED = "stop"
+    FINISHED_LENGTH = "length"
+    FINISHED_ABORTED = "abort"
+
+    @property
+    def finished(self) -> bool:
+        return self in (
+            RequestStatus.FINISHED_STOPPED,
+            RequestStatus.FINISHED_LENGTH,
+            RequestStatus.FINISHED_ABORTED,
+        )
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    """One sequence being generated: its tokens, progress through the model and its blocks."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    eos_token_ids: frozenset[int] = frozenset()
+    cache_salt: str | None = None
+    max_model_len: int = 1 << 30
+    arrival_time: float = field(default_factory=time.monotonic)
+    all_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = -1  # prompt tokens found in the cache at first schedule
+    block_ids: list[int] = field(default_factory=list)
+    status: RequestStatus = RequestStatus.WAITING
+    stop_reason: int | str | None = None
+    generator: torch.Generator | None = None
+    logprobs: list[dict[int, float]] = field(default_factory=list)
+    prompt_logprobs: list[dict[int, float] | None] = field(default_factory=list)
+    num_preemptions: int = 0
+    first_token_time: float | None = None
+    policy_state: dict[str, Any] = field(default_factory=dict)  # per cache-policy scratch
+
+    def __post_init__(self) -> None:
+        if not self.all_token_ids:
+            self.all_token_ids = list(self.prompt_token_ids)
+        if self.params.seed is not None and self.generator is None:
+            self.generator = torch.Generator().manual_seed(self.params.seed)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.all_token_ids[self.num_prompt_tokens :]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.all_token_ids) - len(self.prompt_token_ids)
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.status.value if self.status.finished else None
+
+
+@dataclass(slots=True)
+class CompletionOutput:
+    """One generated sequence of a request, as the user sees it."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    logprobs: list[dict[int, float]] | None = None
+    cumulative_logprob: float | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    """The state of one user request (with its n sequences) after a step."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool = False
+    prompt_logprobs: list[dict[int, float] | None] | None = None
+    num_cached_tokens: int = 0
+    metrics: dict[str, float] = field(default_factory=dict)

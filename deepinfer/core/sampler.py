@@ -1,0 +1,95 @@
+"""From logits to tokens: penalties, temperature, top-k/top-p/min-p, seeded sampling, logprobs.
+
+Every row is processed on its own (no reduction across rows), and a request with a seed draws
+from its own generator, so its tokens do not depend on what it is batched with.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from deepinfer.core.request import Request
+
+
+def apply_penalties(logits: torch.Tensor, req: Request) -> torch.Tensor:
+    p = req.params
+    if p.repetition_penalty != 1.0:
+        seen = torch.tensor(sorted(set(req.all_token_ids)), dtype=torch.long, device=logits.device)
+        vals = logits[seen]
+        logits[seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
+    if p.presence_penalty or p.frequency_penalty:
+        out = req.output_token_ids
+        if out:
+            ids = torch.tensor(out, dtype=torch.long, device=logits.device)
+            counts = torch.zeros_like(logits).index_add_(0, ids, torch.ones_like(ids, dtype=logits.dtype))
+            logits -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(logits.dtype)
+    return logits
+
+
+def filter_logits(logits: torch.Tensor, top_k: int, top_p: float, min_p: float) -> torch.Tensor:
+    """Mask tokens outside top-k, the top-p nucleus and the min-p floor with -inf (one row)."""
+    if top_k and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, idx = torch.sort(logits, descending=True)
+        probs = sorted_logits.softmax(-1)
+        # drop a token when the tokens strictly before it already reach top_p
+        drop = (probs.cumsum(-1) - probs) >= top_p
+        logits = logits.masked_fill(torch.zeros_like(drop).scatter(0, idx, drop), float("-inf"))
+    if min_p > 0.0:
+        probs = logits.softmax(-1)
+        logits = logits.masked_fill(probs < min_p * probs.max(), float("-inf"))
+    return logits
+
+
+class Sampler:
+    """Samples one token per row; ``generator`` serves requests without their own seed."""
+
+    def __init__(self, seed: int = 0) -> None:
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def __call__(self, logits: torch.Tensor, requests: Sequence[Request]) -> tuple[list[int], list[dict[int, float] | None]]:
+        logits = logits.float()
+        want_logprobs = any(r.params.logprobs is not None for r in requests)
+        raw_logprobs = logits.log_softmax(-1) if want_logprobs else None
+        if all(r.params.greedy and not r.params.needs_penalties and not _suppress_eos(r) for r in requests):
+            tokens = logits.argmax(-1).tolist()
+        else:
+            tokens = [self._sample_row(logits[i].clone(), r) for i, r in enumerate(requests)]
+        logprobs: list[dict[int, float] | None] = [None] * len(requests)
+        if raw_logprobs is not None:
+            for i, r in enumerate(requests):
+                if r.params.logprobs is not None:
+                    logprobs[i] = top_logprobs(raw_logprobs[i], tokens[i], r.params.logprobs)
+        return tokens, logprobs
+
+    def _sample_row(self, row: torch.Tensor, req: Request) -> int:
+        p = req.params
+        if p.needs_penalties:
+            row = apply_penalties(row, req)
+        if _suppress_eos(req):
+            stop_ids = [t for t in (*req.eos_token_ids, *p.stop_token_ids) if t < row.shape[-1]]
+            row[stop_ids] = float("-inf")
+        if p.greedy:
+            return int(row.argmax())
+        row = filter_logits(row / p.temperature, p.effective_top_k, p.top_p, p.min_p)
+        probs = row.softmax(-1).cpu()
+        # exponential race: argmax(p / E) with E ~ Exp(1) draws from p, one generator per request
+        noise = torch.empty_like(probs).exponential_(generator=req.generator or self.generator)
+        return int((probs / noise).argmax())
+
+
+def _suppress_eos(req: Request) -> bool:
+    return req.num_output_tokens < req.params.min_tokens
+
+
+def top_logprobs(row_logprobs: torch.Tensor, token: int, k: int) -> dict[int, float]:
+    """The sampled token's logprob first, then the k most likely tokens."""
+    out = {token: float(row_logprobs[token])}
+    if k:
+        vals, idx = torch.topk(row_logprobs, k)
+        for t, v in zip(idx.tolist(), vals.tolist(), strict=True):
+            out.setdefault(t, v)
+    return out

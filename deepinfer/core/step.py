@@ -1,0 +1,41 @@
+"""The inputs of one forward step, built once by the model runner and read by every layer."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True, slots=True)
+class StepBatch:
+    """Flattened tokens of one step and the paged-cache facts attention needs.
+
+    Sequence ``i`` contributes tokens ``query_start_loc[i]:query_start_loc[i+1]`` of ``input_ids``;
+    they sit at positions ``context_lens[i] ..< seq_lens[i]`` of that sequence, whose KV lives in
+    the blocks ``block_tables[i]`` (padded with 0).
+    """
+
+    input_ids: torch.Tensor        # [T] int64
+    positions: torch.Tensor        # [T] int64
+    slot_mapping: torch.Tensor     # [T] int64, block_id * block_size + offset
+    query_start_loc: torch.Tensor  # [B+1] int32 (device)
+    seq_lens: torch.Tensor         # [B] int32 (device)
+    context_lens: torch.Tensor     # [B] int32 (device): tokens already in the cache
+    block_tables: torch.Tensor     # [B, max_blocks] int32 (device)
+    query_lens_cpu: tuple[int, ...]
+    seq_lens_cpu: tuple[int, ...]
+    block_size: int
+    max_query_len: int
+    max_seq_len: int
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.query_lens_cpu)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def is_decode_only(self) -> bool:
+        return self.max_query_len == 1

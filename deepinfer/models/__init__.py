@@ -1,0 +1,1 @@
+"""Model definitions, registered by architecture name through the ``deepinfer.models`` entry points."""

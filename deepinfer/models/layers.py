@@ -1,0 +1,98 @@
+"""Building blocks shared by the model definitions: RMSNorm, rotary embedding, gated MLP."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm computed in float32, optionally adding a residual first (returns the new residual)."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        if residual is not None:
+            x = x + residual
+            residual = x
+        dtype = x.dtype
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        out = self.weight * h.to(dtype)
+        return out if residual is None else (out, residual)
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:
+    """Inverse frequencies of rotary embedding, with the scaling types deepinfer supports."""
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    if not scaling:
+        return inv
+    kind = scaling["rope_type"]
+    if kind == "linear":
+        return inv / float(scaling["factor"])
+    if kind == "llama3":
+        factor = float(scaling["factor"])
+        low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+        old_len = float(scaling["original_max_position_embeddings"])
+        wavelen = 2 * math.pi / inv
+        # long wavelengths are divided by factor, short kept, the band between interpolated
+        scaled = torch.where(wavelen > old_len / low, inv / factor, inv)
+        smooth = (old_len / wavelen - low) / (high - low)
+        blended = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+        return torch.where(medium, blended, scaled)
+    raise ValueError(f"rope type {kind!r} is not supported; supported: default, linear, llama3")
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotate-half rotary embedding over a cos/sin table built for every position up front."""
+
+    def __init__(self, head_dim: int, max_positions: int, theta: float,
+                 scaling: dict[str, Any] | None) -> None:
+        super().__init__()
+        self.head_dim = head_dim
+        self.max_positions = max_positions
+        self.theta = theta
+        self.scaling = scaling
+        rope_inv_freq(head_dim, theta, scaling)  # reject unsupported scaling at construction
+        self.cos: torch.Tensor | None = None
+        self.sin: torch.Tensor | None = None
+
+    def build(self, device: torch.device, dtype: torch.dtype) -> None:
+        inv = rope_inv_freq(self.head_dim, self.theta, self.scaling)
+        pos = torch.arange(self.max_positions, dtype=torch.float32)
+        freqs = torch.outer(pos, inv)
+        emb = torch.cat([freqs, freqs], dim=-1)
+        self.cos = emb.cos().to(device=device, dtype=dtype)
+        self.sin = emb.sin().to(device=device, dtype=dtype)
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
+        cos = self.cos[positions].unsqueeze(1)
+        sin = self.sin[positions].unsqueeze(1)
+        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+class GatedMLP(nn.Module):
+    """SiLU(gate) * up -> down, with gate and up fused into one matmul."""
+
+    def __init__(self, hidden: int, intermediate: int) -> None:
+        super().__init__()
+        self.intermediate = intermediate
+        self.gate_up_proj = nn.Linear(hidden, 2 * intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
+        return self.down_proj(F.silu(gate) * up)

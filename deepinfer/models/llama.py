@@ -1,0 +1,163 @@
+"""The Llama family: Llama, Mistral, Qwen2 (qkv bias) and Qwen3 (q/k norm, hybrid sliding window)."""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from deepinfer.core.interfaces import AttentionBackend, AttentionLayerSpec
+from deepinfer.core.loader import WeightsError
+from deepinfer.core.model_config import ModelConfig
+from deepinfer.core.model_registry import CausalLM
+from deepinfer.models.layers import GatedMLP, RMSNorm, RotaryEmbedding
+
+
+class Attention(nn.Module):
+    """Fused qkv projection, optional q/k RMSNorm, rotary embedding, paged attention, output."""
+
+    def __init__(self, cfg: ModelConfig, spec: AttentionLayerSpec, bias: bool, qk_norm: bool) -> None:
+        super().__init__()
+        self.spec = spec
+        h, kv, d = spec.num_heads, spec.num_kv_heads, spec.head_dim
+        self.q_size, self.kv_size = h * d, kv * d
+        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=bias)
+        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
+        self.q_norm = RMSNorm(d, cfg.rms_norm_eps) if qk_norm else None
+        self.k_norm = RMSNorm(d, cfg.rms_norm_eps) if qk_norm else None
+
+    def forward(self, x, positions, rotary, backend: AttentionBackend, kv_cache, meta):
+        s = self.spec
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(-1, s.num_heads, s.head_dim)
+        k = k.view(-1, s.num_kv_heads, s.head_dim)
+        v = v.view(-1, s.num_kv_heads, s.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = rotary(positions, q, k)
+        out = backend.forward(s, q, k, v, kv_cache, meta)
+        return self.o_proj(out.reshape(-1, self.q_size))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, spec: AttentionLayerSpec, bias: bool, qk_norm: bool) -> None:
+        super().__init__()
+        self.self_attn = Attention(cfg, spec, bias, qk_norm)
+        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x, residual, positions, rotary, backend, kv_cache, meta):
+        if residual is None:
+            residual, x = x, self.input_layernorm(x)
+        else:
+            x, residual = self.input_layernorm(x, residual)
+        x = self.self_attn(x, positions, rotary, backend, kv_cache, meta)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
+
+
+class Decoder(nn.Module):
+    def __init__(self, cfg: ModelConfig, specs: list[AttentionLayerSpec], bias: bool, qk_norm: bool) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, s, bias, qk_norm) for s in specs)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class LlamaForCausalLM(CausalLM):
+    """Llama 2/3 (with llama3 rope scaling); the base of the family's other members."""
+
+    qkv_bias: ClassVar[bool | None] = None  # None: config.attention_bias decides
+    qk_norm: ClassVar[bool] = False
+
+    # checkpoint projections that are fused here: name -> (fused name, shard index)
+    _fused = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
+              "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
+
+    def __init__(self, config: ModelConfig, attention: AttentionBackend) -> None:
+        super().__init__(config, attention)
+        bias = config.attention_bias if self.qkv_bias is None else self.qkv_bias
+        self._specs = [
+            AttentionLayerSpec(i, config.num_attention_heads, config.num_key_value_heads,
+                               config.head_dim, config.layer_window(i), config.head_dim ** -0.5)
+            for i in range(config.num_hidden_layers)
+        ]
+        self.model = Decoder(config, self._specs, bias, self.qk_norm)
+        self.lm_head = None if config.tie_word_embeddings else nn.Linear(
+            config.hidden_size, config.vocab_size, bias=False)
+        self.rotary = RotaryEmbedding(config.head_dim, config.max_position_embeddings,
+                                      config.rope_theta, config.rope_scaling)
+
+    def attention_layers(self) -> list[AttentionLayerSpec]:
+        return list(self._specs)
+
+    def forward(self, input_ids, positions, kv_caches: list[Any], attn_metadata: Any) -> torch.Tensor:
+        x = self.model.embed_tokens(input_ids)
+        residual = None
+        for layer, cache in zip(self.model.layers, kv_caches, strict=True):
+            x, residual = layer(x, residual, positions, self.rotary, self.attention, cache, attn_metadata)
+        x, _ = self.model.norm(x, residual)
+        return x
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return hidden @ weight.t()
+
+    def _shard_sizes(self, fused: str) -> list[int]:
+        c = self.config
+        if fused == "qkv_proj":
+            kv = c.num_key_value_heads * c.head_dim
+            return [c.num_attention_heads * c.head_dim, kv, kv]
+        return [c.intermediate_size, c.intermediate_size]
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        params = dict(self.named_parameters())
+        filled: dict[str, int] = {}  # parameter name -> shards copied
+        expected_shards = {n: (3 if ".qkv_proj." in n else 2 if ".gate_up_proj." in n else 1) for n in params}
+        unexpected: list[str] = []
+        for name, tensor in weights:
+            if "rotary_emb" in name or (name == "lm_head.weight" and self.lm_head is None):
+                continue
+            parts = name.split(".")
+            target, shard = name, None
+            if len(parts) >= 2 and parts[-2] in self._fused:
+                fused, shard = self._fused[parts[-2]]
+                target = ".".join(parts[:-2] + [fused, parts[-1]])
+            param = params.get(target)
+            if param is None:
+                unexpected.append(name)
+                continue
+            dest = param.data
+            if shard is not None:
+                sizes = self._shard_sizes(target.split(".")[-2])
+                dest = dest.narrow(0, sum(sizes[:shard]), sizes[shard])
+            if tuple(dest.shape) != tuple(tensor.shape):
+                raise WeightsError(f"weight {name!r} has shape {tuple(tensor.shape)}, "
+                                   f"the model expects {tuple(dest.shape)}")
+            dest.copy_(tensor)
+            filled[target] = filled.get(target, 0) + 1
+        missing = sorted(n for n, k in expected_shards.items() if filled.get(n, 0) < k)
+        if unexpected:
+            raise WeightsError(f"checkpoint has tensors this {self.config.architecture} does not use: "
+                               f"{unexpected[:8]}{' ...' if len(unexpected) > 8 else ''}")
+        if missing:
+            raise WeightsError(f"checkpoint lacks tensors for: {missing[:8]}{' ...' if len(missing) > 8 else ''}")
+        self.rotary.build(self.model.embed_tokens.weight.device, self.model.embed_tokens.weight.dtype)
+
+
+class MistralForCausalLM(LlamaForCausalLM):
+    """Mistral: Llama with a sliding window on every layer when config.sliding_window is set."""
+
+
+class Qwen2ForCausalLM(LlamaForCausalLM):
+    """Qwen2: Llama with biases on the q, k and v projections."""
+
+    qkv_bias = True
+
+
+class Qwen3ForCausalLM(LlamaForCausalLM):
+    """Qwen3: per-head RMSNorm on q and k; hybrid sliding-window/full layers via layer_types."""
+
+    qk_norm = True

@@ -1,0 +1,35 @@
+"""The public plugin API: everything a plugin (built-in or third-party) may import from deepinfer.
+
+A plugin subclasses one of the slot interfaces below, declares an ``Options`` pydantic model if
+it takes options, and is registered as an entry point in its slot's group (see ``SLOTS``).
+"""
+from deepinfer.core.block_pool import Block, BlockPool, NoFreeBlocksError
+from deepinfer.core.context import EngineContext
+from deepinfer.core.interfaces import (
+    AttentionBackend,
+    AttentionLayerSpec,
+    CachePolicy,
+    Device,
+    Drafter,
+    NoOptions,
+    Plugin,
+    PrefixMatch,
+    ScheduledRequest,
+    Scheduler,
+    SchedulerOutput,
+)
+from deepinfer.core.kv_manager import KVCacheManager
+from deepinfer.core.metrics import Metrics
+from deepinfer.core.request import Request, RequestStatus
+from deepinfer.core.sampling_params import SamplingParams
+from deepinfer.core.step import StepBatch
+from deepinfer.plugins.discovery import PluginError, PluginInfo, discover, load
+from deepinfer.plugins.groups import SLOTS, Slot
+from deepinfer.plugins.hookspecs import hookimpl
+
+__all__ = [
+    "SLOTS", "AttentionBackend", "AttentionLayerSpec", "Block", "BlockPool", "CachePolicy", "Device",
+    "Drafter", "EngineContext", "KVCacheManager", "Metrics", "NoFreeBlocksError", "NoOptions", "Plugin",
+    "PluginError", "PluginInfo", "PrefixMatch", "Request", "RequestStatus", "SamplingParams",
+    "ScheduledRequest", "Scheduler", "SchedulerOutput", "Slot", "StepBatch", "discover", "hookimpl", "load",
+]

@@ -1,0 +1,94 @@
+"""Finding plugins: entry points read with stevedore, loaded only when asked for."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib.metadata import EntryPoint, distributions
+
+from stevedore import ExtensionManager, NamedExtensionManager
+
+from deepinfer.plugins.groups import MODELS_GROUP, SLOTS, Slot
+
+ALLOW_ENV = "DEEPINFER_PLUGINS"
+
+
+class PluginError(ValueError):
+    """A plugin cannot be found, selected or loaded; the message says which and why."""
+
+
+@dataclass(frozen=True, slots=True)
+class PluginInfo:
+    """One discovered entry point: name, slot, and the distribution that ships it."""
+
+    name: str
+    slot: Slot
+    entry_point: EntryPoint
+
+    @property
+    def distribution(self) -> str:
+        dist = getattr(self.entry_point, "dist", None)
+        if dist is not None:
+            return f"{dist.metadata['Name']} {dist.version}"
+        return _distribution_of(self.slot.group, self.name, self.entry_point.value)
+
+    @property
+    def target(self) -> str:
+        return self.entry_point.value
+
+
+@lru_cache(maxsize=None)
+def _distribution_index() -> dict[tuple[str, str, str], str]:
+    index = {}
+    for dist in distributions():
+        for ep in dist.entry_points:
+            if ep.group.startswith("deepinfer."):
+                index[(ep.group, ep.name, ep.value)] = f"{dist.metadata['Name']} {dist.version}"
+    return index
+
+
+def _distribution_of(group: str, name: str, value: str) -> str:
+    return _distribution_index().get((group, name, value), "(unknown distribution)")
+
+
+def allow_list() -> set[str] | None:
+    raw = os.environ.get(ALLOW_ENV)
+    if raw is None:
+        return None
+    return {p.strip() for p in raw.split(",") if p.strip()}
+
+
+def discover(respect_allow_list: bool = True) -> list[PluginInfo]:
+    """Every plugin entry point of every slot, without importing any of them."""
+    allowed = allow_list() if respect_allow_list else None
+    found = []
+    for slot in SLOTS:
+        for ep in ExtensionManager(slot.group).list_entry_points():
+            if allowed is None or ep.name in allowed:
+                found.append(PluginInfo(ep.name, slot, ep))
+    return found
+
+
+def load(info: PluginInfo) -> type:
+    """Import a plugin's class; failures name the plugin and its distribution."""
+    errors: list[BaseException] = []
+
+    def failed(_mgr, _ep, exc: BaseException) -> None:
+        errors.append(exc)
+
+    mgr = NamedExtensionManager(info.slot.group, names=[info.name], on_load_failure_callback=failed,
+                                warn_on_missing_entrypoint=False)
+    if errors or info.name not in mgr.names():
+        exc = errors[0] if errors else None
+        detail = f"{type(exc).__name__}: {exc}" if exc else "entry point vanished"
+        raise PluginError(f"plugin {info.name!r} ({info.slot.name}, from {info.distribution}, "
+                          f"{info.target}) failed to load: {detail}") from exc
+    cls = mgr[info.name].plugin
+    if info.slot.base is not None and not (isinstance(cls, type) and issubclass(cls, info.slot.base)):
+        raise PluginError(f"plugin {info.name!r} from {info.distribution} points at {info.target}, "
+                          f"which is not a {info.slot.base.__name__} subclass")
+    return cls
+
+
+def model_entry_points() -> list[EntryPoint]:
+    return list(ExtensionManager(MODELS_GROUP).list_entry_points())

@@ -1,0 +1,149 @@
+"""From EngineConfig to plugin classes and their validated options, one per exclusive slot."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from deepinfer.core.config import EngineConfig
+from deepinfer.plugins.discovery import ALLOW_ENV, PluginError, PluginInfo, allow_list, discover, load
+
+DEFAULTS = {"scheduler": "fcfs", "cache_policy": "no-cache"}
+
+
+@dataclass(slots=True)
+class Selection:
+    """The chosen plugin of each slot (cache policies and hooks: an ordered list)."""
+
+    chosen: dict[str, list[PluginInfo]] = field(default_factory=dict)
+    classes: dict[str, type] = field(default_factory=dict)
+    options: dict[str, BaseModel] = field(default_factory=dict)
+
+    def one(self, slot: str) -> PluginInfo | None:
+        items = self.chosen.get(slot) or []
+        return items[0] if items else None
+
+    def all(self, slot: str) -> list[PluginInfo]:
+        return list(self.chosen.get(slot) or [])
+
+
+def _unknown(name: str, infos: list[PluginInfo], slot: str | None = None) -> PluginError:
+    pool = [i for i in infos if slot is None or i.slot.name == slot]
+    known = ", ".join(sorted({i.name for i in pool})) or "(none)"
+    allowed = allow_list()
+    hint = f" ({ALLOW_ENV} allows only: {', '.join(sorted(allowed))})" if allowed is not None else ""
+    what = f"{slot} plugin" if slot else "plugin"
+    return PluginError(f"unknown {what} {name!r}; known: {known}{hint}")
+
+
+def _resolve_name(name: str, infos: list[PluginInfo]) -> PluginInfo:
+    cands = [i for i in infos if i.name == name and i.slot.name != "hooks"] or \
+            [i for i in infos if i.name == name]
+    if not cands:
+        raise _unknown(name, infos)
+    if len(cands) > 1:
+        slots = {c.slot.name for c in cands}
+        if slots == {"device", "attention"}:  # a device may ship its own attention of the same name
+            return next(c for c in cands if c.slot.name == "device")
+        where = ", ".join(f"{c.slot.name} ({c.distribution})" for c in cands)
+        raise PluginError(f"plugin name {name!r} is ambiguous: it is registered for {where}")
+    return cands[0]
+
+
+def _pick_device(requested: str, infos: list[PluginInfo]) -> PluginInfo:
+    devices = [i for i in infos if i.slot.name == "device"]
+    if requested != "auto":
+        for i in devices:
+            if i.name == requested:
+                return i
+        raise _unknown(requested, infos, "device")
+    best: tuple[int, PluginInfo] | None = None
+    for info in devices:
+        try:
+            cls = load(info)
+        except PluginError:
+            continue
+        if cls.unavailable_reason() is None and (best is None or cls.specificity > best[0]):
+            best = (cls.specificity, info)
+    if best is None:
+        raise PluginError("device: auto found no usable device plugin; run `deepinfer plugins list` "
+                          "to see why each one cannot load")
+    return best[1]
+
+
+def select(config: EngineConfig) -> Selection:
+    """Resolve ``config.plugins`` and ``config.device`` into classes and options, or raise PluginError."""
+    infos = discover()
+    sel = Selection()
+    for name in config.plugins:
+        info = _resolve_name(name, infos)
+        slot = info.slot
+        taken = sel.chosen.setdefault(slot.name, [])
+        if slot.exclusive and taken:
+            raise PluginError(f"two plugins for the {slot.name} slot, which takes one: "
+                              f"{taken[0].name!r} and {name!r}; keep one of them")
+        taken.append(info)
+    device = sel.one("device")
+    if device is None:
+        sel.chosen["device"] = [_pick_device(config.device, infos)]
+    elif config.device not in ("auto", device.name):
+        raise PluginError(f"device {config.device!r} conflicts with device plugin {device.name!r} in plugins")
+    sel.classes = {i.name: load(i) for i in sel.all("device")}
+    if "attention" not in sel.chosen:
+        want = sel.classes[sel.one("device").name].default_attention
+        sel.chosen["attention"] = [_find(want, "attention", infos)]
+    for slot, name in DEFAULTS.items():
+        if slot not in sel.chosen:
+            sel.chosen[slot] = [_find(name, slot, infos)]
+    for items in sel.chosen.values():
+        for info in items:
+            if info.name not in sel.classes or info.slot.name != "device":
+                sel.classes[info.name] = load(info)
+    _check_dependencies(sel)
+    sel.options = _validate_options(config, sel)
+    return sel
+
+
+def _find(name: str, slot: str, infos: list[PluginInfo]) -> PluginInfo:
+    for i in infos:
+        if i.name == name and i.slot.name == slot:
+            return i
+    raise _unknown(name, infos, slot)
+
+
+def _check_dependencies(sel: Selection) -> None:
+    names = {i.name for items in sel.chosen.values() for i in items}
+    for name, cls in sel.classes.items():
+        for dep in getattr(cls, "requires", ()):
+            if dep not in names:
+                raise PluginError(f"plugin {name!r} needs plugin {dep!r}: add it to plugins "
+                                  f"(for example --plugins {dep},{name})")
+
+
+def _validate_options(config: EngineConfig, sel: Selection) -> dict[str, BaseModel]:
+    out: dict[str, BaseModel] = {}
+    for name, cls in sel.classes.items():
+        model = getattr(cls, "Options", None)
+        raw: dict[str, Any] = config.plugin_options.get(name, {})
+        if model is None:
+            out[name] = BaseModel()
+            continue
+        try:
+            out[name] = model(**raw)
+        except ValidationError as e:
+            raise PluginError(f"options of plugin {name!r} are invalid:\n{e}") from None
+    stray = sorted(set(config.plugin_options) - set(sel.classes))
+    if stray:
+        raise PluginError(f"options given for {stray}, which are not selected plugins; "
+                          f"selected: {', '.join(sorted(sel.classes))}")
+    return out
+
+
+def instantiate_hooks(sel: Selection) -> list[Any]:
+    """Objects to register with pluggy for the selected hook plugins."""
+    out = []
+    for info in sel.all("hooks"):
+        obj = sel.classes[info.name]
+        out.append(obj() if isinstance(obj, type) else obj)
+    return out

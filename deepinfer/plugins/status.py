@@ -1,0 +1,39 @@
+"""`deepinfer plugins list`: every discovered plugin and whether it can load here."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from deepinfer.plugins.discovery import PluginError, discover, load
+
+
+@dataclass(frozen=True, slots=True)
+class PluginStatus:
+    name: str
+    slot: str
+    distribution: str
+    status: str  # "ok" or the reason it cannot load
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+def plugin_statuses() -> list[PluginStatus]:
+    out = []
+    for info in discover(respect_allow_list=False):
+        try:
+            cls = load(info)
+            reason = cls.unavailable_reason() if hasattr(cls, "unavailable_reason") else None
+        except PluginError as e:
+            reason = str(e)
+        except Exception as e:  # a plugin's own availability check crashed: report, don't die
+            reason = f"availability check failed: {type(e).__name__}: {e}"
+        out.append(PluginStatus(info.name, info.slot.name, info.distribution, reason or "ok"))
+    return sorted(out, key=lambda s: (s.slot, s.name))
+
+
+def format_table(rows: list[PluginStatus]) -> str:
+    head = ("NAME", "SLOT", "DISTRIBUTION", "STATUS")
+    cols = [head] + [(r.name, r.slot, r.distribution, r.status) for r in rows]
+    widths = [max(len(c[i]) for c in cols) for i in range(3)]
+    return "\n".join(f"{a:<{widths[0]}}  {b:<{widths[1]}}  {c:<{widths[2]}}  {d}" for a, b, c, d in cols)

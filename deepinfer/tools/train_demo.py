@@ -1,0 +1,651 @@
+"""Train deepinfer's embedded demo model pair (a tiny target and its draft).
+
+The pair is trained from scratch on the Python standard library of the
+interpreter that runs this script, so the result is reproducible anywhere
+with no download:
+
+* corpus     -- the stdlib's ``.py``/``.txt``/``.rst`` files, split ~95/5;
+* tokenizer  -- byte-level BPE, 8192 tokens, chat role specials;
+* target     -- Qwen3, 8 layers, 3:1 sliding/full hybrid attention;
+* draft      -- Qwen3, 2 full-attention layers, distilled from the target.
+
+Both are written as ordinary Hugging Face model directories (bf16
+safetensors) with a model card; see ``deepinfer/tools/demo_card.py`` for
+the evaluation and the card.
+
+Usage::
+
+    python -m deepinfer.tools.train_demo --quick --out /tmp/demo_quick
+    python -m deepinfer.tools.train_demo --device cuda --out deepinfer/assets --pack /tmp/pack
+    python -m deepinfer.tools.train_demo --unpack /tmp/pack --out deepinfer/assets
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import inspect
+import io
+import json
+import math
+import os
+import platform
+import shutil
+import sys
+import sysconfig
+import tarfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+SPECIAL_TOKENS = ["<|pad|>", "<|begin|>", "<|end|>", "<|system|>", "<|user|>", "<|assistant|>"]
+PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
+VOCAB_SIZE = 8192
+MAX_POSITIONS = 2048
+
+CORPUS_SUFFIXES = (".py", ".txt", ".rst")
+CORPUS_EXCLUDED_DIRS = {"site-packages", "dist-packages", "test", "tests", "idlelib", "__pycache__"}
+CORPUS_MAX_FILE_BYTES = 200_000
+HELDOUT_MODULUS = 20  # sha256(relative path) % 20 == 0 -> held out (~5%)
+
+TOTAL_SIZE_LIMIT = 40_000_000  # both models' safetensors together, bytes
+SHARD_THRESHOLD = 15_000_000  # shard a model whose weights exceed this...
+MAX_SHARD_SIZE = "14MB"  # ...into files of at most this (decimal MB)
+FILE_SIZE_LIMIT = 16_000_000  # every weight file must stay under this
+PACK_PART_BYTES = 15_000_000
+PACK_MAX_PARTS = 4
+PACK_NAME = "demo.tar"
+MODEL_DIRS = ("demo-target", "demo-draft")
+
+DEFAULT_OUT = Path(__file__).resolve().parents[1] / "assets"
+
+# One message per turn: <|role|>content<|end|>\n ; then <|assistant|> to prompt a reply.
+CHAT_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{%- if message['role'] not in ['system', 'user', 'assistant'] -%}"
+    "{{ raise_exception('Unsupported role: ' + message['role']) }}"
+    "{%- endif -%}"
+    "{{ '<|' + message['role'] + '|>' + message['content'] + '<|end|>' + '\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<|assistant|>' }}{%- endif -%}"
+)
+
+# Default schedules. FULL targets about 7 minutes on one H200; QUICK is a CPU smoke run.
+FULL = dict(steps=2000, batch_size=32, seq_len=512, draft_steps=1000, warmup=100,
+            eval_windows=64, eval_every=250, log_every=50)
+QUICK = dict(steps=40, batch_size=4, seq_len=512, draft_steps=30, warmup=5,
+             eval_windows=16, eval_every=0, log_every=5)
+
+
+def log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+# ----------------------------------------------------------------------------- corpus
+
+
+@dataclass
+class Corpus:
+    root: str
+    train_paths: list[str]
+    train_texts: list[str]
+    heldout_paths: list[str]
+    heldout_texts: list[str]
+    record: dict
+
+
+def is_heldout(rel_path: str) -> bool:
+    digest = hashlib.sha256(rel_path.encode("utf-8")).hexdigest()
+    return int(digest, 16) % HELDOUT_MODULUS == 0
+
+
+def collect_corpus(stdlib_dir: str | None = None, max_files: int | None = None) -> Corpus:
+    """Gather the stdlib sources deterministically and split them train/held-out."""
+    root = Path(stdlib_dir or sysconfig.get_paths()["stdlib"]).resolve()
+    candidates = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if d not in CORPUS_EXCLUDED_DIRS]
+        for name in filenames:
+            if name.endswith(CORPUS_SUFFIXES):
+                candidates.append(Path(dirpath) / name)
+    files: list[tuple[str, str]] = []
+    skipped_large = skipped_encoding = 0
+    for path in sorted(candidates, key=lambda p: p.relative_to(root).as_posix()):
+        if not path.is_file() or path.stat().st_size > CORPUS_MAX_FILE_BYTES:
+            skipped_large += 1
+            continue
+        try:
+            text = path.read_bytes().decode("utf-8")
+        except UnicodeDecodeError:
+            skipped_encoding += 1
+            continue
+        files.append((path.relative_to(root).as_posix(), text))
+    if max_files is not None:
+        files = files[:max_files]
+    if not files:
+        raise SystemExit(f"no corpus files found under {root}")
+
+    digest = hashlib.sha256()
+    for rel, text in files:
+        data = text.encode("utf-8")
+        digest.update(f"{rel}\0{len(data)}\0".encode("utf-8"))
+        digest.update(data)
+    corpus = Corpus(str(root), [], [], [], [], {})
+    for rel, text in files:
+        if is_heldout(rel):
+            corpus.heldout_paths.append(rel)
+            corpus.heldout_texts.append(text)
+        else:
+            corpus.train_paths.append(rel)
+            corpus.train_texts.append(text)
+    corpus.record = {
+        "source": "Python standard library (.py/.txt/.rst; no tests, idlelib or site-packages)",
+        "python_version": platform.python_version(),
+        "python_implementation": platform.python_implementation(),
+        "stdlib_dir": str(root),
+        "num_files": len(files),
+        "num_train_files": len(corpus.train_paths),
+        "num_heldout_files": len(corpus.heldout_paths),
+        "total_chars": sum(len(t) for _, t in files),
+        "skipped_too_large": skipped_large,
+        "skipped_not_utf8": skipped_encoding,
+        "max_files": max_files,
+        "sha256": digest.hexdigest(),
+        "heldout_rule": f"sha256(relative path) % {HELDOUT_MODULUS} == 0",
+    }
+    return corpus
+
+
+# -------------------------------------------------------------------------- tokenizer
+
+
+def train_tokenizer(texts: list[str], vocab_size: int = VOCAB_SIZE):
+    """Byte-level BPE whose post-processor adds nothing (encode(text) is plain)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=2,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(texts, trainer=trainer, length=len(texts))
+    for i, tok in enumerate(SPECIAL_TOKENS):
+        assert tokenizer.token_to_id(tok) == i, f"{tok} must have id {i}"
+    assert tokenizer.get_vocab_size() <= vocab_size
+    return tokenizer
+
+
+def write_tokenizer_files(tokenizer, out_dir: Path) -> None:
+    """tokenizer.json + the JSON files transformers' AutoTokenizer reads offline."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(out_dir / "tokenizer.json"))
+    specials = {
+        "bos_token": SPECIAL_TOKENS[BOS_ID],
+        "eos_token": SPECIAL_TOKENS[EOS_ID],
+        "pad_token": SPECIAL_TOKENS[PAD_ID],
+        "additional_special_tokens": SPECIAL_TOKENS[3:],
+    }
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        **specials,
+        "add_bos_token": False,
+        "add_eos_token": False,
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": MAX_POSITIONS,
+        "padding_side": "left",
+        "chat_template": CHAT_TEMPLATE,
+        "added_tokens_decoder": {
+            str(i): {"content": tok, "lstrip": False, "normalized": False, "rstrip": False,
+                     "single_word": False, "special": True}
+            for i, tok in enumerate(SPECIAL_TOKENS)
+        },
+    }
+    write_json(out_dir / "tokenizer_config.json", config)
+    write_json(out_dir / "special_tokens_map.json", specials)
+
+
+def encode_stream(tokenizer, texts: list[str]):
+    """All texts tokenized (batch encoder, parallel) and joined, each followed by <|end|>."""
+    import torch
+
+    ids: list[int] = []
+    for enc in tokenizer.encode_batch(texts, add_special_tokens=False):
+        ids.extend(enc.ids)
+        ids.append(EOS_ID)
+    return torch.tensor(ids, dtype=torch.long)
+
+
+# ----------------------------------------------------------------------------- models
+
+
+def target_config():
+    from transformers import Qwen3Config
+
+    layers = 8
+    layer_types = ["full_attention" if i % 4 == 3 else "sliding_attention" for i in range(layers)]
+    return Qwen3Config(
+        vocab_size=VOCAB_SIZE, hidden_size=384, intermediate_size=1024,
+        num_hidden_layers=layers, num_attention_heads=6, num_key_value_heads=2, head_dim=64,
+        max_position_embeddings=MAX_POSITIONS, rope_theta=10000.0, rms_norm_eps=1e-6,
+        tie_word_embeddings=True, use_sliding_window=True, sliding_window=256,
+        # Only consulted by transformers when layer_types is None; explicit layer_types wins.
+        # 0 = "no leading layers forced to full attention" (layer 0 is sliding here).
+        max_window_layers=0, layer_types=layer_types,
+        bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID,
+    )
+
+
+def draft_config():
+    from transformers import Qwen3Config
+
+    return Qwen3Config(
+        vocab_size=VOCAB_SIZE, hidden_size=256, intermediate_size=768,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+        max_position_embeddings=MAX_POSITIONS, rope_theta=10000.0, rms_norm_eps=1e-6,
+        tie_word_embeddings=True, use_sliding_window=False,
+        layer_types=["full_attention", "full_attention"],
+        bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID,
+    )
+
+
+def build_model(config, seed: int):
+    import torch
+    from transformers import GenerationConfig, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(config)
+    model.generation_config = GenerationConfig(
+        bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID)
+    return model
+
+
+def count_params(model) -> int:
+    return sum(p.numel() for p in model.parameters())  # tied weights counted once
+
+
+# --------------------------------------------------------------------------- training
+
+
+@dataclass
+class TrainSpec:
+    name: str
+    steps: int
+    batch_size: int
+    seq_len: int
+    lr: float
+    warmup: int
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    distill_alpha: float = 1.0  # weight of next-token loss; (1 - alpha) goes to the KL term
+    distill_temperature: float = 1.0
+
+
+def lr_at(step: int, spec: TrainSpec) -> float:
+    """Linear warmup, then cosine decay to min_lr_ratio * lr at the last step."""
+    if step < spec.warmup:
+        return spec.lr * (step + 1) / spec.warmup
+    progress = (step - spec.warmup) / max(1, spec.steps - spec.warmup)
+    cosine = 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+    return spec.lr * (spec.min_lr_ratio + (1.0 - spec.min_lr_ratio) * cosine)
+
+
+def sample_batch(data, batch_size: int, seq_len: int, generator):
+    """Random windows of seq_len + 1 tokens over the token stream (on data's device)."""
+    import torch
+
+    max_start = data.numel() - seq_len - 1
+    starts = torch.randint(0, max_start + 1, (batch_size,), generator=generator)
+    index = starts[:, None] + torch.arange(seq_len + 1)[None, :]
+    window = data[index.to(data.device)]
+    return window[:, :-1], window[:, 1:]
+
+
+def make_optimizer(model, spec: TrainSpec, device):
+    import torch
+
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": spec.weight_decay},
+              {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=spec.lr, betas=(0.9, 0.95), eps=1e-8,
+                             fused=device.type == "cuda")
+
+
+def train_model(model, data, spec: TrainSpec, device, seed: int, log_every: int,
+                teacher=None, eval_fn=None, eval_every: int = 0) -> dict:
+    """One loop for CPU and CUDA; bf16 autocast on CUDA. Distils from teacher if given."""
+    import torch
+    import torch.nn.functional as F
+
+    model.to(device).train()
+    if teacher is not None:
+        teacher.to(device).eval()
+    optimizer = make_optimizer(model, spec, device)
+    generator = torch.Generator().manual_seed(seed)
+    autocast = dict(device_type=device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+    tokens_per_step = spec.batch_size * spec.seq_len
+    curve, evals = [], []
+    running = torch.zeros(3, device=device)  # loss, ce, kl summed since the last log
+    since, start = 0, time.perf_counter()
+    last_time, last_step = start, 0
+    log(f"[{spec.name}] {spec.steps} steps x {spec.batch_size} x {spec.seq_len} tokens, "
+        f"lr {spec.lr}, device {device.type}" + (", distilling" if teacher is not None else ""))
+    for step in range(spec.steps):
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, spec)
+        inputs, labels = sample_batch(data, spec.batch_size, spec.seq_len, generator)
+        with torch.autocast(**autocast):
+            logits = model(input_ids=inputs).logits.float()
+        flat = logits.view(-1, logits.size(-1))
+        ce = F.cross_entropy(flat, labels.reshape(-1))
+        kl = torch.zeros((), device=device)
+        if teacher is not None:
+            with torch.no_grad(), torch.autocast(**autocast):
+                teacher_logits = teacher(input_ids=inputs).logits.float()
+            t = spec.distill_temperature
+            kl = F.kl_div(F.log_softmax(flat / t, dim=-1),
+                          F.log_softmax(teacher_logits.view_as(flat) / t, dim=-1),
+                          log_target=True, reduction="batchmean") * (t * t)
+            loss = spec.distill_alpha * ce + (1.0 - spec.distill_alpha) * kl
+        else:
+            loss = ce
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), spec.grad_clip)
+        optimizer.step()
+        running += torch.stack([loss.detach(), ce.detach(), kl.detach()])
+        since += 1
+        done = step + 1
+        if done % log_every == 0 or done == spec.steps:
+            avg = (running / since).tolist()  # the only host sync of the loop
+            now = time.perf_counter()
+            tok_s = (done - last_step) * tokens_per_step / max(now - last_time, 1e-9)
+            entry = {"step": done, "loss": avg[0], "ce": avg[1], "lr": lr_at(step, spec),
+                     "tokens_per_s": tok_s, "elapsed_s": now - start}
+            if teacher is not None:
+                entry["kl"] = avg[2]
+            curve.append(entry)
+            extra = f" ce {avg[1]:.4f} kl {avg[2]:.4f}" if teacher is not None else ""
+            log(f"[{spec.name}] step {done}/{spec.steps} loss {avg[0]:.4f}{extra} "
+                f"lr {entry['lr']:.2e} {tok_s:,.0f} tok/s {now - start:.1f}s")
+            running.zero_()
+            since, last_time, last_step = 0, now, done
+        if eval_fn is not None and eval_every and (done % eval_every == 0 or done == spec.steps):
+            model.eval()
+            heldout = eval_fn(model)
+            model.train()
+            evals.append({"step": done, "heldout_loss": heldout})
+            log(f"[{spec.name}] step {done} held-out loss {heldout:.4f}")
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    elapsed = time.perf_counter() - start
+    model.eval()
+    return {"spec": asdict(spec), "steps": spec.steps, "tokens_seen": spec.steps * tokens_per_step,
+            "train_time_s": elapsed, "final_train_loss": curve[-1]["loss"] if curve else None,
+            "curve": curve, "heldout_during_training": evals}
+
+
+# ----------------------------------------------------------------------------- saving
+
+
+def save_model_dir(model, tokenizer, out_dir: Path) -> dict:
+    """Save a bf16 Hugging Face model directory (sharded if large) with the tokenizer files."""
+    import torch
+
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    out_dir.mkdir(parents=True)
+    model = model.to("cpu", dtype=torch.bfloat16)
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    kwargs = {}
+    if weight_bytes > SHARD_THRESHOLD:
+        kwargs["max_shard_size"] = MAX_SHARD_SIZE
+    if "safe_serialization" in inspect.signature(model.save_pretrained).parameters:
+        kwargs["safe_serialization"] = True  # transformers 4.x; 5.x always writes safetensors
+    model.save_pretrained(out_dir, **kwargs)
+    write_tokenizer_files(tokenizer, out_dir)
+    files = {p.name: p.stat().st_size for p in sorted(out_dir.glob("*.safetensors"))}
+    assert files, f"no safetensors written in {out_dir}"
+    for name, size in files.items():
+        assert size < FILE_SIZE_LIMIT, f"{out_dir / name} is {size} bytes (>= {FILE_SIZE_LIMIT})"
+    config = json.loads((out_dir / "config.json").read_text())
+    assert config.get("dtype", config.get("torch_dtype")) == "bfloat16", config
+    return {"dir": out_dir.name, "safetensors": files, "weight_bytes": sum(files.values())}
+
+
+def write_json(path: Path, obj) -> None:
+    path.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+# ---------------------------------------------------------------------- pack / unpack
+
+
+def _tar_filter(info: tarfile.TarInfo) -> tarfile.TarInfo:
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    info.mtime = 0
+    return info
+
+
+def pack(out: Path, packdir: Path) -> list[Path]:
+    """Write PACKDIR/demo.tar.partN (<= 15 MB each, <= 4 parts) + sha256 + the log."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name in (*MODEL_DIRS, "train_log.json"):
+            tar.add(out / name, arcname=name, filter=_tar_filter, recursive=False)
+            if (out / name).is_dir():
+                for path in sorted((out / name).rglob("*")):
+                    tar.add(path, arcname=path.relative_to(out).as_posix(),
+                            filter=_tar_filter, recursive=False)
+    data = buffer.getvalue()
+    parts = math.ceil(len(data) / PACK_PART_BYTES)
+    if parts > PACK_MAX_PARTS:
+        raise SystemExit(f"pack is {len(data)} bytes: more than {PACK_MAX_PARTS} parts")
+    packdir.mkdir(parents=True, exist_ok=True)
+    for old in packdir.glob(f"{PACK_NAME}.part*"):
+        old.unlink()
+    written = []
+    for i in range(parts):
+        path = packdir / f"{PACK_NAME}.part{i}"
+        path.write_bytes(data[i * PACK_PART_BYTES:(i + 1) * PACK_PART_BYTES])
+        written.append(path)
+    sha = packdir / f"{PACK_NAME}.sha256"
+    sha.write_text(f"{hashlib.sha256(data).hexdigest()}  {PACK_NAME}\n")
+    shutil.copyfile(out / "train_log.json", packdir / "train_log.json")
+    log(f"packed {len(data):,} bytes into {parts} part(s) under {packdir}")
+    return [*written, sha, packdir / "train_log.json"]
+
+
+def unpack(packdir: str | os.PathLike, out: str | os.PathLike) -> Path:
+    """Reassemble PACKDIR/demo.tar.part0.. and extract the model dirs + log into OUT."""
+    packdir, out = Path(packdir), Path(out)
+    parts = []
+    for i in range(PACK_MAX_PARTS + 1):
+        path = packdir / f"{PACK_NAME}.part{i}"
+        if not path.exists():
+            break
+        parts.append(path.read_bytes())
+    if not parts:
+        raise SystemExit(f"no {PACK_NAME}.part0 in {packdir}")
+    data = b"".join(parts)
+    sha = packdir / f"{PACK_NAME}.sha256"
+    if sha.exists():
+        expected = sha.read_text().split()[0]
+        if hashlib.sha256(data).hexdigest() != expected:
+            raise SystemExit(f"{packdir}: sha256 mismatch (missing or corrupt part?)")
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r") as tar:
+        members = tar.getmembers()
+        for member in members:
+            top = member.name.split("/")[0]
+            if (member.name.startswith("/") or ".." in member.name.split("/")
+                    or top not in (*MODEL_DIRS, "train_log.json")
+                    or not (member.isfile() or member.isdir())):
+                raise SystemExit(f"refusing suspicious pack member {member.name!r}")
+        out.mkdir(parents=True, exist_ok=True)
+        for name in MODEL_DIRS:
+            if (out / name).exists():
+                shutil.rmtree(out / name)  # no stale shards from an earlier layout
+        for member in members:
+            tar.extract(member, out, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+    log(f"unpacked {len(data):,} bytes from {len(parts)} part(s) into {out}")
+    return out
+
+
+# ------------------------------------------------------------------------------- main
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="deepinfer train-demo",
+        description="Train the embedded demo target/draft pair on the Python stdlib.")
+    p.add_argument("--out", default=str(DEFAULT_OUT),
+                   help="output dir for demo-target/, demo-draft/, train_log.json (default: %(default)s)")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    p.add_argument("--quick", action="store_true", help="tiny schedule for a CPU smoke run")
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--steps", type=int, help=f"target steps (default {FULL['steps']}, quick {QUICK['steps']})")
+    p.add_argument("--draft-steps", type=int,
+                   help=f"draft steps (default {FULL['draft_steps']}, quick {QUICK['draft_steps']})")
+    p.add_argument("--batch-size", type=int, help=f"sequences per step (default {FULL['batch_size']})")
+    p.add_argument("--seq-len", type=int, help=f"training sequence length (default {FULL['seq_len']})")
+    p.add_argument("--lr", type=float, default=2e-3, help="target peak learning rate")
+    p.add_argument("--draft-lr", type=float, default=3e-3, help="draft peak learning rate")
+    p.add_argument("--warmup", type=int, help="warmup steps (both models)")
+    p.add_argument("--distill-alpha", type=float, default=0.5,
+                   help="draft loss = alpha * next-token CE + (1 - alpha) * KL(target || draft)")
+    p.add_argument("--distill-temperature", type=float, default=1.0)
+    p.add_argument("--eval-windows", type=int, help="held-out windows for the final evaluation")
+    p.add_argument("--eval-every", type=int, help="held-out check every N steps (0 = off)")
+    p.add_argument("--log-every", type=int, help="print progress every N steps")
+    p.add_argument("--stdlib", help="stdlib dir to read instead of this interpreter's")
+    p.add_argument("--max-files", type=int, help="use only the first N corpus files (debugging)")
+    p.add_argument("--pack", metavar="PACKDIR", help="also write PACKDIR/demo.tar.partN + log")
+    p.add_argument("--unpack", metavar="PACKDIR", help="only reassemble PACKDIR into --out")
+    args = p.parse_args(argv)
+    preset = QUICK if args.quick else FULL
+    for key, value in preset.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    return args
+
+
+def pick_device(name: str):
+    import torch
+
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda requested but CUDA is not available")
+    return torch.device(name)
+
+
+def run_training(args: argparse.Namespace) -> dict:
+    import tokenizers
+    import torch
+    import transformers
+
+    from deepinfer.tools import demo_card
+
+    t_start = time.perf_counter()
+    transformers.utils.logging.disable_progress_bar()
+    out = Path(args.out)
+    device = pick_device(args.device)
+    torch.manual_seed(args.seed)
+    timings = {}
+
+    corpus = collect_corpus(args.stdlib, args.max_files)
+    log(f"corpus: {corpus.record['num_files']} files from {corpus.root} "
+        f"(Python {corpus.record['python_version']}), {corpus.record['num_heldout_files']} held out, "
+        f"sha256 {corpus.record['sha256'][:16]}")
+    t = time.perf_counter()
+    tokenizer = train_tokenizer(corpus.train_texts)
+    train_ids = encode_stream(tokenizer, corpus.train_texts)
+    heldout_ids = encode_stream(tokenizer, corpus.heldout_texts)
+    timings["tokenizer_s"] = time.perf_counter() - t
+    log(f"tokenizer: vocab {tokenizer.get_vocab_size()}, {train_ids.numel():,} train / "
+        f"{heldout_ids.numel():,} held-out tokens ({timings['tokenizer_s']:.1f}s)")
+    if train_ids.numel() <= args.seq_len + 1:
+        raise SystemExit("corpus too small for the sequence length")
+
+    data = train_ids.to(device)
+    monitor = demo_card.heldout_windows(heldout_ids, 8, args.seq_len)
+    eval_fn = lambda m: demo_card.mean_loss(m, monitor, device)  # noqa: E731
+
+    target = build_model(target_config(), args.seed)
+    draft = build_model(draft_config(), args.seed + 1)
+    params = {"target": count_params(target), "draft": count_params(draft)}
+    log(f"params: target {params['target']:,}, draft {params['draft']:,}")
+    bf16_bytes = 2 * (params["target"] + params["draft"])
+    assert bf16_bytes <= TOTAL_SIZE_LIMIT, f"models too large: {bf16_bytes} bytes"
+
+    target_spec = TrainSpec("target", args.steps, args.batch_size, args.seq_len, args.lr, args.warmup)
+    target_stats = train_model(target, data, target_spec, device, args.seed, args.log_every,
+                               eval_fn=eval_fn, eval_every=args.eval_every)
+    draft_spec = TrainSpec("draft", args.draft_steps, args.batch_size, args.seq_len, args.draft_lr,
+                           args.warmup, distill_alpha=args.distill_alpha,
+                           distill_temperature=args.distill_temperature)
+    draft_stats = train_model(draft, data, draft_spec, device, args.seed + 1, args.log_every,
+                              teacher=target, eval_fn=eval_fn, eval_every=args.eval_every)
+    del data
+
+    saved = {"target": save_model_dir(target, tokenizer, out / "demo-target"),
+             "draft": save_model_dir(draft, tokenizer, out / "demo-draft")}
+    total_bytes = sum(s["weight_bytes"] for s in saved.values())
+    log(f"saved: target {saved['target']['weight_bytes']:,} B in {len(saved['target']['safetensors'])} "
+        f"file(s), draft {saved['draft']['weight_bytes']:,} B; total {total_bytes:,} B "
+        f"({total_bytes / 1e6:.2f} MB, limit {TOTAL_SIZE_LIMIT / 1e6:.0f} MB)")
+    assert total_bytes <= TOTAL_SIZE_LIMIT, f"models too large: {total_bytes} bytes"
+    del target, draft
+
+    t = time.perf_counter()
+    metrics = demo_card.evaluate_pair(out / "demo-target", out / "demo-draft", heldout_ids,
+                                      args.eval_windows, args.seq_len, device)
+    timings["eval_s"] = time.perf_counter() - t
+    timings["total_s"] = time.perf_counter() - t_start
+
+    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else (
+        f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)")
+    train_log = {
+        "settings": {k: v for k, v in vars(args).items() if k not in ("pack", "unpack")},
+        "device": device_name,
+        "versions": {"python": platform.python_version(), "torch": torch.__version__,
+                     "transformers": transformers.__version__, "tokenizers": tokenizers.__version__},
+        "corpus": corpus.record,
+        "tokenizer": {"type": "byte-level BPE", "vocab_size": tokenizer.get_vocab_size(),
+                      "special_tokens": SPECIAL_TOKENS, "train_tokens": train_ids.numel(),
+                      "heldout_tokens": heldout_ids.numel()},
+        "params": params,
+        "files": saved,
+        "total_weight_bytes": total_bytes,
+        "training": {"target": target_stats, "draft": draft_stats},
+        "metrics": metrics,
+        "timings_s": timings,
+    }
+    write_json(out / "train_log.json", train_log)
+    for role in ("target", "draft"):
+        (out / f"demo-{role}" / "README.md").write_text(
+            demo_card.model_card(role, train_log), encoding="utf-8")
+    log(demo_card.summary(train_log))
+    return train_log
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.unpack:
+        unpack(args.unpack, args.out)
+        return 0
+    run_training(args)
+    if args.pack:
+        pack(Path(args.out), Path(args.pack))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

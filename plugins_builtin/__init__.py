@@ -1,0 +1,1 @@
+"""deepinfer's built-in plugins, written against the public plugin API only."""

@@ -1,0 +1,113 @@
+"""The `fcfs` scheduler: continuous batching in arrival order, chunked prefill, preemption by recompute."""
+from __future__ import annotations
+
+from collections import deque
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from deepinfer.plugins import Request, RequestStatus, ScheduledRequest, Scheduler, SchedulerOutput
+
+
+class FCFSOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    long_prefill_token_threshold: int = Field(
+        0, ge=0, description="cap one request's prefill chunk per step (0: only the step budget caps it)")
+
+
+class FCFSScheduler(Scheduler):
+    """Running requests first (decodes and unfinished prefills), then waiting ones in arrival order.
+
+    Each step spends at most ``max_num_batched_tokens`` tokens over at most ``max_num_seqs``
+    requests; a prompt longer than what is left is prefilled in chunks over several steps. When
+    blocks run out, the newest running request is preempted: its blocks are freed and it is
+    recomputed later from its prompt and the tokens it had generated.
+    """
+
+    name = "fcfs"
+    Options = FCFSOptions
+
+    def __init__(self, options: FCFSOptions, ctx) -> None:
+        super().__init__(options, ctx)
+        self.kv = ctx.kv
+        self.max_tokens = ctx.config.max_num_batched_tokens
+        self.max_seqs = ctx.config.max_num_seqs
+        self.chunk_cap = options.long_prefill_token_threshold or self.max_tokens
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        ctx.metrics.counter("deepinfer:num_preemptions", "requests preempted for lack of KV blocks")
+
+    def add_request(self, request: Request) -> None:
+        self.waiting.append(request)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> SchedulerOutput:
+        budget = self.max_tokens
+        scheduled: list[ScheduledRequest] = []
+        preempted: list[Request] = []
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            n = min(req.num_tokens - req.num_computed_tokens, budget, self.chunk_cap)
+            while not self.kv.allocate(req, n):
+                victim = self.running.pop()  # the newest running request
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim is req:
+                    break
+            else:
+                scheduled.append(ScheduledRequest(req, n))
+                budget -= n
+                i += 1
+                continue
+            break
+        if not preempted:
+            budget = self._admit(scheduled, budget)
+        return SchedulerOutput(tuple(scheduled), tuple(preempted))
+
+    def _admit(self, scheduled: list[ScheduledRequest], budget: int) -> int:
+        while self.waiting and budget > 0 and len(self.running) < self.max_seqs:
+            req = self.waiting[0]
+            match = self.kv.match_prefix(req)
+            todo = req.num_tokens - req.num_computed_tokens - match.num_tokens
+            n = min(todo, budget, self.chunk_cap)
+            if not self.kv.allocate(req, n, match):
+                break
+            if req.num_cached_tokens < 0:
+                req.num_cached_tokens = match.num_tokens
+            self.waiting.popleft()
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            scheduled.append(ScheduledRequest(req, n))
+            budget -= n
+        return budget
+
+    def _preempt(self, req: Request) -> None:
+        self.kv.free(req)
+        req.num_computed_tokens = 0
+        req.status = RequestStatus.PREEMPTED
+        req.num_preemptions += 1
+        self.waiting.appendleft(req)
+        self.ctx.metrics.inc("deepinfer:num_preemptions")
+
+    def update_after_step(self, output: SchedulerOutput) -> None:
+        for s in output.scheduled:
+            s.request.num_computed_tokens += s.num_new_tokens
+            self.kv.on_computed(s.request)
+
+    def finish_request(self, request: Request) -> None:
+        if request in self.running:
+            self.running.remove(request)
+        elif request in self.waiting:
+            self.waiting.remove(request)
+        self.kv.free(request)
