@@ -5,6 +5,7 @@ from collections.abc import Iterable
 from typing import Any, ClassVar
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from deepinfer.core.interfaces import AttentionBackend, AttentionLayerSpec
@@ -103,7 +104,7 @@ class LlamaForCausalLM(CausalLM):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return hidden @ weight.t()
+        return F.linear(hidden, weight)
 
     def _shard_sizes(self, fused: str) -> list[int]:
         c = self.config

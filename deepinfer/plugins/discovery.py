@@ -77,7 +77,7 @@ def load(info: PluginInfo) -> type:
         errors.append(exc)
 
     mgr = NamedExtensionManager(info.slot.group, names=[info.name], on_load_failure_callback=failed,
-                                warn_on_missing_entrypoint=False)
+                                on_missing_entrypoints_callback=lambda names: None)
     if errors or info.name not in mgr.names():
         exc = errors[0] if errors else None
         detail = f"{type(exc).__name__}: {exc}" if exc else "entry point vanished"

@@ -7,6 +7,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from deepinfer.core.config import EngineConfig
+from deepinfer.core.interfaces import NoOptions
 from deepinfer.plugins.discovery import ALLOW_ENV, PluginError, PluginInfo, allow_list, discover, load
 
 DEFAULTS = {"scheduler": "fcfs", "cache_policy": "no-cache"}
@@ -126,8 +127,10 @@ def _validate_options(config: EngineConfig, sel: Selection) -> dict[str, BaseMod
     for name, cls in sel.classes.items():
         model = getattr(cls, "Options", None)
         raw: dict[str, Any] = config.plugin_options.get(name, {})
-        if model is None:
-            out[name] = BaseModel()
+        if model is None:  # hook modules take no options
+            if raw:
+                raise PluginError(f"plugin {name!r} takes no options, got {sorted(raw)}")
+            out[name] = NoOptions()
             continue
         try:
             out[name] = model(**raw)

@@ -135,14 +135,14 @@ def model_card(role: str, log: dict) -> str:
         "",
         f"# deepinfer demo-{role}",
         "",
-        f"A **tiny** causal language model trained from scratch by `deepinfer train-demo` "
-        f"(`deepinfer/tools/train_demo.py`). It is {purpose}.",
+        (f"A **tiny** causal language model trained from scratch by `deepinfer train-demo` "
+        f"(`deepinfer/tools/train_demo.py`). It is {purpose}."),
         "",
-        "It exists so that deepinfer's examples and tests can run a real Hugging Face model "
+        ("It exists so that deepinfer's examples and tests can run a real Hugging Face model "
         "offline, in seconds, on a CPU. It was trained for a few minutes on Python standard "
         "library source code only: it produces Python-looking text, often wrong, knows nothing "
         "else, and follows no instructions (it never saw chat-formatted data, although the "
-        "tokenizer has a chat template). **Do not use it for anything real.**",
+        "tokenizer has a chat template). **Do not use it for anything real.**"),
         "",
         "## Model",
         "",
@@ -157,36 +157,36 @@ def model_card(role: str, log: dict) -> str:
         "## Training data",
         "",
         f"- {c['source']}, Python {c['python_version']} ({c['python_implementation']}).",
-        f"- {c['num_files']} files ({_fmt_int(c['total_chars'])} characters); {c['num_heldout_files']} "
-        f"held out by `{c['heldout_rule']}`.",
+        (f"- {c['num_files']} files ({_fmt_int(c['total_chars'])} characters); {c['num_heldout_files']} "
+        f"held out by `{c['heldout_rule']}`."),
         f"- Corpus digest (sha256 over the sorted relative paths and contents): `{c['sha256']}`.",
-        f"- Training tokens in the corpus: {_fmt_int(log['tokenizer']['train_tokens'])}; held-out "
-        f"tokens: {_fmt_int(log['tokenizer']['heldout_tokens'])}.",
+        (f"- Training tokens in the corpus: {_fmt_int(log['tokenizer']['train_tokens'])}; held-out "
+        f"tokens: {_fmt_int(log['tokenizer']['heldout_tokens'])}."),
         "",
         "## Training",
         "",
         f"- {how}.",
-        f"- Tokens seen: {_fmt_int(tr[role]['tokens_seen'])}; training time "
-        f"{tr[role]['train_time_s']:.0f} s on {log['device']}.",
-        f"- Seed {log['settings']['seed']}; torch {log['versions']['torch']}, transformers "
-        f"{log['versions']['transformers']}, tokenizers {log['versions']['tokenizers']}.",
+        (f"- Tokens seen: {_fmt_int(tr[role]['tokens_seen'])}; training time "
+        f"{tr[role]['train_time_s']:.0f} s on {log['device']}."),
+        (f"- Seed {log['settings']['seed']}; torch {log['versions']['torch']}, transformers "
+        f"{log['versions']['transformers']}, tokenizers {log['versions']['tokenizers']}."),
         "",
         "## Evaluation (held-out stdlib files)",
         "",
-        f"{m['heldout_windows']} evenly spaced windows of {m['heldout_window_tokens']} tokens "
-        f"({_fmt_int(m['heldout_positions'])} predicted positions); {m['weights_evaluated']}.",
+        (f"{m['heldout_windows']} evenly spaced windows of {m['heldout_window_tokens']} tokens "
+        f"({_fmt_int(m['heldout_positions'])} predicted positions); {m['weights_evaluated']}."),
         "",
         "| model | params | loss (nats/token) | perplexity |",
         "| --- | --- | --- | --- |",
-        f"| demo-target | {_fmt_int(log['params']['target'])} | {m['target']['heldout_loss']:.4f} "
-        f"| {m['target']['heldout_ppl']:.2f} |",
-        f"| demo-draft | {_fmt_int(log['params']['draft'])} | {m['draft']['heldout_loss']:.4f} "
-        f"| {m['draft']['heldout_ppl']:.2f} |",
-        f"| uniform guess | - | {m['uniform_loss']:.4f} (ln {log['tokenizer']['vocab_size']}) "
-        f"| {math.exp(m['uniform_loss']):.0f} |",
+        (f"| demo-target | {_fmt_int(log['params']['target'])} | {m['target']['heldout_loss']:.4f} "
+        f"| {m['target']['heldout_ppl']:.2f} |"),
+        (f"| demo-draft | {_fmt_int(log['params']['draft'])} | {m['draft']['heldout_loss']:.4f} "
+        f"| {m['draft']['heldout_ppl']:.2f} |"),
+        (f"| uniform guess | - | {m['uniform_loss']:.4f} (ln {log['tokenizer']['vocab_size']}) "
+        f"| {math.exp(m['uniform_loss']):.0f} |"),
         "",
-        f"Draft greedy next token equals the target's at {100 * m['greedy_agreement']:.1f}% of the "
-        "held-out positions.",
+        (f"Draft greedy next token equals the target's at {100 * m['greedy_agreement']:.1f}% of the "
+        "held-out positions."),
         "",
         f"## Greedy continuations of demo-target ({NEW_TOKENS} new tokens at most)",
         "",

@@ -71,10 +71,10 @@ CHAT_TEMPLATE = (
 )
 
 # Default schedules. FULL targets about 7 minutes on one H200; QUICK is a CPU smoke run.
-FULL = dict(steps=2000, batch_size=32, seq_len=512, draft_steps=1000, warmup=100,
-            eval_windows=64, eval_every=250, log_every=50)
-QUICK = dict(steps=40, batch_size=4, seq_len=512, draft_steps=30, warmup=5,
-             eval_windows=16, eval_every=0, log_every=5)
+FULL = {"steps": 2000, "batch_size": 32, "seq_len": 512, "draft_steps": 1000, "warmup": 100,
+          "eval_windows": 64, "eval_every": 250, "log_every": 50}
+QUICK = {"steps": 80, "batch_size": 4, "seq_len": 256, "draft_steps": 24, "warmup": 8,
+         "eval_windows": 16, "eval_every": 0, "log_every": 10}
 
 
 def log(msg: str) -> None:
@@ -128,7 +128,7 @@ def collect_corpus(stdlib_dir: str | None = None, max_files: int | None = None) 
     digest = hashlib.sha256()
     for rel, text in files:
         data = text.encode("utf-8")
-        digest.update(f"{rel}\0{len(data)}\0".encode("utf-8"))
+        digest.update(f"{rel}\0{len(data)}\0".encode())
         digest.update(data)
     corpus = Corpus(str(root), [], [], [], [], {})
     for rel, text in files:
@@ -166,7 +166,7 @@ def train_tokenizer(texts: list[str], vocab_size: int = VOCAB_SIZE):
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
+    tokenizer.post_processor = processors.ByteLevel(add_prefix_space=False, trim_offsets=False)
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
         min_frequency=2,
@@ -329,7 +329,7 @@ def train_model(model, data, spec: TrainSpec, device, seed: int, log_every: int,
         teacher.to(device).eval()
     optimizer = make_optimizer(model, spec, device)
     generator = torch.Generator().manual_seed(seed)
-    autocast = dict(device_type=device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+    autocast = {"device_type": device.type, "dtype": torch.bfloat16, "enabled": device.type == "cuda"}
     tokens_per_step = spec.batch_size * spec.seq_len
     curve, evals = [], []
     running = torch.zeros(3, device=device)  # loss, ce, kl summed since the last log
@@ -431,6 +431,7 @@ def _tar_filter(info: tarfile.TarInfo) -> tarfile.TarInfo:
     info.uid = info.gid = 0
     info.uname = info.gname = ""
     info.mtime = 0
+    info.mode = 0o755 if info.isdir() else 0o644
     return info
 
 
@@ -546,13 +547,21 @@ def pick_device(name: str):
     return torch.device(name)
 
 
+def _import_demo_card():
+    try:
+        from deepinfer.tools import demo_card
+    except ImportError:  # run as a plain script where the engine's own deps are missing (GPU box)
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import demo_card
+    return demo_card
+
+
 def run_training(args: argparse.Namespace) -> dict:
     import tokenizers
     import torch
     import transformers
 
-    from deepinfer.tools import demo_card
-
+    demo_card = _import_demo_card()
     t_start = time.perf_counter()
     transformers.utils.logging.disable_progress_bar()
     out = Path(args.out)
@@ -576,7 +585,7 @@ def run_training(args: argparse.Namespace) -> dict:
 
     data = train_ids.to(device)
     monitor = demo_card.heldout_windows(heldout_ids, 8, args.seq_len)
-    eval_fn = lambda m: demo_card.mean_loss(m, monitor, device)  # noqa: E731
+    eval_fn = lambda m: demo_card.mean_loss(m, monitor, device)
 
     target = build_model(target_config(), args.seed)
     draft = build_model(draft_config(), args.seed + 1)

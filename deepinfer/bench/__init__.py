@@ -1,0 +1,1 @@
+"""`deepinfer bench`: the workloads of BENCHMARKS.md, with an optional transformers peer in the same run."""

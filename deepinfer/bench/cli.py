@@ -1,0 +1,108 @@
+"""`deepinfer bench latency | throughput` (and `serve`, from deepinfer.serve.bench)."""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+
+from deepinfer.bench import workloads
+from deepinfer.bench.runners import RunResult, load_hf, run_deepinfer, run_hf_generate, run_hf_generate_batch
+
+
+def add_bench_parser(sub, add_engine_args, engine_overrides) -> None:
+    p = sub.add_parser("bench", help="measure speed on the standard workloads")
+    bsub = p.add_subparsers(dest="bench_command", required=True)
+    for name, helptext in (("latency", "a fixed batch: B prompts of --input-len, --output-len new tokens"),
+                           ("throughput", "the nano-vllm workload: lengths uniform in [--min-len, --max-len]")):
+        b = bsub.add_parser(name, help=helptext)
+        add_engine_args(b)
+        b.add_argument("--random-model", default=None,
+                       help="build a random model of this shape instead (llama-tiny, llama-1b, qwen3-0.6b)")
+        b.add_argument("--peer", choices=["hf"], default=None, help="run transformers on the same requests too")
+        b.add_argument("--repeats", type=int, default=3)
+        b.add_argument("--json", dest="json_out", default=None, help="write the results to this file")
+        if name == "latency":
+            b.add_argument("--batch", type=int, default=1)
+            b.add_argument("--input-len", type=int, default=512)
+            b.add_argument("--output-len", type=int, default=256)
+        else:
+            b.add_argument("--num-requests", type=int, default=256)
+            b.add_argument("--min-len", type=int, default=100)
+            b.add_argument("--max-len", type=int, default=1024)
+        b.set_defaults(func=lambda a, _ov=engine_overrides: run_bench(a, _ov(a)))
+    try:
+        from deepinfer.serve.bench import add_bench_serve_parser
+    except ImportError:
+        return
+    add_bench_serve_parser(bsub)
+
+
+def run_bench(args: argparse.Namespace, overrides: dict) -> int:
+    from deepinfer.llm import LLM
+
+    overrides = dict(overrides)
+    model = overrides.pop("model", None)
+    if args.random_model:
+        from deepinfer.bench.models import build_random_model
+
+        dev = "cuda" if overrides.get("device", "cpu") not in ("cpu",) and _cuda() else "cpu"
+        model = build_random_model(args.random_model, overrides.get("dtype", "float32").replace("auto", "float32"),
+                                   dev)
+    llm = LLM(model, config_file=args.config_file, progress=False, **overrides)
+    vocab = llm.engine.ctx.model_config["vocab_size"]
+    if args.bench_command == "latency":
+        wl = workloads.fixed(args.batch, args.input_len, args.output_len, vocab)
+    else:
+        wl = workloads.uniform(args.num_requests, args.min_len, args.max_len, vocab)
+    ours = run_deepinfer(llm, wl, args.repeats)
+    results = [ours]
+    if args.peer == "hf":
+        del llm
+        hf = load_hf(model or llm_model_path(), _device_type(overrides), _hf_dtype(overrides))
+        peer = run_hf_generate(hf, wl, args.repeats) if args.bench_command == "latency" \
+            else run_hf_generate_batch(hf, wl, args.repeats)
+        results.append(peer)
+    report(args, wl, results)
+    return 0
+
+
+def llm_model_path() -> str:
+    from deepinfer import DEMO_MODEL
+
+    return DEMO_MODEL
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _device_type(overrides: dict) -> str:
+    dev = overrides.get("device", "auto")
+    return "cpu" if dev == "cpu" or not _cuda() else "cuda"
+
+
+def _hf_dtype(overrides: dict) -> str:
+    return overrides.get("dtype", "auto")
+
+
+def report(args: argparse.Namespace, wl: workloads.Workload, results: list[RunResult]) -> None:
+    import torch
+
+    print(f"deepinfer bench {args.bench_command}: {len(wl.prompts)} requests, "
+          f"{wl.num_prompt_tokens} prompt + {wl.num_output_tokens} output tokens; "
+          f"median of {args.repeats}; torch {torch.__version__}, {platform.processor() or platform.machine()}, "
+          f"{torch.get_num_threads()} threads")
+    print(f"{'engine':<32}{'seconds':>10}{'output tok/s':>15}{'total tok/s':>14}")
+    for r in results:
+        print(f"{r.name:<32}{r.median_s:>10.3f}{r.output_tok_s:>15.1f}{r.total_tok_s:>14.1f}")
+    if len(results) == 2:
+        print(f"ratio deepinfer / peer (output tok/s): {results[0].output_tok_s / results[1].output_tok_s:.2f}x")
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump({"command": args.bench_command, "date": time.strftime("%Y-%m-%d"),
+                       "results": [{"name": r.name, "seconds": r.seconds, "output_tokens": r.output_tokens,
+                                    "prompt_tokens": r.prompt_tokens, "output_tok_s": r.output_tok_s,
+                                    **r.extra} for r in results]}, f, indent=2)

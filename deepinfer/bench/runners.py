@@ -1,0 +1,106 @@
+"""Timed runs of one workload on deepinfer and on the transformers peer."""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+
+from deepinfer.bench.workloads import Workload
+
+
+@dataclass(slots=True)
+class RunResult:
+    name: str
+    seconds: list[float] = field(default_factory=list)
+    output_tokens: int = 0
+    prompt_tokens: int = 0
+    extra: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def median_s(self) -> float:
+        return statistics.median(self.seconds)
+
+    @property
+    def output_tok_s(self) -> float:
+        return self.output_tokens / self.median_s
+
+    @property
+    def total_tok_s(self) -> float:
+        return (self.output_tokens + self.prompt_tokens) / self.median_s
+
+
+def run_deepinfer(llm, wl: Workload, repeats: int, warmup: bool = True) -> RunResult:
+    from deepinfer.core.sampling_params import SamplingParams
+
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in wl.output_lens]
+    prompts = [{"prompt_token_ids": p} for p in wl.prompts]
+    if warmup:
+        llm.generate(prompts[:2], params[:2], use_tqdm=False)
+    res = RunResult("deepinfer", prompt_tokens=wl.num_prompt_tokens)
+    for _ in range(repeats):
+        t = time.perf_counter()
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        res.seconds.append(time.perf_counter() - t)
+        res.output_tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+        ttft = [o.metrics["first_token_time"] - o.metrics["arrival_time"] for o in outs]
+        res.extra["ttft_ms_median"] = 1000 * statistics.median(ttft)
+    return res
+
+
+def load_hf(model_dir: str, device: str, dtype: str):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    kw = {"dtype": getattr(torch, dtype)} if dtype != "auto" else {}
+    return AutoModelForCausalLM.from_pretrained(model_dir, **kw).to(device).eval()
+
+
+def run_hf_generate(model, wl: Workload, repeats: int) -> RunResult:
+    """transformers generate() on the whole batch at once (prompts of equal length, no padding)."""
+    import torch
+
+    lens = {len(p) for p in wl.prompts}
+    outs = set(wl.output_lens)
+    if len(lens) != 1 or len(outs) != 1:
+        raise ValueError("the generate() peer needs equal prompt and output lengths; use the throughput peer")
+    n = outs.pop()
+    ids = torch.tensor(wl.prompts, device=model.device)
+    kw = dict(max_new_tokens=n, min_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0,
+              attention_mask=torch.ones_like(ids))
+    with torch.no_grad():
+        model.generate(ids[:, :8], **{**kw, "max_new_tokens": 2, "min_new_tokens": 2,
+                                      "attention_mask": torch.ones_like(ids[:, :8])})  # warm-up
+        res = RunResult("transformers generate()", prompt_tokens=wl.num_prompt_tokens)
+        for _ in range(repeats):
+            _sync(model)
+            t = time.perf_counter()
+            out = model.generate(ids, **kw)
+            _sync(model)
+            res.seconds.append(time.perf_counter() - t)
+            res.output_tokens = int(out.shape[0] * (out.shape[1] - ids.shape[1]))
+    return res
+
+
+def run_hf_generate_batch(model, wl: Workload, repeats: int) -> RunResult:
+    """transformers' continuous batching (generate_batch); every request runs to the longest output
+    length, since it takes one max_new_tokens: its rate counts every token it generates."""
+    from transformers import GenerationConfig
+
+    gc = GenerationConfig(max_new_tokens=max(wl.output_lens), do_sample=False, eos_token_id=-1, pad_token_id=0)
+    res = RunResult("transformers generate_batch()", prompt_tokens=wl.num_prompt_tokens)
+    model.generate_batch(inputs=wl.prompts[:2], generation_config=gc)  # warm-up
+    for _ in range(repeats):
+        _sync(model)
+        t = time.perf_counter()
+        out = model.generate_batch(inputs=wl.prompts, generation_config=gc)
+        _sync(model)
+        res.seconds.append(time.perf_counter() - t)
+        res.output_tokens = sum(len(o.generated_tokens) for o in out.values())
+    return res
+
+
+def _sync(model) -> None:
+    import torch
+
+    if model.device.type == "cuda":
+        torch.cuda.synchronize()

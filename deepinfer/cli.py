@@ -1,0 +1,115 @@
+"""`deepinfer serve | generate | plugins list | bench | train-demo`."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from deepinfer.core.config import EngineConfig
+
+
+def add_engine_args(p: argparse.ArgumentParser, model_positional: bool = True) -> None:
+    """Flags shared by every command that builds an engine (each maps to an EngineConfig field)."""
+    if model_positional:
+        p.add_argument("model", nargs="?", default=None, help="model directory (default: the demo model)")
+    p.add_argument("--config", dest="config_file", default=None, help="YAML or TOML config file")
+    p.add_argument("--plugins", default=None, help="comma-separated plugin names, e.g. prefix-cache")
+    p.add_argument("--plugin-options", default=None, type=json.loads,
+                   help='JSON object of per-plugin options, e.g. \'{"fcfs": {...}}\'')
+    p.add_argument("--device", default=None, help="device plugin name or auto")
+    p.add_argument("--dtype", default=None, choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument("--tokenizer", default=None)
+    p.add_argument("--block-size", type=int, default=None)
+    p.add_argument("--num-kv-blocks", type=int, default=None)
+    p.add_argument("--kv-cache-memory-gb", type=float, default=None)
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--max-num-seqs", type=int, default=None)
+    p.add_argument("--max-num-batched-tokens", type=int, default=None)
+    p.add_argument("--seed", type=int, default=None)
+
+
+def engine_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    keys = set(EngineConfig.model_fields) - {"plugins"}
+    out = {k: v for k, v in vars(args).items() if k in keys and v is not None}
+    if getattr(args, "plugins", None):
+        out["plugins"] = args.plugins
+    return out
+
+
+def cmd_plugins(args: argparse.Namespace) -> int:
+    from deepinfer.plugins.status import format_table, plugin_statuses
+
+    rows = plugin_statuses()
+    if args.json:
+        print(json.dumps([{"name": r.name, "slot": r.slot, "distribution": r.distribution,
+                           "status": r.status} for r in rows], indent=2))
+    else:
+        print(format_table(rows))
+    return 0
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from deepinfer.llm import LLM
+    from deepinfer.core.sampling_params import SamplingParams
+
+    ov = engine_overrides(args)
+    ov.pop("model", None)
+    llm = LLM(args.model, config_file=args.config_file, progress=False, **ov)
+    params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, top_p=args.top_p,
+                            seed=args.sampling_seed, ignore_eos=args.ignore_eos)
+    prompts = args.prompt or [sys.stdin.read()]
+    for out in llm.generate(prompts, params, use_tqdm=False):
+        c = out.outputs[0]
+        if args.json:
+            print(json.dumps({"prompt": out.prompt, "text": c.text, "token_ids": c.token_ids,
+                              "finish_reason": c.finish_reason}))
+        else:
+            print(c.text)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="deepinfer", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("plugins", help="inspect plugins")
+    psub = p.add_subparsers(dest="plugins_command", required=True)
+    pl = psub.add_parser("list", help="every discovered plugin and whether it can load here")
+    pl.add_argument("--json", action="store_true")
+    pl.set_defaults(func=cmd_plugins)
+
+    g = sub.add_parser("generate", help="generate text offline")
+    add_engine_args(g)
+    g.add_argument("--prompt", action="append", help="a prompt (repeatable; default: stdin)")
+    g.add_argument("--max-tokens", type=int, default=64)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--sampling-seed", type=int, default=None)
+    g.add_argument("--ignore-eos", action="store_true")
+    g.add_argument("--json", action="store_true", help="one JSON object per prompt")
+    g.set_defaults(func=cmd_generate)
+
+    from deepinfer.bench.cli import add_bench_parser
+    from deepinfer.serve.cli import add_serve_parser
+    from deepinfer.tools.cli import add_train_parser
+
+    add_serve_parser(sub, add_engine_args, engine_overrides)
+    add_bench_parser(sub, add_engine_args, engine_overrides)
+    add_train_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+    except (ValueError, FileNotFoundError, TypeError) as e:
+        print(f"deepinfer: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

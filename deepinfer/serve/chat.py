@@ -1,0 +1,109 @@
+"""``POST /v1/chat/completions``: messages rendered with the tokenizer's chat template."""
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from deepinfer.serve.protocol import (APIError, AssistantMessage, ChatChoice, ChatChunkChoice,
+                                      ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse,
+                                      ChatLogprobs, DeltaMessage, TokenLogprob, TopLogprob, Usage)
+from deepinfer.serve.serving import SSE_DONE, EventStream, Serving, Submission, collect, merge_batch, sse
+
+
+async def _render(serving: Serving, req: ChatCompletionRequest) -> list[int]:
+    tok = serving.require_tokenizer()
+    messages = [{"role": m.role, "content": m.text(), **({"name": m.name} if m.name else {})}
+                for m in req.messages]
+    try:
+        text = tok.apply_chat_template(messages, add_generation_prompt=req.add_generation_prompt)
+    except Exception as e:  # noqa: BLE001 - a template error is the caller's input failing the template
+        raise APIError(400, f"the chat template could not render these messages: {e}", param="messages") from None
+    # the template already placed every special token it wants
+    return await serving.encode(text, False)
+
+
+def _logprobs(serving: Serving, entries: list[dict[int, float]] | None, k: int) -> ChatLogprobs | None:
+    if entries is None:
+        return None
+    content = []
+    for e in entries:
+        token, lp = next(iter(e.items()))
+        s = serving.token_str(token)
+        tops = []
+        for t, v in serving.top(e, k):
+            ts = serving.token_str(t)
+            tops.append(TopLogprob(token=ts, logprob=v, bytes=list(ts.encode())))
+        content.append(TokenLogprob(token=s, logprob=lp, bytes=list(s.encode()), top_logprobs=tops))
+    return ChatLogprobs(content=content)
+
+
+async def create_chat_completion(serving: Serving, req: ChatCompletionRequest, raw: Request) -> Response:
+    model = serving.check_model(req.model)
+    serving.check_supported(req)
+    if req.top_logprobs is not None and not req.logprobs:
+        raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+    ids = await _render(serving, req)
+    serving.check_prompt(ids, "messages")
+    if req.max_completion_tokens is not None:
+        max_tokens = serving.max_tokens(req.max_completion_tokens, len(ids), "max_completion_tokens")
+    else:
+        max_tokens = serving.max_tokens(req.max_tokens, len(ids), "max_tokens")
+    k = req.top_logprobs or 0
+    params = serving.sampling_params(req, max_tokens, k if req.logprobs else None)
+    rid = serving.new_id("chatcmpl")
+    sub = serving.submit(rid, [ids], params, req.cache_salt)
+    if req.stream:
+        usage = bool(req.stream_options and req.stream_options.include_usage)
+        return EventStream(_stream(serving, sub, rid, model, req.n, k, len(ids), usage), sub)
+    try:
+        choices, cached = await serving.until_disconnect(raw, collect(sub, req.n, req.n))
+    finally:
+        sub.close()
+    completion = sum(c.num_tokens for c in choices)
+    resp = ChatCompletionResponse(
+        id=rid, model=model,
+        choices=[ChatChoice(index=c.index, message=AssistantMessage(content=c.text),
+                            logprobs=_logprobs(serving, c.logprobs, k), finish_reason=c.finish_reason,
+                            stop_reason=c.stop_reason) for c in choices],
+        usage=Usage(prompt_tokens=len(ids), completion_tokens=completion, total_tokens=len(ids) + completion,
+                    prompt_tokens_details={"cached_tokens": cached}))
+    return JSONResponse(resp.model_dump())
+
+
+async def _stream(serving: Serving, sub: Submission, rid: str, model: str, n: int, k: int, num_prompt_tokens: int,
+                  include_usage: bool) -> AsyncIterator[str]:
+    created = int(time.time())
+
+    def chunk(choices: list[ChatChunkChoice]) -> str:
+        return sse(ChatCompletionChunk(id=rid, created=created, model=model, choices=choices))
+
+    # OpenAI opens every choice with the role before any content
+    yield "".join(chunk([ChatChunkChoice(index=i, delta=DeltaMessage(role="assistant", content=""))])
+                  for i in range(n))
+    tokens = [0] * n
+    try:
+        while not sub.done:
+            parts = []
+            for c in merge_batch(await sub.next_batch(), n):
+                tokens[c.index] += c.num_tokens
+                if not c.text and c.logprobs is None and c.finish_reason is None:
+                    continue  # tokens whose text is still held back: nothing to show yet
+                delta = DeltaMessage(content=c.text) if c.text or c.logprobs is not None else DeltaMessage()
+                parts.append(chunk([ChatChunkChoice(index=c.index, delta=delta,
+                                                    logprobs=_logprobs(serving, c.logprobs, k),
+                                                    finish_reason=c.finish_reason, stop_reason=c.stop_reason)]))
+            if parts:
+                yield "".join(parts)
+    except APIError as e:
+        yield sse(e.body())
+        yield SSE_DONE
+        return
+    if include_usage:
+        completion = sum(tokens)
+        usage = Usage(prompt_tokens=num_prompt_tokens, completion_tokens=completion,
+                      total_tokens=num_prompt_tokens + completion)
+        yield sse(ChatCompletionChunk(id=rid, created=created, model=model, choices=[], usage=usage))
+    yield SSE_DONE

@@ -1,0 +1,55 @@
+"""`deepinfer serve [MODEL]`: start the engine process, then the OpenAI-compatible HTTP server."""
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+
+API_KEY_ENV = "DEEPINFER_API_KEY"
+
+
+def add_serve_parser(sub, add_engine_args: Callable, engine_overrides: Callable) -> None:
+    p = sub.add_parser("serve", help="OpenAI-compatible HTTP server",
+                       description="Serve MODEL (default: the embedded demo model) over OpenAI's HTTP API.")
+    configure_parser(p, add_engine_args, engine_overrides)
+
+
+def configure_parser(p: argparse.ArgumentParser, add_engine_args: Callable, engine_overrides: Callable) -> None:
+    add_engine_args(p)
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to bind (default 127.0.0.1: only this machine; 0.0.0.0 for every interface)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key", default=None,
+                   help=f"require 'Authorization: Bearer KEY' on /v1/* and /metrics (default: ${API_KEY_ENV})")
+    p.add_argument("--served-model-name", default=None,
+                   help="the model name clients send (default: the model directory's name)")
+    p.add_argument("--max-waiting-requests", type=int, default=None,
+                   help="queued requests beyond max_num_seqs before new ones get 503 (engine option)")
+    p.add_argument("--max-body-bytes", type=int, default=4 << 20, help="largest request body accepted (413 above)")
+    p.add_argument("--grace-period", type=float, default=30.0,
+                   help="seconds SIGTERM waits for in-flight requests before aborting them")
+    p.add_argument("--engine-start-timeout", type=float, default=900.0)
+    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    p.add_argument("--access-log", action="store_true", help="log every HTTP request")
+    p.set_defaults(func=lambda args: _run(args, engine_overrides))
+
+
+def _run(args: argparse.Namespace, engine_overrides: Callable) -> int:
+    from deepinfer.serve.server import run_serve
+
+    return run_serve(args, engine_overrides)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m deepinfer.serve [MODEL] [flags]``: the serve command on its own."""
+    from deepinfer.cli import add_engine_args, engine_overrides
+
+    parser = argparse.ArgumentParser(prog="deepinfer serve",
+                                     description="Serve MODEL over OpenAI's HTTP API.")
+    configure_parser(parser, add_engine_args, engine_overrides)
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except (ValueError, FileNotFoundError, TypeError) as e:
+        print(f"deepinfer serve: error: {e}", file=sys.stderr)
+        return 2

@@ -1,0 +1,102 @@
+"""``POST /v1/completions``: prompts in, text completions out, whole or streamed."""
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from deepinfer.serve.protocol import (APIError, CompletionChoice, CompletionLogprobs, CompletionRequest,
+                                      CompletionResponse, Usage)
+from deepinfer.serve.serving import (SSE_DONE, EventStream, Serving, Submission, collect,
+                                     merge_batch, sse)
+
+
+async def _prompts(serving: Serving, req: CompletionRequest) -> list[list[int]]:
+    p = req.prompt
+    if isinstance(p, str):
+        return [await serving.encode(p, True)]
+    if all(isinstance(x, int) for x in p):
+        return [list(p)]
+    if all(isinstance(x, str) for x in p):
+        return [await serving.encode(x, True) for x in p]
+    return [list(x) for x in p]
+
+
+def _logprobs(serving: Serving, entries: list[dict[int, float]] | None, offset: int) -> CompletionLogprobs | None:
+    """OpenAI's legacy format; ``top_logprobs`` holds the sampled token and the k most likely."""
+    if entries is None:
+        return None
+    out = CompletionLogprobs()
+    for e in entries:
+        token, lp = next(iter(e.items()))
+        s = serving.token_str(token)
+        out.tokens.append(s)
+        out.token_logprobs.append(lp)
+        top: dict[str, float] = {}
+        for t, v in e.items():  # distinct ids may share a string (partial UTF-8): keep the likeliest
+            top.setdefault(serving.token_str(t), v)
+        out.top_logprobs.append(top)
+        out.text_offset.append(offset)
+        offset += len(s)
+    return out
+
+
+async def create_completion(serving: Serving, req: CompletionRequest, raw: Request) -> Response:
+    model = serving.check_model(req.model)
+    serving.check_supported(req)
+    prompts = await _prompts(serving, req)
+    for ids in prompts:
+        serving.check_prompt(ids)
+    max_tokens = serving.max_tokens(req.max_tokens, max(len(p) for p in prompts), "max_tokens")
+    params = serving.sampling_params(req, max_tokens, req.logprobs)
+    rid = serving.new_id("cmpl")
+    sub = serving.submit(rid, prompts, params, req.cache_salt)
+    num_prompt = sum(len(p) for p in prompts)
+    if req.stream:
+        usage = bool(req.stream_options and req.stream_options.include_usage)
+        return EventStream(_stream(serving, sub, rid, model, req.n, len(prompts), num_prompt, usage), sub)
+    try:
+        choices, cached = await serving.until_disconnect(raw, collect(sub, len(prompts) * req.n, req.n))
+    finally:
+        sub.close()
+    completion = sum(c.num_tokens for c in choices)
+    resp = CompletionResponse(
+        id=rid, model=model,
+        choices=[CompletionChoice(index=c.index, text=c.text, logprobs=_logprobs(serving, c.logprobs, 0),
+                                  finish_reason=c.finish_reason, stop_reason=c.stop_reason) for c in choices],
+        usage=Usage(prompt_tokens=num_prompt, completion_tokens=completion, total_tokens=num_prompt + completion,
+                    prompt_tokens_details={"cached_tokens": cached}))
+    return JSONResponse(resp.model_dump())
+
+
+async def _stream(serving: Serving, sub: Submission, rid: str, model: str, n: int, num_prompts: int,
+                  num_prompt_tokens: int, include_usage: bool) -> AsyncIterator[str]:
+    created = int(time.time())
+    chars = [0] * (num_prompts * n)  # text offsets, for logprobs
+    tokens = [0] * (num_prompts * n)
+    try:
+        while not sub.done:
+            parts = []
+            for c in merge_batch(await sub.next_batch(), n):
+                offset = chars[c.index]
+                chars[c.index] += len(c.text)
+                tokens[c.index] += c.num_tokens
+                if not c.text and c.logprobs is None and c.finish_reason is None:
+                    continue  # tokens whose text is still held back: nothing to show yet
+                choice = CompletionChoice(index=c.index, text=c.text, logprobs=_logprobs(serving, c.logprobs, offset),
+                                          finish_reason=c.finish_reason, stop_reason=c.stop_reason)
+                parts.append(sse(CompletionResponse(id=rid, created=created, model=model, choices=[choice])))
+            if parts:
+                yield "".join(parts)
+    except APIError as e:
+        yield sse(e.body())
+        yield SSE_DONE
+        return
+    if include_usage:
+        completion = sum(tokens)
+        usage = Usage(prompt_tokens=num_prompt_tokens, completion_tokens=completion,
+                      total_tokens=num_prompt_tokens + completion)
+        yield sse(CompletionResponse(id=rid, created=created, model=model, choices=[], usage=usage))
+    yield SSE_DONE

@@ -1,0 +1,178 @@
+"""The engine-core process: builds the engine, takes commands from a pipe, sends back per-step deltas.
+
+Messages are plain tuples so pickling stays cheap. API -> engine: one list of commands per send,
+each ``("add", rid, prompt_ids, params, cache_salt)``, ``("abort", rid)``, ``("stats", tag)`` or
+``("shutdown",)``. Engine -> API: ``("ready", info)`` or ``("fatal", message)`` once at start, then
+``("out", [RequestDelta...])`` once per step, ``("failed", [(rid, status, message)...])`` and
+``("stats", tag, snapshot)``.
+"""
+from __future__ import annotations
+
+import signal
+import sys
+import time
+import traceback
+from multiprocessing.connection import Connection
+from typing import Any, NamedTuple
+
+from deepinfer.core.config import EngineConfig
+
+
+class SeqDelta(NamedTuple):
+    """What one of a request's n sequences gained in one step."""
+
+    index: int
+    token_ids: list[int]
+    text: str
+    logprobs: list[dict[int, float]] | None
+    finish_reason: str | None
+    stop_reason: int | str | None
+
+
+class RequestDelta(NamedTuple):
+    """What one request gained in one step; ``finished`` once every sequence is done."""
+
+    request_id: str
+    finished: bool
+    seqs: list[SeqDelta]
+    num_cached_tokens: int
+
+
+STATS_INTERVAL_S = 1.0
+
+
+class EngineCore:
+    """Runs the LLMEngine loop in its own process and turns cumulative outputs into deltas."""
+
+    def __init__(self, engine: Any, conn: Connection) -> None:
+        self.engine = engine
+        self.conn = conn
+        # per request id, per sequence: (tokens sent, characters of text sent)
+        self.sent: dict[str, list[list[int]]] = {}
+        self.running = True
+        self.hist: dict[str, list[float]] = {}
+        self.last_drain = time.monotonic()
+
+    def loop(self) -> None:
+        engine, conn = self.engine, self.conn
+        while self.running:
+            if engine.has_unfinished_requests():
+                while conn.poll(0):  # only what has already arrived: the batch is waiting
+                    self.handle(conn.recv())
+                if self.running:
+                    self.step()
+            else:
+                self.handle(conn.recv())  # idle: block on the pipe, no busy wait
+
+    def handle(self, cmds: list[tuple]) -> None:
+        failed = []
+        for cmd in cmds:
+            kind = cmd[0]
+            if kind == "add":
+                _, rid, ids, params, salt = cmd
+                try:
+                    self.engine.add_request(rid, ids, params, cache_salt=salt)
+                    self.sent[rid] = [[0, 0] for _ in range(params.n)]
+                except ValueError as e:
+                    failed.append((rid, 400, str(e)))
+                except Exception as e:  # noqa: BLE001 - one bad request must not stop the engine
+                    traceback.print_exc()
+                    failed.append((rid, 500, f"internal error adding the request: {type(e).__name__}: {e}"))
+            elif kind == "abort":
+                self.engine.abort_request(cmd[1])
+                self.sent.pop(cmd[1], None)
+            elif kind == "stats":
+                self.conn.send(("stats", cmd[1], self.snapshot()))
+            elif kind == "shutdown":
+                self.running = False
+        if failed:
+            self.conn.send(("failed", failed))
+
+    def step(self) -> None:
+        try:
+            outputs = self.engine.step()
+        except Exception as e:  # noqa: BLE001
+            # the failing request cannot be told apart from its batch: fail the batch, keep serving
+            traceback.print_exc()
+            rids = list(self.engine.requests)
+            for rid in rids:
+                self.engine.abort_request(rid)
+                self.sent.pop(rid, None)
+            self.conn.send(("failed", [(rid, 500, f"internal error in the engine step: {type(e).__name__}: {e}")
+                                       for rid in rids]))
+            return
+        deltas = []
+        for out in outputs:
+            sent = self.sent.get(out.request_id)
+            if sent is None:
+                continue
+            seqs = []
+            for c in out.outputs:
+                s = sent[c.index]
+                ntok, nchar = s
+                if len(c.token_ids) == ntok and len(c.text) == nchar and c.finish_reason is None:
+                    continue
+                lps = c.logprobs[ntok:] if c.logprobs is not None else None
+                seqs.append(SeqDelta(c.index, c.token_ids[ntok:], c.text[nchar:], lps, c.finish_reason,
+                                     c.stop_reason))
+                s[0], s[1] = len(c.token_ids), len(c.text)
+            if out.finished:
+                del self.sent[out.request_id]
+            if seqs or out.finished:
+                deltas.append(RequestDelta(out.request_id, out.finished, seqs, out.num_cached_tokens))
+        if deltas:
+            self.conn.send(("out", deltas))
+        self._collect_histograms()
+
+    def _collect_histograms(self) -> None:
+        # plugins may observe() every step; keep the engine's lists short between scrapes
+        now = time.monotonic()
+        if now - self.last_drain < STATS_INTERVAL_S:
+            return
+        self.last_drain = now
+        for name, values in self.engine.metrics.drain_histograms().items():
+            self.hist.setdefault(name, []).extend(values)
+
+    def snapshot(self) -> dict[str, Any]:
+        self.engine.get_metrics()  # refreshes the gauges
+        m = self.engine.metrics
+        for name, values in m.drain_histograms().items():
+            self.hist.setdefault(name, []).extend(values)
+        hist, self.hist = self.hist, {}
+        pool = self.engine.kv.pool
+        gauges = dict(m.gauges)
+        gauges["deepinfer:kv_cache_free_blocks"] = pool.num_free_blocks
+        gauges["deepinfer:kv_cache_total_blocks"] = pool.num_blocks
+        return {"counters": dict(m.counters), "gauges": gauges, "histograms": hist,
+                "descriptions": dict(m.descriptions)}
+
+
+def engine_info(engine: Any, config: EngineConfig) -> dict[str, Any]:
+    """What the API process needs to know about the engine it talks to."""
+    return {"model_path": engine.ctx.model_path, "max_model_len": engine.max_model_len,
+            "vocab_size": engine.ctx.model_config.get("vocab_size"), "num_blocks": engine.kv.pool.num_blocks,
+            "plugins": getattr(engine, "plugin_names", {}), "tokenizer": config.tokenizer or engine.ctx.model_path,
+            "has_tokenizer": engine.tokenizer is not None}
+
+
+def run_engine_core(config: EngineConfig, conn: Connection) -> None:
+    """Entry point of the engine process (spawned)."""
+    # the API process decides when to stop: a terminal's Ctrl-C or a service manager signalling the
+    # whole group must not kill requests the API process is still draining
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        from deepinfer.builder import build_engine
+
+        engine = build_engine(config, progress=False)
+    except BaseException as e:  # noqa: BLE001 - reported to the parent, which exits non-zero
+        conn.send(("fatal", f"{type(e).__name__}: {e}" if not isinstance(e, ValueError) else str(e)))
+        conn.close()
+        return
+    conn.send(("ready", engine_info(engine, config)))
+    try:
+        EngineCore(engine, conn).loop()
+    except (EOFError, BrokenPipeError, ConnectionResetError):
+        pass  # the API process went away: nothing left to serve
+    finally:
+        sys.stdout.flush()

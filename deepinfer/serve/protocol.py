@@ -1,0 +1,264 @@
+"""Request and response schemas of the OpenAI API (completions, chat, models), and its error object."""
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+# OpenAI's clients add fields over time; unknown ones are ignored, not fatal, but any field that
+# changes what the caller gets back and that we do not implement is refused in `unsupported()`.
+_REQUEST = ConfigDict(extra="ignore")
+
+
+class ErrorInfo(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | int | None = None
+
+
+class ErrorResponse(BaseModel):
+    """OpenAI's error envelope: ``{"error": {"message", "type", "param", "code"}}``."""
+
+    error: ErrorInfo
+
+
+class APIError(Exception):
+    """An error meant for the client: its HTTP status and OpenAI error fields."""
+
+    def __init__(self, status: int, message: str, type: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+        self.headers = headers
+
+    def body(self) -> dict[str, Any]:
+        return ErrorResponse(error=ErrorInfo(message=self.message, type=self.type, param=self.param,
+                                             code=self.code)).model_dump()
+
+
+class StreamOptions(BaseModel):
+    model_config = _REQUEST
+
+    include_usage: bool = False
+
+
+class SamplingFields(BaseModel):
+    """Sampling fields shared by completions and chat (OpenAI's plus vLLM's extensions)."""
+
+    model_config = _REQUEST
+
+    model: str
+    n: int = Field(1, ge=1, le=128)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    temperature: float | None = Field(None, ge=0.0, le=100.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=-1)
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    seed: int | None = Field(None, ge=0, lt=2**63)
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    repetition_penalty: float | None = Field(None, gt=0.0, le=10.0)
+    ignore_eos: bool = False
+    min_tokens: int = Field(0, ge=0)
+    stop_token_ids: list[int] | None = None
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    cache_salt: str | None = Field(None, min_length=1, max_length=256)
+    user: str | None = None
+    logit_bias: dict[str, float] | None = None
+
+    def unsupported(self) -> str | None:
+        """Name a requested feature this server does not implement (refused, never ignored)."""
+        if self.logit_bias:
+            return "logit_bias"
+        return None
+
+
+class CompletionRequest(SamplingFields):
+    """``POST /v1/completions``: a prompt (text, texts, token ids or lists of them) to continue."""
+
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = Field(16, ge=1)
+    logprobs: int | None = Field(None, ge=0, le=20)
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = Field(None, ge=1)
+
+    @field_validator("prompt")
+    @classmethod
+    def _not_empty(cls, v: Any) -> Any:
+        if isinstance(v, list) and not v:
+            raise ValueError("the prompt list is empty")
+        return v
+
+    def unsupported(self) -> str | None:
+        if self.echo:
+            return "echo"
+        if self.suffix:
+            return "suffix"
+        if self.best_of is not None and self.best_of != self.n:
+            return "best_of"
+        return super().unsupported()
+
+
+class TextPart(BaseModel):
+    model_config = _REQUEST
+
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = _REQUEST
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(p.text for p in self.content)
+
+
+class ChatCompletionRequest(SamplingFields):
+    """``POST /v1/chat/completions``: messages rendered with the tokenizer's chat template."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    add_generation_prompt: bool = True
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    response_format: dict[str, Any] | None = None
+
+    def unsupported(self) -> str | None:
+        if self.tools:
+            return "tools"
+        if self.tool_choice not in (None, "none"):
+            return "tool_choice"
+        if self.response_format and self.response_format.get("type") != "text":
+            return "response_format"
+        return super().unsupported()
+
+
+# ------------------------------------------------------------------------------------- responses
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: dict[str, int] | None = None
+
+
+class CompletionLogprobs(BaseModel):
+    tokens: list[str] = Field(default_factory=list)
+    token_logprobs: list[float | None] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
+    text_offset: list[int] = Field(default_factory=list)
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class CompletionResponse(BaseModel):
+    """A completion, whole (``object: text_completion``) or one streamed chunk of it."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)
+
+
+class ChatLogprobs(BaseModel):
+    content: list[TokenLogprob] | None = None
+    refusal: list[TokenLogprob] | None = None
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str | None = None
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: AssistantMessage
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class ChatCompletionResponse(BaseModel):
+    """A whole chat completion (``object: chat.completion``)."""
+
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class DeltaMessage(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatChunkChoice(BaseModel):
+    index: int
+    delta: DeltaMessage
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    """One server-sent event of a streamed chat completion."""
+
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    owned_by: str = "deepinfer"
+    root: str | None = None
+    max_model_len: int | None = None
+
+
+class ModelList(BaseModel):
+    """``GET /v1/models``."""
+
+    object: Literal["list"] = "list"
+    data: list[ModelCard]

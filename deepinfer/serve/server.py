@@ -1,0 +1,80 @@
+"""Run the server: engine process first, then uvicorn; a signal drains in-flight requests and exits 0."""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+
+API_KEY_ENV = "DEEPINFER_API_KEY"
+
+
+def model_names(config: Any, info: dict[str, Any]) -> list[str]:
+    """The name /v1/models reports first, then aliases a client may also send (the path given)."""
+    path = info["model_path"]
+    names = [config.served_model_name or Path(path).name]
+    for alias in (config.model, path):
+        if alias and alias not in names:
+            names.append(alias)
+    return names
+
+
+def run_serve(args: argparse.Namespace, engine_overrides: Callable) -> int:
+    from deepinfer.core.config import build_config
+    from deepinfer.core.tokenizer import Tokenizer
+    from deepinfer.serve.app import ServerSettings, build_app
+    from deepinfer.serve.engine_client import EngineClient, EngineStartError
+    from deepinfer.serve.metrics import ServerMetrics
+    from deepinfer.serve.serving import Serving
+
+    config = build_config(args.config_file, engine_overrides(args))
+    api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
+    if args.host not in ("127.0.0.1", "localhost", "::1") and api_key is None:
+        print(f"deepinfer serve: warning: listening on {args.host} without an API key; anyone who can reach "
+              f"this port can use it (set --api-key or ${API_KEY_ENV})", file=sys.stderr)
+    client = EngineClient(config)
+    # the engine is built before the port opens: /health answers only once requests can be served
+    try:
+        info = client.start(timeout=args.engine_start_timeout)
+    except EngineStartError as e:
+        print(f"deepinfer serve: error: the engine failed to start: {e}", file=sys.stderr)
+        return 1
+    try:
+        tokenizer = Tokenizer(info["tokenizer"]) if info["has_tokenizer"] else None
+        metrics = ServerMetrics()
+        serving = Serving(client, tokenizer, model_names(config, info), metrics,
+                          max_in_flight_seqs=config.max_num_seqs + config.max_waiting_requests)
+        settings = ServerSettings(api_key=api_key, max_body_bytes=args.max_body_bytes)
+        app = build_app(client, serving, metrics, settings)
+        uv_config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                                   access_log=args.access_log, timeout_graceful_shutdown=args.grace_period,
+                                   lifespan="on", loop="asyncio", http="h11", ws="none")
+        server = DrainingServer(uv_config, on_stop=lambda: setattr(serving, "draining", True))
+        print(f"deepinfer serve: serving {serving.model_names[0]!r} (max_model_len {serving.max_model_len}) on "
+              f"http://{args.host}:{args.port}", file=sys.stderr, flush=True)
+        server.run()
+        return 0 if server.started else 1
+    finally:
+        client.shutdown()
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server, but SIGTERM/SIGINT first stop admission, and the exit code stays 0."""
+
+    def __init__(self, config: uvicorn.Config, on_stop: Callable[[], None]) -> None:
+        super().__init__(config)
+        self.on_stop = on_stop
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        self.on_stop()
+        # uvicorn re-raises a captured signal once it has stopped, which would end the process
+        # with that signal instead of exit code 0 after a clean drain; so it is not recorded
+        if self.should_exit and sig == signal.SIGINT:
+            self.force_exit = True
+        else:
+            self.should_exit = True

@@ -1,0 +1,306 @@
+"""What completions and chat share: model check, limits, SamplingParams, submission, disconnects."""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import uuid
+from collections.abc import Awaitable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from pydantic import ValidationError
+from starlette.requests import Request
+from starlette.responses import StreamingResponse
+
+from deepinfer.core.sampling_params import SamplingParams
+from deepinfer.serve.engine_client import EngineClient, EngineDeadError, RequestFailed
+from deepinfer.serve.engine_core import RequestDelta
+from deepinfer.serve.metrics import RequestTimer, ServerMetrics
+from deepinfer.serve.protocol import APIError, SamplingFields
+
+T = TypeVar("T")
+# long prompts are tokenized off the event loop so other streams keep flowing meanwhile
+_TOKENIZE_INLINE_CHARS = 16_384
+
+
+class ClientDisconnected(Exception):
+    """The client closed the connection before its response was ready."""
+
+
+def validation_message(e: ValidationError) -> tuple[str, str | None]:
+    """A one-line message and the offending parameter from a pydantic error."""
+    err = e.errors()[0]
+    loc = [str(x) for x in err.get("loc", ()) if x != "body"]
+    param = ".".join(loc) or None
+    msg = err.get("msg", "invalid value")
+    return (f"{param}: {msg}" if param else msg), param
+
+
+def sse(obj: Any) -> str:
+    """One server-sent event carrying ``obj`` as JSON."""
+    if hasattr(obj, "model_dump_json"):
+        return f"data: {obj.model_dump_json(exclude_none=False)}\n\n"
+    return f"data: {json.dumps(obj)}\n\n"
+
+
+SSE_DONE = "data: [DONE]\n\n"
+
+
+@dataclass(slots=True)
+class Submission:
+    """One API request in the engine: one engine request per prompt, all feeding one queue."""
+
+    serving: Serving
+    request_ids: list[str]
+    num_seqs: int
+    timers: list[RequestTimer]
+    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    pending: set[str] = field(default_factory=set)
+    index: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def done(self) -> bool:
+        return not self.pending
+
+    async def next_batch(self) -> list[tuple[int, RequestDelta]]:
+        """Wait for news, then take everything queued: a slow reader gets fewer, larger chunks."""
+        items = [await self.queue.get()]
+        while not self.queue.empty():
+            items.append(self.queue.get_nowait())
+        out = []
+        for item in items:
+            if isinstance(item, RequestFailed):
+                self.pending.discard(item.request_id)
+                kind = "invalid_request_error" if item.status < 500 else "server_error"
+                raise APIError(item.status, item.message, type=kind)
+            i = self.index[item.request_id]
+            timer = self.timers[i]
+            timer.tokens(sum(len(s.token_ids) for s in item.seqs))
+            if item.finished:
+                self.pending.discard(item.request_id)
+                timer.finish()
+            out.append((i, item))
+        return out
+
+    def close(self) -> None:
+        """Abort whatever is still running (client gone, error, shutdown) and release the slots."""
+        for rid in self.pending:
+            self.serving.client.abort(rid)
+        self.pending.clear()
+        self.serving.in_flight_seqs -= self.num_seqs
+        self.num_seqs = 0
+
+
+class Serving:
+    """Shared request handling between the OpenAI routes and the engine client."""
+
+    def __init__(self, client: EngineClient, tokenizer: Any, model_names: list[str], metrics: ServerMetrics,
+                 max_in_flight_seqs: int) -> None:
+        self.client = client
+        self.tokenizer = tokenizer
+        self.model_names = model_names
+        self.metrics = metrics
+        self.max_model_len: int = client.info["max_model_len"]
+        self.vocab_size: int | None = client.info.get("vocab_size")
+        self.max_in_flight_seqs = max_in_flight_seqs
+        self.in_flight_seqs = 0
+        self.draining = False
+        self._ids = itertools.count()
+        self._token_str: dict[int, str] = {}
+
+    # ------------------------------------------------------------------------------ validation
+    def check_model(self, name: str) -> str:
+        if name not in self.model_names:
+            raise APIError(404, f"the model {name!r} does not exist; this server serves "
+                           f"{self.model_names[0]!r} (see GET /v1/models)", param="model", code="model_not_found")
+        return self.model_names[0]
+
+    def check_supported(self, req: SamplingFields) -> None:
+        what = req.unsupported()
+        if what is not None:
+            raise APIError(400, f"{what} is not supported by this server", param=what, code="unsupported")
+
+    def require_tokenizer(self) -> Any:
+        if self.tokenizer is None:
+            raise APIError(400, "this model has no tokenizer.json: send prompts as token ids", param="prompt")
+        return self.tokenizer
+
+    async def encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        tok = self.require_tokenizer()
+        if len(text) > _TOKENIZE_INLINE_CHARS:
+            return await asyncio.to_thread(tok.encode, text, add_special_tokens)
+        return tok.encode(text, add_special_tokens)
+
+    def check_prompt(self, ids: list[int], param: str = "prompt") -> None:
+        if not ids:
+            raise APIError(400, "the prompt is empty: give at least one token", param=param)
+        if self.vocab_size is not None and (min(ids) < 0 or max(ids) >= self.vocab_size):
+            raise APIError(400, f"prompt token ids must lie in [0, {self.vocab_size})", param=param)
+        if len(ids) >= self.max_model_len:
+            raise APIError(400, f"this model's maximum context length is {self.max_model_len} tokens, but the "
+                           f"prompt has {len(ids)} tokens and at least one must be generated; shorten the "
+                           "prompt", param=param, code="context_length_exceeded")
+
+    def max_tokens(self, requested: int | None, prompt_len: int, param: str) -> int:
+        room = self.max_model_len - prompt_len
+        if requested is None:
+            return room
+        if requested > room:
+            raise APIError(400, f"{param} is {requested}, but this model's maximum context length is "
+                           f"{self.max_model_len} tokens and the prompt has {prompt_len}: at most {room} can "
+                           "be generated; lower it", param=param, code="context_length_exceeded")
+        return requested
+
+    def sampling_params(self, req: SamplingFields, max_tokens: int, logprobs: int | None) -> SamplingParams:
+        fields: dict[str, Any] = {"n": req.n, "max_tokens": max_tokens, "logprobs": logprobs,
+                                  "ignore_eos": req.ignore_eos, "min_tokens": req.min_tokens,
+                                  "stop": req.stop, "skip_special_tokens": req.skip_special_tokens,
+                                  "include_stop_str_in_output": req.include_stop_str_in_output,
+                                  "seed": req.seed}
+        for name in ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
+                     "repetition_penalty", "stop_token_ids"):
+            value = getattr(req, name)
+            if value is not None:
+                fields[name] = value
+        try:
+            return SamplingParams(**fields)
+        except ValidationError as e:
+            msg, param = validation_message(e)
+            raise APIError(400, msg, param=param) from None
+
+    # ------------------------------------------------------------------------------ submission
+    def new_id(self, prefix: str) -> str:
+        return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+    def submit(self, request_id: str, prompts: list[list[int]], params: SamplingParams,
+               cache_salt: str | None) -> Submission:
+        """Admit the request (or 503) and send one engine request per prompt."""
+        num_seqs = params.n * len(prompts)
+        if self.draining:
+            self.metrics.rejected.inc()
+            raise APIError(503, "the server is shutting down", type="server_error", code="shutting_down",
+                           headers={"Retry-After": "5"})
+        if self.in_flight_seqs + num_seqs > self.max_in_flight_seqs:
+            self.metrics.rejected.inc()
+            raise APIError(503, f"the server is at capacity ({self.in_flight_seqs} sequences in flight); retry "
+                           "shortly", type="server_error", code="overloaded", headers={"Retry-After": "1"})
+        rids = [f"{request_id}-{i}" for i in range(len(prompts))]
+        sub = Submission(self, rids, num_seqs, [RequestTimer(self.metrics) for _ in prompts])
+        sub.pending.update(rids)
+        sub.index.update((rid, i) for i, rid in enumerate(rids))
+        self.in_flight_seqs += num_seqs
+        try:
+            for rid, ids in zip(rids, prompts, strict=True):
+                self.client.add(rid, ids, params, cache_salt, sub.queue)
+        except EngineDeadError as e:
+            sub.close()
+            raise APIError(503, f"the engine is not running: {e}", type="server_error") from None
+        return sub
+
+    async def until_disconnect(self, request: Request, work: Awaitable[T]) -> T:
+        """Run ``work`` unless the client hangs up first (then raise ClientDisconnected)."""
+        task = asyncio.ensure_future(work)
+        watcher = asyncio.ensure_future(_wait_disconnect(request))
+        try:
+            await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:  # cancelled from outside (shutdown): take the work down with us
+            task.cancel()
+            raise
+        finally:
+            watcher.cancel()
+        if task.done():
+            return task.result()
+        task.cancel()
+        self.metrics.client_aborts.inc()
+        raise ClientDisconnected()
+
+    # ------------------------------------------------------------------------------- logprobs
+    def token_str(self, token_id: int) -> str:
+        s = self._token_str.get(token_id)
+        if s is None:
+            s = self.tokenizer.decode([token_id], False) if self.tokenizer is not None else f"<{token_id}>"
+            self._token_str[token_id] = s
+        return s
+
+    @staticmethod
+    def top(entry: dict[int, float], k: int) -> list[tuple[int, float]]:
+        """The k most likely tokens of one position (the engine puts the sampled one first)."""
+        return sorted(entry.items(), key=lambda kv: -kv[1])[:k] if k else []
+
+
+async def _wait_disconnect(request: Request) -> None:
+    while True:
+        msg = await request.receive()
+        if msg["type"] == "http.disconnect":
+            return
+
+
+@dataclass(slots=True)
+class ChoiceText:
+    """One choice's text, tokens and logprobs, merged from consecutive deltas."""
+
+    index: int
+    parts: list[str] = field(default_factory=list)
+    num_tokens: int = 0
+    logprobs: list[dict[int, float]] | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+    def add(self, text: str, num_tokens: int, logprobs: list[dict[int, float]] | None,
+            finish_reason: str | None, stop_reason: int | str | None) -> None:
+        if text:
+            self.parts.append(text)
+        self.num_tokens += num_tokens
+        if logprobs is not None:
+            if self.logprobs is None:
+                self.logprobs = []
+            self.logprobs.extend(logprobs)
+        if finish_reason is not None:
+            self.finish_reason, self.stop_reason = finish_reason, stop_reason
+
+    @property
+    def text(self) -> str:
+        return "".join(self.parts)
+
+
+def merge_batch(batch: list[tuple[int, RequestDelta]], n: int) -> list[ChoiceText]:
+    """Fold one batch of deltas into one ChoiceText per choice (choice = prompt index * n + seq index)."""
+    merged: dict[int, ChoiceText] = {}
+    for prompt_index, delta in batch:
+        for s in delta.seqs:
+            i = prompt_index * n + s.index
+            c = merged.get(i)
+            if c is None:
+                c = merged[i] = ChoiceText(i)
+            c.add(s.text, len(s.token_ids), s.logprobs, s.finish_reason, s.stop_reason)
+    return list(merged.values())
+
+
+async def collect(sub: Submission, num_choices: int, n: int) -> tuple[list[ChoiceText], int]:
+    """Wait for every choice to finish; return them and the number of prompt tokens found cached."""
+    choices = [ChoiceText(i) for i in range(num_choices)]
+    cached = 0
+    while not sub.done:
+        batch = await sub.next_batch()
+        for c in merge_batch(batch, n):
+            choices[c.index].add(c.text, c.num_tokens, c.logprobs, c.finish_reason, c.stop_reason)
+        cached += sum(d.num_cached_tokens for _, d in batch if d.finished)
+    return choices, cached
+
+
+class EventStream(StreamingResponse):
+    """Server-sent events of one submission; whatever ends the response aborts what is still running."""
+
+    def __init__(self, content: Any, sub: Submission) -> None:
+        super().__init__(content, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self.sub = sub
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            if self.sub.pending:
+                self.sub.serving.metrics.client_aborts.inc()
+            self.sub.close()

@@ -1,0 +1,51 @@
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def _has_cuda() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+def _has_npu() -> bool:
+    if importlib.util.find_spec("torch_npu") is None:
+        return False
+    try:
+        import torch_npu  # noqa: F401
+
+        return True
+    except Exception:
+        return False
+
+
+def pytest_collection_modifyitems(config, items):
+    gpu = _has_cuda()
+    npu = None
+    for item in items:
+        if "gpu" in item.keywords and not gpu:
+            item.add_marker(pytest.mark.skip(reason="needs an NVIDIA GPU"))
+        if "ascend" in item.keywords:
+            npu = _has_npu() if npu is None else npu
+            if not npu:
+                item.add_marker(pytest.mark.skip(reason="needs torch_npu and an Ascend NPU"))
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory):
+    from tests.tiny_models import make_model
+
+    path = tmp_path_factory.mktemp("llama")
+    model = make_model(path, "llama")
+    return path, model

@@ -1,0 +1,63 @@
+"""Sampler pieces against direct torch references."""
+from __future__ import annotations
+
+import torch
+
+from deepinfer.core.request import Request
+from deepinfer.core.sampler import Sampler, apply_penalties, filter_logits
+from deepinfer.core.sampling_params import SamplingParams
+
+
+def test_top_k_keeps_exactly_the_k_largest():
+    logits = torch.tensor([0.1, 3.0, -1.0, 2.0, 0.5])
+    kept = filter_logits(logits.clone(), 2, 1.0, 0.0).isfinite()
+    assert kept.tolist() == [False, True, False, True, False]
+
+
+def test_top_p_keeps_the_smallest_nucleus_reaching_p():
+    probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    kept = filter_logits(probs.log(), 0, 0.8, 0.0).isfinite()
+    assert kept.tolist() == [True, True, False, False]  # 0.5 + 0.3 reaches 0.8
+    kept = filter_logits(probs.log(), 0, 0.81, 0.0).isfinite()
+    assert kept.tolist() == [True, True, True, False]
+
+
+def test_min_p_drops_tokens_below_fraction_of_the_best():
+    probs = torch.tensor([0.6, 0.25, 0.1, 0.05])
+    kept = filter_logits(probs.log(), 0, 1.0, 0.2).isfinite()  # floor 0.12
+    assert kept.tolist() == [True, True, False, False]
+
+
+def test_penalties_follow_their_definitions():
+    params = SamplingParams(repetition_penalty=2.0, presence_penalty=0.5, frequency_penalty=0.25)
+    req = Request("r", [1], params)
+    req.all_token_ids += [2, 2, 3]
+    logits = torch.tensor([1.0, 2.0, -2.0, 4.0, 1.0])
+    out = apply_penalties(logits.clone(), req)
+    expected = torch.tensor([1.0, 1.0, -4.0 - 0.5 - 0.5, 2.0 - 0.5 - 0.25, 1.0])
+    assert torch.allclose(out, expected)
+
+
+def test_seeded_samples_follow_the_distribution():
+    """Exponential-race sampling draws from softmax(logits / T): empirical frequencies match."""
+    logits = torch.tensor([2.0, 1.0, 0.0, -1.0])
+    params = SamplingParams(temperature=0.7, seed=3)
+    req = Request("r", [1], params)
+    sampler = Sampler()
+    counts = torch.zeros(4)
+    n = 4000
+    for _ in range(n):
+        tok, _ = sampler(logits[None], [req])
+        counts[tok[0]] += 1
+    expected = (logits / 0.7).softmax(-1) * n
+    chi2 = (((counts - expected) ** 2) / expected).sum().item()
+    assert chi2 < 16.27  # 3 degrees of freedom, p = 0.001
+
+
+def test_logprobs_list_sampled_token_then_top_k():
+    logits = torch.tensor([[0.0, 3.0, 1.0, 2.0]])
+    req = Request("r", [1], SamplingParams(temperature=0, logprobs=2))
+    tokens, lps = Sampler()(logits, [req])
+    assert tokens == [1]
+    ref = logits[0].log_softmax(-1)
+    assert list(lps[0]) == [1, 3] and abs(lps[0][3] - ref[3].item()) < 1e-6

@@ -1,0 +1,105 @@
+"""The path a third party takes: its own package, its own entry points, selected by name."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+FIXTURE = Path(__file__).parent.parent / "fixtures" / "thirdparty"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    """Build and install the fixture package into its own directory (not the test venv)."""
+    target = tmp_path_factory.mktemp("site")
+    build = tmp_path_factory.mktemp("build")
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                    "--no-cache-dir", "--target", str(target), str(FIXTURE)],
+                   check=True, cwd=build, capture_output=True)
+    return target
+
+
+def _run(site: Path, code: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(ROOT)])}
+    env.pop("DEEPINFER_PLUGINS", None)
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_installed_plugin_is_selected_and_runs(site, tiny_llama):
+    path, _ = tiny_llama
+    code = f"""
+import json
+from deepinfer import LLM, SamplingParams
+import deepinfer_example_plugins.observer as obs
+llm = LLM({str(path)!r}, plugins=["example-counter", "example-observer"],
+          plugin_options={{"example-counter": {{"weight": 3}}}}, block_size=4, progress=False)
+llm.generate([{{"prompt_token_ids": [5, 6, 7]}}] * 2, SamplingParams(max_tokens=6, ignore_eos=True), use_tqdm=False)
+m = llm.get_metrics()
+print(json.dumps({{"freed": m["deepinfer:example_freed_blocks"], "ready": m["deepinfer:example_observer_ready"],
+                  "finished": len(obs.FINISHED), "plugins": llm.engine.plugin_names}}))
+"""
+    res = _run(site, code)
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    # each request holds KV for 3 prompt + 5 fed-back tokens (the 6th is sampled, never fed)
+    # -> ceil(8 / 4) = 2 blocks, weighted 3
+    assert out["freed"] == 2 * 2 * 3
+    assert out["ready"] == 1 and out["finished"] == 2
+    assert out["plugins"]["cache_policy"] == ["example-counter"]
+
+
+def test_plugin_that_fails_to_import_is_named_with_its_distribution(site, tiny_llama):
+    path, _ = tiny_llama
+    res = _run(site, f"from deepinfer import LLM; LLM({str(path)!r}, plugins=['example-broken'], progress=False)")
+    assert res.returncode != 0
+    assert "example-broken" in res.stderr and "deepinfer-example-plugins 0.0.1" in res.stderr
+    assert "deepinfer_example_missing_dependency" in res.stderr
+
+
+def test_plugins_list_shows_third_party_plugins_and_why_one_cannot_load(site):
+    res = _run(site, "from deepinfer.cli import main; main(['plugins', 'list', '--json'])")
+    assert res.returncode == 0, res.stderr
+    rows = {r["name"]: r for r in json.loads(res.stdout)}
+    assert rows["example-counter"]["status"] == "ok"
+    assert rows["example-counter"]["distribution"] == "deepinfer-example-plugins 0.0.1"
+    assert "failed to load" in rows["example-broken"]["status"]
+
+
+def test_allow_list_hides_everything_else(site, tiny_llama):
+    path, _ = tiny_llama
+    env_code = f"""
+import os
+os.environ["DEEPINFER_PLUGINS"] = "cpu,torch,fcfs,no-cache"
+from deepinfer import LLM
+try:
+    LLM({str(path)!r}, plugins=["example-counter"], progress=False)
+except Exception as e:
+    print(type(e).__name__, e)
+"""
+    res = _run(site, env_code)
+    assert "unknown plugin 'example-counter'" in res.stdout and "DEEPINFER_PLUGINS allows only" in res.stdout
+
+
+def test_two_plugins_for_one_exclusive_slot_are_refused(site, tiny_llama):
+    path, _ = tiny_llama
+    res = _run(site, f"from deepinfer import LLM; LLM({str(path)!r}, plugins=['cpu', 'example-host'], progress=False)")
+    assert res.returncode != 0
+    assert "two plugins for the device slot, which takes one: 'cpu' and 'example-host'" in res.stderr
+
+
+def test_third_party_device_can_be_chosen_explicitly(site, tiny_llama):
+    path, _ = tiny_llama
+    code = f"""
+from deepinfer import LLM, SamplingParams
+llm = LLM({str(path)!r}, device="example-host", progress=False)
+out = llm.generate({{"prompt_token_ids": [5, 6]}}, SamplingParams(max_tokens=3, ignore_eos=True), use_tqdm=False)
+print(llm.engine.plugin_names["device"], len(out[0].outputs[0].token_ids))
+"""
+    res = _run(site, code)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip().splitlines()[-1] == "['example-host'] 3"

@@ -1,0 +1,148 @@
+"""Startup, binding, keys from the environment, and SIGTERM under load, each on its own server process."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.serve.conftest import ROOT, ServerProcess, free_port
+
+
+def children(pid: int) -> list[int]:
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out
+
+
+def gone(pid: int, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            if stat.rsplit(")", 1)[1].split()[0] == "Z":  # a zombie has exited: it only awaits its reaper
+                return True
+        except (ProcessLookupError, FileNotFoundError):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def run_serve(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "deepinfer.serve", *args, "--port", str(free_port())], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_missing_model_dir_exits_non_zero_with_the_reason(tmp_path):
+    r = run_serve(str(tmp_path / "no-such-model"))
+    assert r.returncode != 0
+    assert "no-such-model" in r.stderr and "error" in r.stderr
+
+
+def test_unknown_plugin_exits_non_zero_naming_it(tiny_model):
+    r = run_serve(str(tiny_model), "--plugins", "no-such-plugin")
+    assert r.returncode != 0
+    assert "no-such-plugin" in r.stderr
+
+
+def test_binds_loopback_by_default_and_reads_the_key_from_the_environment(tiny_model, monkeypatch):
+    monkeypatch.setenv("DEEPINFER_API_KEY", "from-env")
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "deepinfer.serve", str(tiny_model), "--port", str(port),
+                             "--log-level", "warning"], cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env={**os.environ, "DEEPINFER_API_KEY": "from-env"})
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while True:
+            assert time.monotonic() < deadline and proc.poll() is None
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        listen = [line.split() for line in Path("/proc/net/tcp").read_text().splitlines()[1:]]
+        ours = [f[1] for f in listen if f[1].endswith(f":{port:04X}") and f[3] == "0A"]
+        assert ours == [f"0100007F:{port:04X}"]  # 127.0.0.1, nothing else
+        assert httpx.get(f"{url}/v1/models", timeout=5).status_code == 401
+        ok = httpx.get(f"{url}/v1/models", headers={"Authorization": "Bearer from-env"}, timeout=5)
+        assert ok.status_code == 200
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+
+
+def _stream(base_url: str, max_tokens: int, results: list, started: threading.Semaphore) -> None:
+    body = {"model": "tiny", "prompt": "import sys", "max_tokens": max_tokens, "temperature": 0,
+            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    events = []
+    try:
+        with httpx.stream("POST", f"{base_url}/v1/completions", json=body, timeout=60) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    if not events:
+                        started.release()
+                    events.append(line[6:])
+    except httpx.HTTPError:
+        pass  # cut off by the shutdown
+    finally:
+        if not events:
+            started.release()
+    results.append(events)
+
+
+def _load_then_sigterm(srv: ServerProcess, num: int, max_tokens: int) -> tuple[int, float, list]:
+    kids = children(srv.proc.pid)
+    assert kids, "the engine runs in a child process"
+    results: list = []
+    started = threading.Semaphore(0)
+    threads = [threading.Thread(target=_stream, args=(srv.base_url, max_tokens, results, started))
+               for _ in range(num)]
+    for t in threads:
+        t.start()
+    for _ in range(num):
+        assert started.acquire(timeout=60)
+    t0 = time.monotonic()
+    srv.proc.send_signal(signal.SIGTERM)
+    time.sleep(0.2)
+    with pytest.raises(httpx.HTTPError):  # admission has stopped: the port no longer takes connections
+        httpx.post(f"{srv.base_url}/v1/completions", json={"model": "tiny", "prompt": "x"}, timeout=5)
+    rc = srv.proc.wait(60)
+    elapsed = time.monotonic() - t0
+    for t in threads:
+        t.join(30)
+    assert all(gone(k) for k in kids), "the engine process outlived the server"
+    return rc, elapsed, results
+
+
+def test_sigterm_under_load_finishes_in_flight_requests_and_exits_0(tiny_model):
+    srv = ServerProcess(str(tiny_model), "--served-model-name", "tiny", "--grace-period", "20")
+    rc, elapsed, results = _load_then_sigterm(srv, num=6, max_tokens=150)
+    assert rc == 0, srv.output()
+    assert elapsed < 20 + 10
+    assert len(results) == 6
+    for events in results:  # every stream ran to its end
+        assert events[-1] == "[DONE]"
+        assert '"completion_tokens":150' in events[-2]
+
+
+def test_sigterm_aborts_what_outlasts_the_grace_period_and_exits_0(tiny_model):
+    srv = ServerProcess(str(tiny_model), "--served-model-name", "tiny", "--grace-period", "0.5")
+    rc, elapsed, results = _load_then_sigterm(srv, num=6, max_tokens=1000)
+    assert rc == 0, srv.output()
+    assert elapsed < 0.5 + 10
+    assert len(results) == 6
+    assert any(not events or events[-1] != "[DONE]" for events in results)

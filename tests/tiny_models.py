@@ -1,0 +1,72 @@
+"""Tiny random Hugging Face models and a tiny tokenizer, built offline for tests (the oracle)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+SPECIALS = ["<|pad|>", "<|begin|>", "<|end|>", "<|system|>", "<|user|>", "<|assistant|>"]
+
+
+def make_tokenizer(out: Path, vocab_size: int = 320) -> None:
+    """A byte-level BPE trained on a few sentences, with a chat template; writes tokenizer files."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    text = [
+        "The quick brown fox jumps over the lazy dog. " * 3,
+        "def read_config(path):\n    with open(path) as f:\n        return f.read()\n",
+        "import os\nimport sys\nprint('hello world')\n",
+        "Paged attention keeps the KV cache in fixed-size blocks. Über naïve café 日本語 🙂",
+    ] * 4
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(text, trainer)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    tok.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<|begin|>", "eos_token": "<|end|>",
+        "pad_token": "<|pad|>", "chat_template": CHAT_TEMPLATE, "model_max_length": 4096,
+    }))
+
+
+def make_model(out: Path, arch: str = "llama", dtype: torch.dtype = torch.float32, seed: int = 0,
+               with_tokenizer: bool = True, **overrides):
+    """Save a tiny random model of ``arch`` (llama, qwen2, qwen3, mistral) to ``out``; return it."""
+    import transformers as tf
+
+    base = dict(vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                eos_token_id=2, bos_token_id=1, pad_token_id=0)
+    if arch == "qwen3":
+        base.update(head_dim=16)
+    base.update(overrides)
+    cfg_cls, model_cls = {
+        "llama": (tf.LlamaConfig, tf.LlamaForCausalLM),
+        "qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM),
+        "qwen3": (tf.Qwen3Config, tf.Qwen3ForCausalLM),
+        "mistral": (tf.MistralConfig, tf.MistralForCausalLM),
+    }[arch]
+    torch.manual_seed(seed)
+    model = model_cls(cfg_cls(**base)).to(dtype).eval()
+    model.save_pretrained(out)
+    if with_tokenizer:
+        make_tokenizer(out)
+    return model
+
+
+def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
+    """transformers' greedy continuation of ``prompt``: the oracle for token-for-token checks."""
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                             eos_token_id=None, pad_token_id=0, attention_mask=torch.ones(1, len(prompt),
+                                                                                          dtype=torch.long))
+    return out[0, len(prompt):].tolist()
