@@ -76,9 +76,13 @@ class FCFSScheduler(Scheduler):
         return SchedulerOutput(tuple(scheduled), tuple(preempted))
 
     def _admit(self, scheduled: list[ScheduledRequest], budget: int) -> int:
+        deferred: list[Request] = []  # waiting for a running request to finish a shared prefix
         while self.waiting and budget > 0 and len(self.running) < self.max_seqs:
             req = self.waiting[0]
             match = self.kv.match_prefix(req)
+            if match.wait:
+                deferred.append(self.waiting.popleft())
+                continue
             todo = req.num_tokens - req.num_computed_tokens - match.num_tokens
             n = min(todo, budget, self.chunk_cap)
             if not self.kv.allocate(req, n, match):
@@ -90,6 +94,7 @@ class FCFSScheduler(Scheduler):
             self.running.append(req)
             scheduled.append(ScheduledRequest(req, n))
             budget -= n
+        self.waiting.extendleft(reversed(deferred))
         return budget
 
     def _preempt(self, req: Request) -> None:

@@ -17,7 +17,8 @@ def test_plugins_list_shows_builtins_ok():
     res = _cli("plugins", "list")
     assert res.returncode == 0, res.stderr
     lines = {line.split()[0]: line for line in res.stdout.splitlines()[1:]}
-    for name, slot in [("cpu", "device"), ("torch", "attention"), ("fcfs", "scheduler"), ("no-cache", "cache_policy")]:
+    for name, slot in [("cpu", "device"), ("torch", "attention"), ("fcfs", "scheduler"), ("no-cache", "cache_policy"),
+                       ("prefix-cache", "cache_policy")]:
         assert name in lines and slot in lines[name] and lines[name].rstrip().endswith("ok"), lines.get(name)
         assert "deepinfer 0.1.0" in lines[name]
 
@@ -26,7 +27,8 @@ def test_generate_prints_the_greedy_text(tiny_llama):
     from deepinfer import LLM, SamplingParams
 
     path, _ = tiny_llama
-    res = _cli("generate", str(path), "--prompt", "import os", "--max-tokens", "8", "--ignore-eos", "--json")
+    res = _cli("generate", str(path), "--prompt", "import os", "--max-tokens", "8", "--ignore-eos", "--json",
+               "--plugins", "prefix-cache")
     assert res.returncode == 0, res.stderr
     got = json.loads(res.stdout.strip().splitlines()[-1])
     ref = LLM(str(path), progress=False).generate("import os", SamplingParams(temperature=0, max_tokens=8,

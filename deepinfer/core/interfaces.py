@@ -103,10 +103,12 @@ class AttentionBackend(Plugin, ABC):
 
 # ----------------------------------------------------------------------------------- cache policy
 class PrefixMatch(NamedTuple):
-    """Blocks a request can start from and how many of its tokens they cover."""
+    """Blocks a request can start from and how many of its tokens they cover. ``wait``: another
+    running request is computing the blocks that come next, so admitting this one later reuses them."""
 
     blocks: list[Block]
     num_tokens: int
+    wait: bool = False
 
 
 class CachePolicy(Plugin, ABC):

@@ -63,10 +63,8 @@ class KVCacheManager:
 
     def free(self, request: Request) -> None:
         """Release the request's blocks; the policies choose what stays cached."""
-        blocks = self._blocks.pop(request.request_id, None)
+        blocks = self._blocks.pop(request.request_id, None) or []
         request.block_ids = []
-        if not blocks:
-            return
         for policy in self.policies:
             policy.on_free(request, blocks)
         # tail first, so a request's tail is evicted before its head

@@ -139,7 +139,7 @@ def model_card(role: str, log: dict) -> str:
         f"(`deepinfer/tools/train_demo.py`). It is {purpose}."),
         "",
         ("It exists so that deepinfer's examples and tests can run a real Hugging Face model "
-        "offline, in seconds, on a CPU. It was trained for a few minutes on Python standard "
+        "offline, in seconds, on a CPU. It was trained briefly (see below) on Python standard "
         "library source code only: it produces Python-looking text, often wrong, knows nothing "
         "else, and follows no instructions (it never saw chat-formatted data, although the "
         "tokenizer has a chat template). **Do not use it for anything real.**"),
@@ -168,8 +168,9 @@ def model_card(role: str, log: dict) -> str:
         f"- {how}.",
         (f"- Tokens seen: {_fmt_int(tr[role]['tokens_seen'])}; training time "
         f"{tr[role]['train_time_s']:.0f} s on {log['device']}."),
-        (f"- Seed {log['settings']['seed']}; torch {log['versions']['torch']}, transformers "
-        f"{log['versions']['transformers']}, tokenizers {log['versions']['tokenizers']}."),
+        (f"- Seed {log['settings']['seed']} (CUDA runs are not bit-exact: a rerun differs slightly); "
+         f"torch {log['versions']['torch']}, transformers {log['versions']['transformers']}, "
+         f"tokenizers {log['versions']['tokenizers']}."),
         "",
         "## Evaluation (held-out stdlib files)",
         "",

@@ -70,9 +70,11 @@ CHAT_TEMPLATE = (
     "{%- if add_generation_prompt -%}{{ '<|assistant|>' }}{%- endif -%}"
 )
 
-# Default schedules. FULL targets about 7 minutes on one H200; QUICK is a CPU smoke run.
-FULL = {"steps": 2000, "batch_size": 32, "seq_len": 512, "draft_steps": 1000, "warmup": 100,
-          "eval_windows": 64, "eval_every": 250, "log_every": 50}
+# Default schedules. FULL takes about 75 s on one H200 (~400k target tokens/s) and is bounded by
+# the data, not the time: the ~2.3M-token corpus is seen ~5.7 times; at 2000 steps the target's
+# held-out loss rose from 2.94 (step 1000) to 3.64 (overfitting). QUICK is a CPU smoke run.
+FULL = {"steps": 800, "batch_size": 32, "seq_len": 512, "draft_steps": 800, "warmup": 100,
+          "eval_windows": 64, "eval_every": 100, "log_every": 50}
 QUICK = {"steps": 80, "batch_size": 4, "seq_len": 256, "draft_steps": 24, "warmup": 8,
          "eval_windows": 16, "eval_every": 0, "log_every": 10}
 
