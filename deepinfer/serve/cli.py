@@ -28,6 +28,9 @@ def configure_parser(p: argparse.ArgumentParser, add_engine_args: Callable, engi
     p.add_argument("--max-body-bytes", type=int, default=4 << 20, help="largest request body accepted (413 above)")
     p.add_argument("--grace-period", type=float, default=30.0,
                    help="seconds SIGTERM waits for in-flight requests before aborting them")
+    p.add_argument("--engine-threads", type=int, default=None,
+                   help="torch threads of the engine process on a CPU device (default: $OMP_NUM_THREADS, "
+                        "else every core but one, left to HTTP handling)")
     p.add_argument("--engine-start-timeout", type=float, default=900.0)
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     p.add_argument("--access-log", action="store_true", help="log every HTTP request")

@@ -34,8 +34,9 @@ class EngineClient:
     loop; a reader thread receives each step's deltas and hands them to the loop in one callback.
     """
 
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, threads: int | None = None) -> None:
         self.config = config
+        self.threads = threads
         self.info: dict[str, Any] = {}
         self.proc: mp.process.BaseProcess | None = None
         self._conn = None
@@ -51,7 +52,7 @@ class EngineClient:
         """Spawn the engine process and wait until it has built its engine (or failed to)."""
         ctx = mp.get_context("spawn")
         parent, child = ctx.Pipe(duplex=True)
-        self.proc = ctx.Process(target=run_engine_core, args=(self.config, child), name="deepinfer-engine",
+        self.proc = ctx.Process(target=run_engine_core, args=(self.config, child, self.threads), name="deepinfer-engine",
                                 daemon=True)
         self.proc.start()
         child.close()

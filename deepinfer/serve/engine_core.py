@@ -8,6 +8,7 @@ each ``("add", rid, prompt_ids, params, cache_salt)``, ``("abort", rid)``, ``("s
 """
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import time
@@ -152,11 +153,30 @@ def engine_info(engine: Any, config: EngineConfig) -> dict[str, Any]:
     return {"model_path": engine.ctx.model_path, "max_model_len": engine.max_model_len,
             "vocab_size": engine.ctx.model_config.get("vocab_size"), "num_blocks": engine.kv.pool.num_blocks,
             "plugins": getattr(engine, "plugin_names", {}), "tokenizer": config.tokenizer or engine.ctx.model_path,
-            "has_tokenizer": engine.tokenizer is not None}
+            "has_tokenizer": engine.tokenizer is not None, "threads": _torch_threads()}
 
 
-def run_engine_core(config: EngineConfig, conn: Connection) -> None:
+def _torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
+def engine_threads(requested: int | None) -> int:
+    """Torch threads for an engine on the CPU: all cores but one, which HTTP handling needs.
+
+    Oversubscribed OpenMP threads spin at every barrier while the API process holds their core,
+    which made a 2-core machine 8x slower than giving the engine one thread."""
+    if requested:
+        return requested
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores - 1)
+
+
+def run_engine_core(config: EngineConfig, conn: Connection, threads: int | None = None) -> None:
     """Entry point of the engine process (spawned)."""
+    # read by OpenMP when torch loads: idle workers sleep instead of spinning on a shared core
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     # the API process decides when to stop: a terminal's Ctrl-C or a service manager signalling the
     # whole group must not kill requests the API process is still draining
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -165,6 +185,10 @@ def run_engine_core(config: EngineConfig, conn: Connection) -> None:
         from deepinfer.builder import build_engine
 
         engine = build_engine(config, progress=False)
+        if engine.ctx.device.torch_device.type == "cpu" and (threads or "OMP_NUM_THREADS" not in os.environ):
+            import torch
+
+            torch.set_num_threads(engine_threads(threads))
     except BaseException as e:  # noqa: BLE001 - reported to the parent, which exits non-zero
         conn.send(("fatal", f"{type(e).__name__}: {e}" if not isinstance(e, ValueError) else str(e)))
         conn.close()

@@ -37,7 +37,7 @@ def run_serve(args: argparse.Namespace, engine_overrides: Callable) -> int:
     if args.host not in ("127.0.0.1", "localhost", "::1") and api_key is None:
         print(f"deepinfer serve: warning: listening on {args.host} without an API key; anyone who can reach "
               f"this port can use it (set --api-key or ${API_KEY_ENV})", file=sys.stderr)
-    client = EngineClient(config)
+    client = EngineClient(config, threads=args.engine_threads)
     # the engine is built before the port opens: /health answers only once requests can be served
     try:
         info = client.start(timeout=args.engine_start_timeout)
@@ -55,8 +55,8 @@ def run_serve(args: argparse.Namespace, engine_overrides: Callable) -> int:
                                    access_log=args.access_log, timeout_graceful_shutdown=args.grace_period,
                                    lifespan="on", loop="asyncio", http="h11", ws="none")
         server = DrainingServer(uv_config, on_stop=lambda: setattr(serving, "draining", True))
-        print(f"deepinfer serve: serving {serving.model_names[0]!r} (max_model_len {serving.max_model_len}) on "
-              f"http://{args.host}:{args.port}", file=sys.stderr, flush=True)
+        print(f"deepinfer serve: serving {serving.model_names[0]!r} (max_model_len {serving.max_model_len}, "
+              f"{info['threads']} engine threads) on http://{args.host}:{args.port}", file=sys.stderr, flush=True)
         server.run()
         return 0 if server.started else 1
     finally:
