@@ -16,8 +16,11 @@ the evaluation and the card.
 Usage::
 
     python -m deepinfer.tools.train_demo --quick --out /tmp/demo_quick
-    python -m deepinfer.tools.train_demo --device cuda --out deepinfer/assets --pack /tmp/pack
+    python -m deepinfer.tools.train_demo --device cuda --out /tmp/demo --pack /tmp/pack
     python -m deepinfer.tools.train_demo --unpack /tmp/pack --out deepinfer/assets
+
+The script also runs as a plain file (``python deepinfer/tools/train_demo.py ...``), which needs
+only torch, transformers and tokenizers: useful where the engine's own dependencies are missing.
 """
 
 from __future__ import annotations
@@ -213,14 +216,17 @@ def write_tokenizer_files(tokenizer, out_dir: Path) -> None:
 
 
 def encode_stream(tokenizer, texts: list[str]):
-    """All texts tokenized (batch encoder, parallel) and joined, each followed by <|end|>."""
+    """All texts tokenized (batch encoder, parallel) and joined, each followed by <|end|>;
+    also the offset where each text starts."""
     import torch
 
     ids: list[int] = []
+    starts: list[int] = []
     for enc in tokenizer.encode_batch(texts, add_special_tokens=False):
+        starts.append(len(ids))
         ids.extend(enc.ids)
         ids.append(EOS_ID)
-    return torch.tensor(ids, dtype=torch.long)
+    return torch.tensor(ids, dtype=torch.long), torch.tensor(starts, dtype=torch.long)
 
 
 # ----------------------------------------------------------------------------- models
@@ -298,12 +304,18 @@ def lr_at(step: int, spec: TrainSpec) -> float:
     return spec.lr * (spec.min_lr_ratio + (1.0 - spec.min_lr_ratio) * cosine)
 
 
-def sample_batch(data, batch_size: int, seq_len: int, generator):
-    """Random windows of seq_len + 1 tokens over the token stream (on data's device)."""
+def sample_batch(data, batch_size: int, seq_len: int, generator, doc_starts=None):
+    """Windows of seq_len + 1 tokens over the token stream (on data's device). Half of them
+    begin where a file begins, so the model also learns how files start: a prompt is a file's
+    beginning, not a random point in the middle of one."""
     import torch
 
     max_start = data.numel() - seq_len - 1
     starts = torch.randint(0, max_start + 1, (batch_size,), generator=generator)
+    if doc_starts is not None and len(doc_starts):
+        pick = doc_starts[torch.randint(0, len(doc_starts), (batch_size,), generator=generator)]
+        at_file_start = torch.rand(batch_size, generator=generator) < 0.5
+        starts = torch.where(at_file_start, pick.clamp(max=max_start), starts)
     index = starts[:, None] + torch.arange(seq_len + 1)[None, :]
     window = data[index.to(data.device)]
     return window[:, :-1], window[:, 1:]
@@ -321,7 +333,7 @@ def make_optimizer(model, spec: TrainSpec, device):
 
 
 def train_model(model, data, spec: TrainSpec, device, seed: int, log_every: int,
-                teacher=None, eval_fn=None, eval_every: int = 0) -> dict:
+                teacher=None, eval_fn=None, eval_every: int = 0, doc_starts=None) -> dict:
     """One loop for CPU and CUDA; bf16 autocast on CUDA. Distils from teacher if given."""
     import torch
     import torch.nn.functional as F
@@ -342,7 +354,7 @@ def train_model(model, data, spec: TrainSpec, device, seed: int, log_every: int,
     for step in range(spec.steps):
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, spec)
-        inputs, labels = sample_batch(data, spec.batch_size, spec.seq_len, generator)
+        inputs, labels = sample_batch(data, spec.batch_size, spec.seq_len, generator, doc_starts)
         with torch.autocast(**autocast):
             logits = model(input_ids=inputs).logits.float()
         flat = logits.view(-1, logits.size(-1))
@@ -577,8 +589,8 @@ def run_training(args: argparse.Namespace) -> dict:
         f"sha256 {corpus.record['sha256'][:16]}")
     t = time.perf_counter()
     tokenizer = train_tokenizer(corpus.train_texts)
-    train_ids = encode_stream(tokenizer, corpus.train_texts)
-    heldout_ids = encode_stream(tokenizer, corpus.heldout_texts)
+    train_ids, train_starts = encode_stream(tokenizer, corpus.train_texts)
+    heldout_ids, _ = encode_stream(tokenizer, corpus.heldout_texts)
     timings["tokenizer_s"] = time.perf_counter() - t
     log(f"tokenizer: vocab {tokenizer.get_vocab_size()}, {train_ids.numel():,} train / "
         f"{heldout_ids.numel():,} held-out tokens ({timings['tokenizer_s']:.1f}s)")
@@ -598,12 +610,13 @@ def run_training(args: argparse.Namespace) -> dict:
 
     target_spec = TrainSpec("target", args.steps, args.batch_size, args.seq_len, args.lr, args.warmup)
     target_stats = train_model(target, data, target_spec, device, args.seed, args.log_every,
-                               eval_fn=eval_fn, eval_every=args.eval_every)
+                               eval_fn=eval_fn, eval_every=args.eval_every, doc_starts=train_starts)
     draft_spec = TrainSpec("draft", args.draft_steps, args.batch_size, args.seq_len, args.draft_lr,
                            args.warmup, distill_alpha=args.distill_alpha,
                            distill_temperature=args.distill_temperature)
     draft_stats = train_model(draft, data, draft_spec, device, args.seed + 1, args.log_every,
-                              teacher=target, eval_fn=eval_fn, eval_every=args.eval_every)
+                              teacher=target, eval_fn=eval_fn, eval_every=args.eval_every,
+                              doc_starts=train_starts)
     del data
 
     saved = {"target": save_model_dir(target, tokenizer, out / "demo-target"),

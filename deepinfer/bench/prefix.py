@@ -1,0 +1,109 @@
+"""`deepinfer bench prefix`: prefill with a long shared context, with the prefix cache and without."""
+from __future__ import annotations
+
+import random
+import statistics
+import time
+
+from deepinfer.core.sampling_params import SamplingParams
+
+
+def add_prefix_parser(bsub, add_engine_args, engine_overrides) -> None:
+    b = bsub.add_parser("prefix", help="prefill throughput with prefix-cache over without (shared context)")
+    add_engine_args(b)
+    b.add_argument("--random-model", default=None, help="build a random model of this shape instead")
+    b.add_argument("--shared", type=int, default=8000, help="shared context tokens per prompt")
+    b.add_argument("--unique", type=int, default=320, help="unique tokens per prompt")
+    b.add_argument("--num-requests", type=int, default=64)
+    b.add_argument("--repeats", type=int, default=3)
+    b.add_argument("--lookup-blocks", type=int, default=100_000,
+                   help="cached blocks for the lookup-cost measurement (0: skip it)")
+    b.set_defaults(func=lambda a, _ov=engine_overrides: run_prefix(a, _ov(a)))
+
+
+def _prefill_seconds(llm, prompts: list[list[int]], repeats: int) -> list[float]:
+    params = SamplingParams(temperature=0, max_tokens=1)
+    out = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        llm.engine.runner.model  # noqa: B018 (keeps the engine alive across repeats)
+        out.append(time.perf_counter() - t)
+    return out
+
+
+def run_prefix(args, overrides: dict) -> int:
+    from deepinfer.llm import LLM
+
+    overrides = dict(overrides)
+    model = overrides.pop("model", None)
+    if args.random_model:
+        from deepinfer.bench.cli import _cuda
+        from deepinfer.bench.models import build_random_model
+
+        model = build_random_model(args.random_model, overrides.get("dtype", "bfloat16").replace("auto", "bfloat16"),
+                                   "cuda" if _cuda() else "cpu")
+    plugins = [p for p in (overrides.pop("plugins", None) or []) if p != "prefix-cache"]
+    results = {}
+    for label, extra in (("no cache", []), ("prefix-cache", ["prefix-cache"])):
+        llm = LLM(model, config_file=args.config_file, progress=False, plugins=plugins + extra, **overrides)
+        vocab = llm.engine.ctx.model_config["vocab_size"]
+        rng = random.Random(0)
+        shared = [rng.randrange(10, vocab) for _ in range(args.shared)]
+        prompts = [shared + [rng.randrange(10, vocab) for _ in range(args.unique)] for _ in range(args.num_requests)]
+        llm.generate({"prompt_token_ids": shared + [11]}, SamplingParams(max_tokens=1), use_tqdm=False)  # warm
+        secs = _prefill_seconds(llm, prompts, args.repeats)
+        m = llm.get_metrics()
+        tokens = sum(len(p) for p in prompts)
+        results[label] = (statistics.median(secs), tokens, m.get("deepinfer:prefix_cache_hits", 0),
+                          m.get("deepinfer:prefix_cache_queries", 0))
+        del llm
+    print(f"deepinfer bench prefix: {args.num_requests} requests x ({args.shared} shared + {args.unique} unique) "
+          f"tokens, max_tokens=1, median of {args.repeats}")
+    print(f"{'':<14}{'seconds':>10}{'prefill tok/s':>16}{'hit rate':>10}")
+    for label, (s, tokens, hits, queries) in results.items():
+        rate = f"{hits / queries:.1%}" if queries else "-"
+        print(f"{label:<14}{s:>10.3f}{tokens / s:>16.0f}{rate:>10}")
+    speedup = results["no cache"][0] / results["prefix-cache"][0]
+    print(f"prefill speed-up with prefix-cache: {speedup:.1f}x "
+          f"(ideal at {args.shared / (args.shared + args.unique):.0%} hits: "
+          f"{(args.shared + args.unique) / args.unique:.1f}x)")
+    if args.lookup_blocks:
+        print(f"lookup cost at {args.lookup_blocks} cached blocks: {lookup_cost_us(args.lookup_blocks):.2f} us/block")
+    return 0
+
+
+def lookup_cost_us(num_cached: int, block_size: int = 16, probe_blocks: int = 512) -> float:
+    """Microseconds per block of a prefix lookup (hash + dict probe + token compare) at
+    ``num_cached`` cached blocks, measured on the plugin itself with a synthetic pool."""
+    from deepinfer.core.block_pool import BlockPool
+    from deepinfer.core.config import EngineConfig
+    from deepinfer.core.context import EngineContext
+    from deepinfer.core.metrics import Metrics
+    from deepinfer.core.request import Request
+    from deepinfer_builtin.prefix_cache import PrefixCache, PrefixCacheOptions
+    from deepinfer.plugins import PrefixMatch
+
+    ctx = EngineContext(config=EngineConfig(block_size=block_size), metrics=Metrics())
+    policy = PrefixCache(PrefixCacheOptions(), ctx)
+    pool = BlockPool(num_cached + probe_blocks, block_size)
+    rng = random.Random(0)
+    chunk = 2048 // block_size
+    filled = 0
+    while filled < num_cached:  # many 2K-token prompts, all of their blocks cached
+        n = min(chunk, num_cached - filled)
+        req = Request(f"fill{filled}", [rng.randrange(50_000) for _ in range(n * block_size)], SamplingParams())
+        blocks = pool.allocate(n)
+        req.num_computed_tokens = n * block_size
+        policy.on_computed(req, blocks)
+        pool.free(reversed(blocks))
+        filled += n
+    probe = Request("probe", list(req.all_token_ids) + [1], SamplingParams())
+    times = []
+    for _ in range(5):
+        probe.policy_state.clear()
+        t = time.perf_counter()
+        m = policy.match(probe, PrefixMatch([], 0))
+        times.append(time.perf_counter() - t)
+    assert m.num_tokens == len(req.all_token_ids)
+    return 1e6 * statistics.median(times) / max(1, len(m.blocks))
