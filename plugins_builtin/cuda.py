@@ -1,0 +1,92 @@
+"""NVIDIA device plugins: `sm90` (Hopper) and `sm100` (Blackwell, CUDA 13+), on one CUDA base."""
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from deepinfer.plugins import Device
+
+
+class CUDAOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    device_index: int = Field(0, ge=0)
+    activation_reserve_gb: float = Field(2.0, ge=0, description="memory kept free for activations")
+
+
+def _runtime_version() -> tuple[int, int] | None:
+    v = torch.version.cuda
+    if not v:
+        return None
+    major, minor = (int(x) for x in v.split(".")[:2])
+    return major, minor
+
+
+class CUDADevice(Device):
+    """One NVIDIA GPU of a given architecture family; the subclasses name the family."""
+
+    dist_backend = "nccl"
+    default_attention = "torch"
+    Options = CUDAOptions
+    arch_major: ClassVar[int] = 0
+    family: ClassVar[str] = ""
+    min_cuda: ClassVar[tuple[int, int]] = (12, 0)
+
+    @classmethod
+    def unavailable_reason(cls) -> str | None:
+        rt = _runtime_version()
+        if rt is None:
+            return f"torch {torch.__version__} is built without CUDA"
+        if not torch.cuda.is_available():
+            return "no NVIDIA GPU is visible (torch.cuda.is_available() is False)"
+        major, minor = torch.cuda.get_device_capability(0)
+        if major != cls.arch_major:
+            other = {9: "sm90", 10: "sm100"}.get(major)
+            hint = f"; use the {other} plugin" if other else ""
+            return (f"GPU 0 ({torch.cuda.get_device_name(0)}) has compute capability {major}.{minor}, "
+                    f"not {cls.family} ({cls.arch_major}.x){hint}")
+        if rt < cls.min_cuda:
+            return (f"{cls.family} needs CUDA {cls.min_cuda[0]}.{cls.min_cuda[1]} or newer; "
+                    f"torch is built with CUDA {rt[0]}.{rt[1]}")
+        return None
+
+    @property
+    def torch_device(self) -> torch.device:
+        return torch.device("cuda", self.options.device_index)
+
+    def kv_cache_budget(self, model_bytes: int) -> int:
+        cfg = self.ctx.config
+        if cfg.kv_cache_memory_gb is not None:
+            return int(cfg.kv_cache_memory_gb * (1 << 30))
+        free, total = torch.cuda.mem_get_info(self.torch_device)
+        used = total - free  # the weights are already loaded, plus anything else on the GPU
+        reserve = int(self.options.activation_reserve_gb * (1 << 30))
+        return max(0, int(total * cfg.gpu_memory_utilization) - used - reserve)
+
+    def synchronize(self) -> None:
+        torch.cuda.synchronize(self.torch_device)
+
+    @property
+    def supports_batch_invariance(self) -> bool:
+        return True
+
+
+class SM90Device(CUDADevice):
+    """NVIDIA Hopper (H100, H200): compute capability 9.x."""
+
+    name = "sm90"
+    specificity = 90
+    arch_major = 9
+    family = "Hopper"
+
+
+class SM100Device(CUDADevice):
+    """NVIDIA Blackwell (B200, GB200): compute capability 10.x, CUDA 13 or newer."""
+
+    name = "sm100"
+    specificity = 100
+    arch_major = 10
+    family = "Blackwell"
+    min_cuda = (13, 0)
