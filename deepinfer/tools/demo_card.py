@@ -121,7 +121,8 @@ def model_card(role: str, log: dict) -> str:
                    "`demo-target` (same tokenizer and vocabulary)")
     spec = tr[role]["spec"]
     how = (f"{tr[role]['steps']} AdamW steps of {spec['batch_size']} x {spec['seq_len']} tokens, "
-           f"peak lr {spec['lr']}, warmup {spec['warmup']} + cosine decay")
+           f"peak lr {spec['lr']}, warmup {spec['warmup']} + cosine decay; half of the windows start "
+           f"where a file starts, the rest anywhere")
     if role == "draft":
         how += (f"; loss = {spec['distill_alpha']} x next-token cross-entropy + "
                 f"{1 - spec['distill_alpha']:.2f} x KL(target || draft) at temperature "

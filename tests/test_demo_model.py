@@ -1,0 +1,115 @@
+"""The embedded demo pair: loadable by transformers, equal greedy tokens, losses as its card says."""
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+import deepinfer
+from deepinfer import LLM, SamplingParams
+
+PROMPTS = ["import os\n", "def read_config(path):\n", "class Stack:\n    def __init__(self):\n"]
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module", params=["target", "draft"])
+def pair_member(request):
+    return deepinfer.DEMO_MODEL if request.param == "target" else deepinfer.DEMO_DRAFT_MODEL
+
+
+def test_demo_directories_are_hugging_face_model_directories():
+    for path in (deepinfer.DEMO_MODEL, deepinfer.DEMO_DRAFT_MODEL):
+        p = Path(path)
+        assert (p / "config.json").is_file() and (p / "tokenizer.json").is_file() and (p / "README.md").is_file()
+        cfg = json.loads((p / "config.json").read_text())
+        assert cfg["architectures"] == ["Qwen3ForCausalLM"] and cfg["dtype"] == "bfloat16"
+    target = json.loads((Path(deepinfer.DEMO_MODEL) / "config.json").read_text())
+    assert set(target["layer_types"]) == {"sliding_attention", "full_attention"}
+    weights = sum(f.stat().st_size for d in (deepinfer.DEMO_MODEL, deepinfer.DEMO_DRAFT_MODEL)
+                  for f in Path(d).glob("*.safetensors"))
+    assert weights <= 40_000_000
+
+
+def test_transformers_greedy_equals_deepinfer(pair_member):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(pair_member)
+    model = AutoModelForCausalLM.from_pretrained(pair_member, dtype=torch.float32).eval()
+    llm = LLM(pair_member, dtype="float32", progress=False)
+    outs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True), use_tqdm=False)
+    for prompt, out in zip(PROMPTS, outs, strict=True):
+        ids = tok(prompt, return_tensors="pt").input_ids
+        assert ids[0].tolist() == out.prompt_token_ids
+        with torch.no_grad():
+            ref = model.generate(ids, max_new_tokens=40, min_new_tokens=40, do_sample=False, eos_token_id=None,
+                                 pad_token_id=0)[0, ids.shape[1]:].tolist()
+        assert out.outputs[0].token_ids == ref
+        assert out.outputs[0].text == tok.decode(ref)
+
+
+def test_llm_without_model_uses_the_demo_model():
+    llm = LLM(progress=False)
+    assert llm.engine.ctx.model_path == deepinfer.DEMO_MODEL
+    out = llm.chat([{"role": "user", "content": "hello"}], SamplingParams(max_tokens=4, temperature=0))
+    assert out[0].prompt == "<|user|>hello<|end|>\n<|assistant|>"
+
+
+def _heldout_sample(max_files: int = 6, max_chars: int = 6000) -> list[str]:
+    """Standard-library files of this interpreter that the training split held out."""
+    from deepinfer.tools.train_demo import collect_corpus
+
+    corpus = collect_corpus()
+    texts = [t[:max_chars] for t in corpus.heldout_texts if len(t) > 2000]
+    assert len(texts) >= max_files
+    return texts[:max_files]
+
+
+def _loss(path: str, texts: list[str]) -> float:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    total, count = 0.0, 0
+    for text in texts:
+        ids = torch.tensor([tok(text).input_ids[:512]])
+        with torch.no_grad():
+            out = model(ids, labels=ids)
+        total += out.loss.item() * (ids.shape[1] - 1)
+        count += ids.shape[1] - 1
+    return total / count
+
+
+def test_heldout_loss_target_below_draft_far_below_uniform():
+    texts = _heldout_sample()
+    target, draft = _loss(deepinfer.DEMO_MODEL, texts), _loss(deepinfer.DEMO_DRAFT_MODEL, texts)
+    uniform = math.log(8192)
+    assert target < draft < 0.6 * uniform, (target, draft, uniform)
+
+
+@pytest.mark.slow
+def test_wheel_carries_the_model_files_and_installs_with_them(tmp_path):
+    wheel_dir = tmp_path / "wheels"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                    "-w", str(wheel_dir), str(ROOT)], check=True, capture_output=True, cwd=tmp_path)
+    wheel = next(wheel_dir.glob("deepinfer-*.whl"))
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for d in ("demo-target", "demo-draft"):
+        assert f"deepinfer/assets/{d}/config.json" in names and f"deepinfer/assets/{d}/tokenizer.json" in names
+    assert any(n.startswith("deepinfer/assets/demo-target/model-") for n in names)
+    site = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(wheel)],
+                   check=True, capture_output=True)
+    code = ("import deepinfer, pathlib; from deepinfer import LLM, SamplingParams; "
+            "assert deepinfer.DEMO_MODEL.startswith(%r); "
+            "print(LLM(progress=False).generate('import os', SamplingParams(max_tokens=3, temperature=0), "
+            "use_tqdm=False)[0].outputs[0].token_ids)" % str(site))
+    res = subprocess.run([sys.executable, "-c", code], env={"PYTHONPATH": str(site), "PATH": ""},
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert len(json.loads(res.stdout.strip().splitlines()[-1])) == 3
