@@ -21,13 +21,15 @@ def add_prefix_parser(bsub, add_engine_args, engine_overrides) -> None:
     b.set_defaults(func=lambda a, _ov=engine_overrides: run_prefix(a, _ov(a)))
 
 
-def _prefill_seconds(llm, prompts: list[list[int]], repeats: int) -> list[float]:
+def _prefill_seconds(llm, shared: list[int], unique: int, num: int, repeats: int, vocab: int) -> list[float]:
+    """Each repeat sends new unique suffixes, so only the shared context can hit the cache."""
     params = SamplingParams(temperature=0, max_tokens=1)
+    rng = random.Random(1)
     out = []
     for _ in range(repeats):
+        prompts = [shared + [rng.randrange(10, vocab) for _ in range(unique)] for _ in range(num)]
         t = time.perf_counter()
         llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-        llm.engine.runner.model  # noqa: B018 (keeps the engine alive across repeats)
         out.append(time.perf_counter() - t)
     return out
 
@@ -50,14 +52,15 @@ def run_prefix(args, overrides: dict) -> int:
         vocab = llm.engine.ctx.model_config["vocab_size"]
         rng = random.Random(0)
         shared = [rng.randrange(10, vocab) for _ in range(args.shared)]
-        prompts = [shared + [rng.randrange(10, vocab) for _ in range(args.unique)] for _ in range(args.num_requests)]
         llm.generate({"prompt_token_ids": shared + [11]}, SamplingParams(max_tokens=1), use_tqdm=False)  # warm
-        secs = _prefill_seconds(llm, prompts, args.repeats)
-        m = llm.get_metrics()
-        tokens = sum(len(p) for p in prompts)
+        m0 = llm.get_metrics()
+        secs = _prefill_seconds(llm, shared, args.unique, args.num_requests, args.repeats, vocab)
+        m = {k: v - m0.get(k, 0) for k, v in llm.get_metrics().items()}
+        tokens = args.num_requests * (args.shared + args.unique)
         results[label] = (statistics.median(secs), tokens, m.get("deepinfer:prefix_cache_hits", 0),
                           m.get("deepinfer:prefix_cache_queries", 0))
         del llm
+        _release_memory()
     print(f"deepinfer bench prefix: {args.num_requests} requests x ({args.shared} shared + {args.unique} unique) "
           f"tokens, max_tokens=1, median of {args.repeats}")
     print(f"{'':<14}{'seconds':>10}{'prefill tok/s':>16}{'hit rate':>10}")
@@ -71,6 +74,16 @@ def run_prefix(args, overrides: dict) -> int:
     if args.lookup_blocks:
         print(f"lookup cost at {args.lookup_blocks} cached blocks: {lookup_cost_us(args.lookup_blocks):.2f} us/block")
     return 0
+
+
+def _release_memory() -> None:
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def lookup_cost_us(num_cached: int, block_size: int = 16, probe_blocks: int = 512) -> float:
