@@ -101,11 +101,14 @@ def build_engine(config: EngineConfig, progress: bool = True) -> LLMEngine:
         pool.add_evict_listener(policy.on_evict)
     sched_name = sel.one("scheduler").name
     scheduler = sel.classes[sched_name](sel.options[sched_name], ctx)
+    ctx.dtype = dtype
+    ctx.new_attention = lambda: sel.classes[attn_name](sel.options[attn_name], ctx)
+    ctx.load_model = lambda path, attn: load_model(read_model_config(path), registry, attn, dtype,
+                                                   device.torch_device, progress)
     drafter = None
-    if sel.one("drafter") is not None:
-        raise PluginError("a drafter was selected, but this version of the core does not verify drafts yet; "
-                          "remove the drafter plugin")
-    for obj in (device, attention, scheduler, *kv.policies):
+    if (info := sel.one("drafter")) is not None:
+        drafter = sel.classes[info.name](sel.options[info.name], ctx)
+    for obj in (device, attention, scheduler, *kv.policies, *([drafter] if drafter else [])):
         if any(n.startswith("deepinfer_") for n in dir(obj)):
             pm.register(obj)
     pm.hook.deepinfer_register_metrics(metrics=ctx.metrics)

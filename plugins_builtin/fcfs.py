@@ -55,10 +55,15 @@ class FCFSScheduler(Scheduler):
         budget = self.max_tokens
         scheduled: list[ScheduledRequest] = []
         preempted: list[Request] = []
+        drafts: dict[str, list[int]] = {}
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
-            n = min(req.num_tokens - req.num_computed_tokens, budget, self.chunk_cap)
+            base = req.num_tokens - req.num_computed_tokens
+            proposed = req.draft.verified if req.draft is not None else []
+            n = min(base + len(proposed), budget, self.chunk_cap)
+            if n > base:
+                drafts[req.request_id] = proposed[:n - base]
             while not self.kv.allocate(req, n):
                 victim = self.running.pop()  # the newest running request
                 self._preempt(victim)
@@ -71,9 +76,11 @@ class FCFSScheduler(Scheduler):
                 i += 1
                 continue
             break
+        for victim in preempted:
+            drafts.pop(victim.request_id, None)
         if not preempted:
             budget = self._admit(scheduled, budget)
-        return SchedulerOutput(tuple(scheduled), tuple(preempted))
+        return SchedulerOutput(tuple(scheduled), tuple(preempted), drafts)
 
     def _admit(self, scheduled: list[ScheduledRequest], budget: int) -> int:
         deferred: list[Request] = []  # waiting for a running request to finish a shared prefix
@@ -105,10 +112,12 @@ class FCFSScheduler(Scheduler):
         self.waiting.appendleft(req)
         self.ctx.metrics.inc("deepinfer:num_preemptions")
 
-    def update_after_step(self, output: SchedulerOutput) -> None:
+    def update_after_step(self, output: SchedulerOutput, num_rejected: dict[str, int] | None = None) -> None:
         for s in output.scheduled:
-            s.request.num_computed_tokens += s.num_new_tokens
-            self.kv.on_computed(s.request)
+            req = s.request
+            rejected = num_rejected.get(req.request_id, 0) if num_rejected else 0
+            req.num_computed_tokens = min(req.num_computed_tokens + s.num_new_tokens - rejected, req.num_tokens)
+            self.kv.on_computed(req)
 
     def finish_request(self, request: Request) -> None:
         if request in self.running:

@@ -36,6 +36,7 @@ class TorchAttention(AttentionBackend):
         return sum(2 * block_size * spec.num_kv_heads * spec.head_dim * size for spec in layers)
 
     def allocate_kv_cache(self, layers, num_blocks, block_size, dtype, device):
+        self._layer_windows = {s.sliding_window for s in layers if s.sliding_window is not None}
         # [2, num_blocks * block_size, kv_heads, head_dim]: slot s holds token s % block_size of
         # block s // block_size
         return [torch.zeros(2, num_blocks * block_size, s.num_kv_heads, s.head_dim, dtype=dtype,
@@ -76,7 +77,7 @@ class TorchAttention(AttentionBackend):
 
     @property
     def _windows(self) -> set[int]:
-        return {s.sliding_window for s in self.ctx.layers if s.sliding_window is not None}
+        return getattr(self, "_layer_windows", set())
 
     def forward(self, layer, q, k, v, kv_cache, metadata: TorchAttentionMetadata):
         kv_cache[0].index_copy_(0, metadata.slot_mapping, k.to(kv_cache.dtype))

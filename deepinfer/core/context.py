@@ -1,6 +1,7 @@
 """What plugins may read about the engine they are built into."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -22,3 +23,9 @@ class EngineContext:
     model_config: dict[str, Any] = field(default_factory=dict)
     model_path: str | None = None
     kv: KVCacheManager | None = None
+    dtype: Any = None  # the target model's torch dtype
+    #: (model directory, attention backend) -> a loaded model on the engine's device and dtype;
+    #: lets a plugin run a second model (a drafter's) without reaching into the core
+    load_model: Callable[..., Any] | None = None
+    #: a fresh instance of the engine's attention backend, for a second model's own KV cache
+    new_attention: Callable[[], Any] | None = None

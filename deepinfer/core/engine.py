@@ -20,6 +20,12 @@ class PromptTooLongError(ValueError):
     """A prompt does not fit the model's context."""
 
 
+def _may_speculate(req: Request) -> bool:
+    """Penalties and min_tokens depend on every earlier output token: such requests decode plainly."""
+    p = req.params
+    return not p.needs_penalties and req.num_output_tokens >= p.min_tokens
+
+
 class _NoHooks:
     """Stands in for the hook relay when no observer is registered."""
 
@@ -52,6 +58,9 @@ class LLMEngine:
             self.metrics.counter(f"deepinfer:{name}")
         for name in ("kv_cache_usage", "num_requests_running", "num_requests_waiting"):
             self.metrics.gauge(f"deepinfer:{name}")
+        if drafter is not None:
+            for name in ("num_drafts", "num_draft_tokens", "num_verified_tokens", "num_accepted_tokens"):
+                self.metrics.counter(f"deepinfer:spec_decode_{name}")
 
     # ---------------------------------------------------------------------------------- requests
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
@@ -95,6 +104,7 @@ class LLMEngine:
             self._seq_owner.pop(seq.request_id, None)
             if not seq.status.finished:
                 seq.status = RequestStatus.FINISHED_ABORTED
+                self._drop_draft(seq)
                 self.scheduler.finish_request(seq)
         self.metrics.inc("deepinfer:request_aborted")
         self.hooks.deepinfer_request_aborted(request_id=request_id)
@@ -107,22 +117,32 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """Run one scheduled step; return the requests that changed."""
         self.hooks.deepinfer_step_begin(engine=self)
+        if self.drafter is not None:
+            self._propose()
         sched = self.scheduler.schedule()
+        for req in sched.preempted:
+            self._drop_draft(req)
         touched: dict[str, RequestState] = {}
         if not sched.empty:
             result = self.runner.execute(sched)
-            self.scheduler.update_after_step(sched)
             now = time.monotonic()
+            finished: list[Request] = []
             for s in sched.scheduled:
                 req = s.request
-                start = req.num_computed_tokens - s.num_new_tokens
-                computed_prompt = max(0, min(req.num_prompt_tokens, start + s.num_new_tokens) - start)
-                self.metrics.inc("deepinfer:prompt_tokens_computed", computed_prompt)
+                start = req.num_computed_tokens
+                self.metrics.inc("deepinfer:prompt_tokens_computed",
+                                 max(0, min(req.num_prompt_tokens, start + s.num_new_tokens) - start))
                 if req.request_id in result.prompt_logprobs:
                     req.prompt_logprobs.extend(result.prompt_logprobs[req.request_id])
+                if req.request_id in result.num_verified:
+                    self._observe(req, result.num_verified[req.request_id], result.num_rejected[req.request_id])
                 tokens = result.sampled.get(req.request_id) or []
-                if tokens:
-                    self._append(req, tokens, result.logprobs.get(req.request_id), now, touched)
+                if tokens and self._append(req, tokens, result.logprobs.get(req.request_id), now, touched):
+                    finished.append(req)
+            self.scheduler.update_after_step(sched, result.num_rejected)
+            for req in finished:
+                self._drop_draft(req)
+                self.scheduler.finish_request(req)
         self._update_gauges()
         outputs = []
         for rid, state in touched.items():
@@ -137,9 +157,11 @@ class LLMEngine:
         return outputs
 
     def _append(self, req: Request, tokens: list[int], logprobs, now: float,
-                touched: dict[str, RequestState]) -> None:
+                touched: dict[str, RequestState]) -> bool:
+        """Append the step's tokens up to a stop; True if the request finished."""
         state = self._seq_owner[req.request_id]
         detok = state.detoks[state.seqs.index(req)]
+        touched[state.request_id] = state
         if req.first_token_time is None:
             req.first_token_time = now
         for i, token in enumerate(tokens):
@@ -148,9 +170,41 @@ class LLMEngine:
                 req.logprobs.append(logprobs[i])
             self.metrics.inc("deepinfer:generation_tokens")
             if check_stop(req, token, detok.add([token])):
-                self.scheduler.finish_request(req)
-                break
-        touched[state.request_id] = state
+                return True
+        return False
+
+    # ------------------------------------------------------------------------------ speculation
+    def _propose(self) -> None:
+        """Ask the drafter for drafts for every sequence that is decoding and may speculate."""
+        decoding = [seq for state in self.requests.values() for seq in state.seqs
+                    if seq.status is RequestStatus.RUNNING and seq.num_computed_tokens == seq.num_tokens - 1
+                    and _may_speculate(seq)]
+        proposals = self.drafter.propose(decoding) if decoding else {}
+        m = self.metrics
+        for seq in decoding:
+            prop = proposals.get(seq.request_id)
+            room = seq.max_model_len - seq.num_tokens - 1
+            if prop is not None and prop.tokens and room > 0:
+                seq.draft = prop
+                m.inc("deepinfer:spec_decode_num_drafts")
+                m.inc("deepinfer:spec_decode_num_draft_tokens", len(prop.tokens))
+            else:
+                seq.draft = None
+
+    def _observe(self, req: Request, num_verified: int, num_rejected: int) -> None:
+        accepted = num_verified - num_rejected
+        m = self.metrics
+        m.inc("deepinfer:spec_decode_num_verified_tokens", num_verified)
+        m.inc("deepinfer:spec_decode_num_accepted_tokens", accepted)
+        for pos in range(accepted):
+            m.inc(f"deepinfer:spec_decode_num_accepted_tokens_pos_{pos}")
+        self.drafter.observe(req, num_verified, accepted)
+        req.draft = None
+
+    def _drop_draft(self, req: Request) -> None:
+        req.draft = None
+        if self.drafter is not None:
+            self.drafter.release(req)
 
     def _update_gauges(self) -> None:
         m = self.metrics

@@ -129,15 +129,34 @@ class CachePolicy(Plugin, ABC):
 
 
 # ---------------------------------------------------------------------------------------- drafter
+@dataclass(frozen=True, slots=True)
+class DraftProposal:
+    """Draft tokens for one request. ``probs`` [len(tokens), vocab] is the draft distribution each
+    token was drawn from (None: a deterministic proposal, taken as one-hot); only the first
+    ``num_verify`` tokens (None: all) are sent to the target."""
+
+    tokens: list[int]
+    probs: torch.Tensor | None = None
+    num_verify: int | None = None
+
+    @property
+    def verified(self) -> list[int]:
+        return self.tokens if self.num_verify is None else self.tokens[:self.num_verify]
+
+
 class Drafter(Plugin, ABC):
-    """Proposes draft tokens; the core verifies them losslessly."""
+    """Proposes draft tokens for requests that are decoding; the core verifies them in one target
+    forward with lossless acceptance, so no drafter can change what a request generates."""
 
     @abstractmethod
-    def propose(self, requests: Sequence[Request]) -> dict[str, list[int]]:
-        """Draft tokens per request id (requests absent or empty do not speculate)."""
+    def propose(self, requests: Sequence[Request]) -> dict[str, DraftProposal]:
+        """Proposals per request id (requests left out do not speculate this step)."""
 
     def observe(self, request: Request, num_verified: int, num_accepted: int) -> None:
         """Learn from a verification result."""
+
+    def release(self, request: Request) -> None:
+        """The request finished or was preempted: drop any state kept for it."""
 
 
 # -------------------------------------------------------------------------------------- scheduler
@@ -174,8 +193,9 @@ class Scheduler(Plugin, ABC):
     def schedule(self) -> SchedulerOutput: ...
 
     @abstractmethod
-    def update_after_step(self, output: SchedulerOutput) -> None:
-        """The step ran: advance each request's computed tokens."""
+    def update_after_step(self, output: SchedulerOutput, num_rejected: dict[str, int] | None = None) -> None:
+        """The step ran and its tokens are appended: advance each request's computed tokens by
+        what it scheduled less its rejected drafts (never past ``num_tokens``)."""
 
     @abstractmethod
     def finish_request(self, request: Request) -> None:

@@ -21,6 +21,48 @@ class RunnerOutput:
     sampled: dict[str, list[int]] = field(default_factory=dict)
     logprobs: dict[str, list[dict[int, float] | None]] = field(default_factory=dict)
     prompt_logprobs: dict[str, list[dict[int, float] | None]] = field(default_factory=dict)
+    num_rejected: dict[str, int] = field(default_factory=dict)  # drafts whose KV is rolled back
+    num_verified: dict[str, int] = field(default_factory=dict)
+
+
+def build_step_batch(seqs: list[tuple[list[int], int, list[int]]], block_size: int,
+                     device: torch.device) -> StepBatch:
+    """A StepBatch from (token ids to compute, position of the first, block table) per sequence."""
+    bs = block_size
+    ids: list[int] = []
+    pos_parts, slot_parts = [], []
+    q_lens, seq_lens, ctx_lens = [], [], []
+    max_blocks = 1
+    for tokens, start, block_ids in seqs:
+        n = len(tokens)
+        ids.extend(tokens)
+        pos = np.arange(start, start + n, dtype=np.int64)
+        table = np.asarray(block_ids, dtype=np.int64)
+        pos_parts.append(pos)
+        slot_parts.append(table[pos // bs] * bs + pos % bs)
+        q_lens.append(n)
+        seq_lens.append(start + n)
+        ctx_lens.append(start)
+        max_blocks = max(max_blocks, len(block_ids))
+    tables = np.zeros((len(seqs), max_blocks), dtype=np.int32)
+    for i, (_, _, block_ids) in enumerate(seqs):
+        tables[i, :len(block_ids)] = block_ids
+    qsl = np.zeros(len(q_lens) + 1, dtype=np.int32)
+    np.cumsum(q_lens, out=qsl[1:])
+    return StepBatch(
+        input_ids=torch.tensor(ids, dtype=torch.long, device=device),
+        positions=torch.from_numpy(np.concatenate(pos_parts)).to(device),
+        slot_mapping=torch.from_numpy(np.concatenate(slot_parts)).to(device),
+        query_start_loc=torch.from_numpy(qsl).to(device),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
+        context_lens=torch.tensor(ctx_lens, dtype=torch.int32, device=device),
+        block_tables=torch.from_numpy(tables).to(device),
+        query_lens_cpu=tuple(q_lens),
+        seq_lens_cpu=tuple(seq_lens),
+        block_size=bs,
+        max_query_len=max(q_lens),
+        max_seq_len=max(seq_lens),
+    )
 
 
 class ModelRunner:
@@ -36,43 +78,13 @@ class ModelRunner:
         self.sampler = sampler
 
     def prepare(self, out: SchedulerOutput) -> StepBatch:
-        bs = self.block_size
-        ids: list[int] = []
-        pos_parts, slot_parts = [], []
-        q_lens, seq_lens, ctx_lens = [], [], []
-        max_blocks = 1
-        for s in out.scheduled:
-            r, n = s.request, s.num_new_tokens
+        seqs = []
+        for sch in out.scheduled:
+            r, n = sch.request, sch.num_new_tokens
+            drafts = out.draft_tokens.get(r.request_id, [])
             start = r.num_computed_tokens
-            ids.extend(r.all_token_ids[start:start + n])
-            pos = np.arange(start, start + n, dtype=np.int64)
-            table = np.asarray(r.block_ids, dtype=np.int64)
-            pos_parts.append(pos)
-            slot_parts.append(table[pos // bs] * bs + pos % bs)
-            q_lens.append(n)
-            seq_lens.append(start + n)
-            ctx_lens.append(start)
-            max_blocks = max(max_blocks, len(r.block_ids))
-        tables = np.zeros((len(q_lens), max_blocks), dtype=np.int32)
-        for i, s in enumerate(out.scheduled):
-            tables[i, :len(s.request.block_ids)] = s.request.block_ids
-        dev = self.device
-        qsl = np.zeros(len(q_lens) + 1, dtype=np.int32)
-        np.cumsum(q_lens, out=qsl[1:])
-        return StepBatch(
-            input_ids=torch.tensor(ids, dtype=torch.long, device=dev),
-            positions=torch.from_numpy(np.concatenate(pos_parts)).to(dev),
-            slot_mapping=torch.from_numpy(np.concatenate(slot_parts)).to(dev),
-            query_start_loc=torch.from_numpy(qsl).to(dev),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
-            context_lens=torch.tensor(ctx_lens, dtype=torch.int32, device=dev),
-            block_tables=torch.from_numpy(tables).to(dev),
-            query_lens_cpu=tuple(q_lens),
-            seq_lens_cpu=tuple(seq_lens),
-            block_size=bs,
-            max_query_len=max(q_lens),
-            max_seq_len=max(seq_lens),
-        )
+            seqs.append((r.all_token_ids[start:start + n - len(drafts)] + drafts, start, r.block_ids))
+        return build_step_batch(seqs, self.block_size, self.device)
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> RunnerOutput:
@@ -82,18 +94,24 @@ class ModelRunner:
         result = RunnerOutput()
         rows: list[int] = []
         sampling: list[Request] = []
+        verifying: list[tuple[Request, list[int], int]] = []  # request, drafts, first logits row
         start = 0
         for s in out.scheduled:
             r, n = s.request, s.num_new_tokens
             end = start + n
+            drafts = out.draft_tokens.get(r.request_id, [])
             if r.params.prompt_logprobs is not None and r.num_computed_tokens < r.num_prompt_tokens:
                 result.prompt_logprobs[r.request_id] = self._prompt_logprobs(hidden[start:end], r, n)
-            if r.num_computed_tokens + n >= r.num_tokens:  # caught up: the next token is new
+            if drafts:
+                verifying.append((r, drafts, end - 1 - len(drafts)))
+            elif r.num_computed_tokens + n >= r.num_tokens:  # caught up: the next token is new
                 rows.append(end - 1)
                 sampling.append(r)
             else:
                 result.sampled[r.request_id] = []
             start = end
+        if verifying:
+            self._verify(hidden, verifying, result)
         if sampling:
             logits = self.model.compute_logits(hidden[rows])
             tokens, logprobs = self.sampler(logits, sampling)
@@ -101,6 +119,27 @@ class ModelRunner:
                 result.sampled[r.request_id] = [t]
                 result.logprobs[r.request_id] = [lp]
         return result
+
+    def _verify(self, hidden: torch.Tensor, verifying, result: RunnerOutput) -> None:
+        from deepinfer.core.sampler import top_logprobs
+        from deepinfer.core.spec import verify
+
+        index = [row + j for _, drafts, row in verifying for j in range(len(drafts) + 1)]
+        logits = self.model.compute_logits(hidden[index]).float()
+        at = 0
+        for r, drafts, _ in verifying:
+            rows = logits[at:at + len(drafts) + 1]
+            at += len(drafts) + 1
+            proposal = r.draft
+            q = proposal.probs[:len(drafts)] if proposal is not None and proposal.probs is not None else None
+            tokens = verify(rows, r, drafts, q, self.sampler.generator)
+            result.sampled[r.request_id] = tokens
+            result.num_rejected[r.request_id] = len(drafts) + 1 - len(tokens)
+            result.num_verified[r.request_id] = len(drafts)
+            if r.params.logprobs is not None:
+                lps = rows[:len(tokens)].log_softmax(-1)
+                result.logprobs[r.request_id] = [top_logprobs(lps[j], t, r.params.logprobs)
+                                                 for j, t in enumerate(tokens)]
 
     def _prompt_logprobs(self, hidden: torch.Tensor, r: Request, n: int) -> list[dict[int, float] | None]:
         """Logprobs of prompt tokens start+1 .. start+n given what precedes them (vLLM's meaning)."""

@@ -51,6 +51,7 @@ class Request:
     num_preemptions: int = 0
     first_token_time: float | None = None
     policy_state: dict[str, Any] = field(default_factory=dict)  # per cache-policy scratch
+    draft: Any = None  # DraftProposal for the next step, set by the engine from the drafter
 
     def __post_init__(self) -> None:
         if not self.all_token_ids:

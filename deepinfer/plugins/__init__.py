@@ -10,6 +10,7 @@ from deepinfer.core.interfaces import (
     AttentionLayerSpec,
     CachePolicy,
     Device,
+    DraftProposal,
     Drafter,
     NoOptions,
     Plugin,
@@ -20,7 +21,9 @@ from deepinfer.core.interfaces import (
 )
 from deepinfer.core.kv_manager import KVCacheManager
 from deepinfer.core.metrics import Metrics
+from deepinfer.core.model_runner import build_step_batch
 from deepinfer.core.request import Request, RequestStatus
+from deepinfer.core.sampler import filter_logits
 from deepinfer.core.sampling_params import SamplingParams
 from deepinfer.core.step import StepBatch
 from deepinfer.plugins.discovery import PluginError, PluginInfo, discover, load
@@ -29,7 +32,7 @@ from deepinfer.plugins.hookspecs import hookimpl
 
 __all__ = [
     "SLOTS", "AttentionBackend", "AttentionLayerSpec", "Block", "BlockPool", "CachePolicy", "Device",
-    "Drafter", "EngineContext", "KVCacheManager", "Metrics", "NoFreeBlocksError", "NoOptions", "Plugin",
+    "DraftProposal", "Drafter", "build_step_batch", "filter_logits", "EngineContext", "KVCacheManager", "Metrics", "NoFreeBlocksError", "NoOptions", "Plugin",
     "PluginError", "PluginInfo", "PrefixMatch", "Request", "RequestStatus", "SamplingParams",
     "ScheduledRequest", "Scheduler", "SchedulerOutput", "Slot", "StepBatch", "discover", "hookimpl", "load",
 ]

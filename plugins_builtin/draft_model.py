@@ -1,0 +1,52 @@
+"""The `draft-model` drafter: a small model with the target's tokenizer proposes k tokens."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from deepinfer.plugins import DraftProposal, Drafter, Request
+from deepinfer_builtin.draft_runner import DraftRunner
+
+DEMO_TARGET = "demo-target"
+
+
+def default_draft_dir(target_dir: str | None) -> str | None:
+    """The demo draft when the target is the demo model (they ship side by side)."""
+    if target_dir is None:
+        return None
+    p = Path(target_dir).resolve()
+    if p.name == DEMO_TARGET and (p.parent / "demo-draft" / "config.json").is_file():
+        return str(p.parent / "demo-draft")
+    return None
+
+
+class DraftModelOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = Field(None, description="draft model directory (default: the demo draft for the demo target)")
+    num_speculative_tokens: int = Field(5, ge=1, le=16)
+    num_blocks: int | None = Field(None, ge=1, description="draft KV blocks (default: as many as the target's)")
+
+
+class DraftModelDrafter(Drafter):
+    """Runs the draft model inside the engine with its own paged KV; proposes k tokens a step."""
+
+    name = "draft-model"
+    Options = DraftModelOptions
+
+    def __init__(self, options: DraftModelOptions, ctx) -> None:
+        super().__init__(options, ctx)
+        model = options.model or default_draft_dir(ctx.model_path)
+        if model is None:
+            raise ValueError(f"{self.name}: no draft model given and the target ({ctx.model_path}) is not the "
+                             f"demo model; set plugin_options {{'{self.name}': {{'model': DIR}}}}")
+        self.runner = DraftRunner(ctx, model, options.num_blocks or ctx.kv.pool.num_blocks)
+        self.k = options.num_speculative_tokens
+
+    def propose(self, requests: list[Request]) -> dict[str, DraftProposal]:
+        drafts = self.runner.propose(list(requests), self.k)
+        return {rid: DraftProposal(d.tokens, d.probs) for rid, d in drafts.items()}
+
+    def release(self, request: Request) -> None:
+        self.runner.release(request.request_id)

@@ -1,0 +1,127 @@
+"""A small model with its own paged KV cache, run inside the engine to draft tokens."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from deepinfer.plugins import Block, BlockPool, EngineContext, Request, build_step_batch, filter_logits
+
+
+@dataclass(slots=True)
+class _DraftSeq:
+    tokens: list[int] = field(default_factory=list)  # tokens whose KV is in the draft cache
+    committed: int = 0  # the request's length at the last proposal: history before it is shared
+    blocks: list[Block] = field(default_factory=list)
+    generator: torch.Generator | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Draft:
+    tokens: list[int]
+    probs: torch.Tensor | None  # [k, vocab] draft distributions (None: greedy, deterministic)
+    confidence: list[float]     # the draft's probability of each token it proposed
+
+
+class DraftRunner:
+    """Keeps one draft sequence per request, catches it up with the request's accepted tokens,
+    then decodes k tokens for all requests together."""
+
+    def __init__(self, ctx: EngineContext, model_dir: str, num_blocks: int) -> None:
+        self.block_size = ctx.config.block_size
+        self.device = ctx.device.torch_device
+        self.attention = ctx.new_attention()
+        self.model = ctx.load_model(model_dir, self.attention)
+        layers = self.model.attention_layers()
+        self.kv_caches = self.attention.allocate_kv_cache(layers, num_blocks, self.block_size, ctx.dtype,
+                                                          self.device)
+        self.pool = BlockPool(num_blocks, self.block_size)
+        self.seqs: dict[str, _DraftSeq] = {}
+        self.vocab_size = self.model.config.vocab_size
+        target_vocab = ctx.model_config.get("vocab_size")
+        if target_vocab is not None and target_vocab != self.vocab_size:
+            raise ValueError(f"the draft model {model_dir!r} has vocabulary {self.vocab_size}, the target "
+                             f"{target_vocab}: a draft must share the target's tokenizer")
+
+    def release(self, request_id: str) -> None:
+        seq = self.seqs.pop(request_id, None)
+        if seq is not None:
+            self.pool.free(reversed(seq.blocks))
+
+    def _seq(self, req: Request) -> _DraftSeq:
+        seq = self.seqs.get(req.request_id)
+        if seq is None:
+            gen = torch.Generator().manual_seed(req.params.seed if req.params.seed is not None
+                                                else hash(req.request_id) & 0x7FFFFFFF)
+            seq = self.seqs[req.request_id] = _DraftSeq(generator=gen)
+        return seq
+
+    def _reserve(self, seq: _DraftSeq, num_tokens: int) -> bool:
+        need = -(-num_tokens // self.block_size) - len(seq.blocks)
+        if need <= 0:
+            return True
+        if need > self.pool.num_free_blocks:
+            return False
+        seq.blocks.extend(self.pool.allocate(need))
+        return True
+
+    @torch.inference_mode()
+    def propose(self, requests: list[Request], k: int) -> dict[str, Draft]:
+        live: list[tuple[Request, _DraftSeq]] = []
+        feeds = []
+        for req in requests:
+            seq = self._seq(req)
+            target = req.all_token_ids
+            valid = _common_prefix(seq.tokens, target, seq.committed)
+            seq.committed = len(target)
+            valid = min(valid, len(target) - 1)  # always feed at least the last token
+            if not self._reserve(seq, len(target) + k):
+                self.release(req.request_id)
+                continue
+            del seq.tokens[valid:]
+            feeds.append((target[valid:], valid, [b.block_id for b in seq.blocks]))
+            seq.tokens.extend(target[valid:])
+            live.append((req, seq))
+        if not live:
+            return {}
+        drafted: list[list[int]] = [[] for _ in live]
+        probs: list[list[torch.Tensor]] = [[] for _ in live]
+        conf: list[list[float]] = [[] for _ in live]
+        for step in range(k):
+            batch = build_step_batch(feeds, self.block_size, self.device)
+            meta = self.attention.build_metadata(batch)
+            hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, meta)
+            last = batch.query_start_loc[1:].long() - 1
+            logits = self.model.compute_logits(hidden[last]).float()
+            feeds = []
+            for i, (req, seq) in enumerate(live):
+                token, q = self._pick(logits[i], req, seq)
+                drafted[i].append(token)
+                conf[i].append(float(q[token]))
+                probs[i].append(q)
+                if step < k - 1:
+                    feeds.append(([token], len(seq.tokens), [b.block_id for b in seq.blocks]))
+                    seq.tokens.append(token)
+        out = {}
+        for i, (req, _) in enumerate(live):
+            stacked = None if req.params.greedy else torch.stack(probs[i])
+            out[req.request_id] = Draft(drafted[i], stacked, conf[i])
+        return out
+
+    def _pick(self, logits: torch.Tensor, req: Request, seq: _DraftSeq) -> tuple[int, torch.Tensor]:
+        p = req.params
+        if p.greedy:
+            q = logits.softmax(-1).cpu()
+            return int(q.argmax()), q
+        q = filter_logits(logits / p.temperature, p.effective_top_k, p.top_p, p.min_p).softmax(-1).cpu()
+        noise = torch.empty_like(q).exponential_(generator=seq.generator)
+        return int((q / noise).argmax()), q
+
+
+def _common_prefix(a: list[int], b: list[int], known: int) -> int:
+    """Length of the common prefix, given that the first ``known`` tokens agree."""
+    n = min(len(a), len(b))
+    i = min(known, n)
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
