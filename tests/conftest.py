@@ -34,9 +34,9 @@ def pytest_collection_modifyitems(config, items):
     gpu = _has_cuda()
     npu = None
     for item in items:
-        if "gpu" in item.keywords and not gpu:
+        if item.get_closest_marker("gpu") is not None and not gpu:
             item.add_marker(pytest.mark.skip(reason="needs an NVIDIA GPU"))
-        if "ascend" in item.keywords:
+        if item.get_closest_marker("ascend") is not None:
             npu = _has_npu() if npu is None else npu
             if not npu:
                 item.add_marker(pytest.mark.skip(reason="needs torch_npu and an Ascend NPU"))

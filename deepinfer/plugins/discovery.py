@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from importlib.metadata import EntryPoint, distributions
 
-from stevedore import ExtensionManager, NamedExtensionManager
+from stevedore import NamedExtensionManager
 
 from deepinfer.plugins.groups import MODELS_GROUP, SLOTS, Slot
 
@@ -51,6 +51,34 @@ def _distribution_of(group: str, name: str, value: str) -> str:
     return _distribution_index().get((group, name, value), "(unknown distribution)")
 
 
+@lru_cache(maxsize=8)
+def _entry_points(path: tuple[str, ...]) -> dict[str, list[EntryPoint]]:
+    """Every deepinfer entry point importable from ``path`` (read once per sys.path)."""
+    groups: dict[str, list[EntryPoint]] = {}
+    seen: set[tuple[str, str, str]] = set()
+    for dist in distributions():  # in sys.path order; a distribution found twice counts once
+        for ep in dist.entry_points:
+            key = (ep.group, ep.name, dist.metadata["Name"])
+            if ep.group.startswith("deepinfer.") and key not in seen:
+                seen.add(key)
+                groups.setdefault(ep.group, []).append(ep)
+    return groups
+
+
+def group_entry_points(group: str) -> list[EntryPoint]:
+    import sys
+
+    return list(_entry_points(tuple(sys.path)).get(group, []))
+
+
+class _Manager(NamedExtensionManager):
+    """stevedore's manager, reading entry points afresh rather than from stevedore's on-disk cache,
+    which can miss a plugin package installed a moment ago (mtimes with coarse resolution)."""
+
+    def list_entry_points(self) -> list[EntryPoint]:
+        return group_entry_points(self.namespace)
+
+
 def allow_list() -> set[str] | None:
     raw = os.environ.get(ALLOW_ENV)
     if raw is None:
@@ -63,7 +91,7 @@ def discover(respect_allow_list: bool = True) -> list[PluginInfo]:
     allowed = allow_list() if respect_allow_list else None
     found = []
     for slot in SLOTS:
-        for ep in ExtensionManager(slot.group).list_entry_points():
+        for ep in group_entry_points(slot.group):
             if allowed is None or ep.name in allowed:
                 found.append(PluginInfo(ep.name, slot, ep))
     return found
@@ -76,7 +104,7 @@ def load(info: PluginInfo) -> type:
     def failed(_mgr, _ep, exc: BaseException) -> None:
         errors.append(exc)
 
-    mgr = NamedExtensionManager(info.slot.group, names=[info.name], on_load_failure_callback=failed,
+    mgr = _Manager(info.slot.group, names=[info.name], on_load_failure_callback=failed,
                                 on_missing_entrypoints_callback=lambda names: None)
     if errors or info.name not in mgr.names():
         exc = errors[0] if errors else None
@@ -91,4 +119,4 @@ def load(info: PluginInfo) -> type:
 
 
 def model_entry_points() -> list[EntryPoint]:
-    return list(ExtensionManager(MODELS_GROUP).list_entry_points())
+    return group_entry_points(MODELS_GROUP)

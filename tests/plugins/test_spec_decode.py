@@ -1,0 +1,138 @@
+"""Speculative decoding is lossless: same greedy tokens, target distribution preserved, pool exact."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from deepinfer import LLM, SamplingParams
+from deepinfer.core.request import Request
+from deepinfer.core.spec import verify
+from deepinfer_builtin.deepspark import AcceptanceTable
+from deepinfer_builtin.ngram import ngram_continuation
+from tests.tiny_models import make_model
+
+DRAFTERS = ["ngram", "draft-model", "deepspark"]
+DEMO_PROMPTS = ["import os\n", "def read_config(path):\n", "class Stack:\n    def __init__(self):\n",
+                "import sys\nimport re\n\n"]
+
+
+def _assert_pools_free(llm: LLM) -> None:
+    llm.engine.kv.pool.check_all_free()
+    runner = getattr(llm.engine.drafter, "runner", None)
+    if runner is not None:
+        runner.pool.check_all_free()
+        assert not runner.seqs
+
+
+@pytest.fixture(scope="module")
+def demo_reference():
+    base = LLM(progress=False, dtype="float32")
+    params = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
+    return [o.outputs[0].token_ids for o in base.generate(DEMO_PROMPTS, params, use_tqdm=False)]
+
+
+@pytest.mark.parametrize("drafter", DRAFTERS)
+def test_greedy_outputs_identical_on_the_demo_pair(drafter, demo_reference):
+    llm = LLM(progress=False, dtype="float32", plugins=[drafter])
+    params = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
+    got = [o.outputs[0].token_ids for o in llm.generate(DEMO_PROMPTS, params, use_tqdm=False)]
+    assert got == demo_reference
+    m = llm.get_metrics()
+    assert m["deepinfer:spec_decode_num_drafts"] > 0 and m["deepinfer:spec_decode_num_accepted_tokens"] > 0
+    assert m["deepinfer:spec_decode_num_accepted_tokens"] <= m["deepinfer:spec_decode_num_verified_tokens"]
+    assert m["deepinfer:spec_decode_num_verified_tokens"] <= m["deepinfer:spec_decode_num_draft_tokens"]
+    _assert_pools_free(llm)
+
+
+@pytest.fixture(scope="module")
+def random_pair(tmp_path_factory):
+    target = tmp_path_factory.mktemp("target")
+    draft = tmp_path_factory.mktemp("draft")
+    make_model(target, "qwen3", num_hidden_layers=2, use_sliding_window=True, sliding_window=12,
+               max_window_layers=0, layer_types=["sliding_attention", "full_attention"])
+    make_model(draft, "llama", seed=1, num_hidden_layers=1)
+    return str(target), str(draft)
+
+
+@pytest.mark.parametrize("drafter", DRAFTERS)
+def test_mixed_batch_with_preemption_is_lossless(drafter, random_pair):
+    target, draft = random_pair
+    prompts = [[7 + i, 8, 9, 10, 11] * (1 + i % 3) for i in range(8)]
+    greedy = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    penalised = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, repetition_penalty=1.3)
+    params = [greedy if i % 3 else penalised for i in range(8)]  # penalised requests do not speculate
+    ref = [o.outputs[0].token_ids for o in LLM(target, dtype="float32", block_size=4, progress=False)
+           .generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)]
+    opts = {} if drafter == "ngram" else {drafter: {"model": draft}}
+    llm = LLM(target, dtype="float32", block_size=4, num_kv_blocks=24, max_model_len=64, plugins=[drafter],
+              plugin_options=opts, progress=False)
+    got = [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p} for p in prompts], params,
+                                                        use_tqdm=False)]
+    assert got == ref
+    assert llm.get_metrics()["deepinfer:num_preemptions"] > 0
+    _assert_pools_free(llm)
+
+
+def test_seeded_sampling_with_a_drafter_is_reproducible_and_batch_independent(random_pair):
+    target, draft = random_pair
+    llm = LLM(target, dtype="float32", plugins=["draft-model"], plugin_options={"draft-model": {"model": draft}},
+              progress=False)
+    seeded = SamplingParams(temperature=0.8, seed=7, max_tokens=16, ignore_eos=True)
+    alone = llm.generate({"prompt_token_ids": [5, 6, 7]}, seeded, use_tqdm=False)[0].outputs[0].token_ids
+    other = SamplingParams(temperature=1.0, max_tokens=10, ignore_eos=True)
+    batch = llm.generate([{"prompt_token_ids": [5, 6, 7]}, {"prompt_token_ids": [9, 9]}], [seeded, other],
+                         use_tqdm=False)
+    assert batch[0].outputs[0].token_ids == alone
+    _assert_pools_free(llm)
+
+
+@pytest.mark.parametrize("deterministic_draft", [False, True])
+def test_rejection_sampler_output_follows_the_target_distribution(deterministic_draft):
+    """Chi-square test of the first emitted token against p, for fixed p and q on 6 tokens."""
+    p = torch.tensor([0.05, 0.30, 0.10, 0.25, 0.20, 0.10])
+    q = torch.tensor([0.40, 0.05, 0.20, 0.05, 0.10, 0.20])
+    logits = p.log().expand(2, 6).clone()  # temperature 1: the target distribution is exactly p
+    req = Request("r", [1], SamplingParams(temperature=1.0, seed=123))
+    gen = torch.Generator().manual_seed(0)
+    draw = torch.Generator().manual_seed(1)
+    counts = torch.zeros(6)
+    n = 20000
+    for _ in range(n):
+        if deterministic_draft:
+            d, qq = 0, None  # always proposes token 0 (one-hot q)
+        else:
+            d = int(torch.multinomial(q, 1, generator=draw))
+            qq = q[None]
+        counts[verify(logits, req, [d], qq, gen)[0]] += 1
+    expected = p * n
+    chi2 = float(((counts - expected) ** 2 / expected).sum())
+    assert chi2 < 20.5  # 5 degrees of freedom, p = 0.001
+
+
+def test_greedy_verification_accepts_the_matching_prefix_then_corrects():
+    logits = torch.full((4, 10), -5.0)
+    for row, best in enumerate([3, 4, 7, 1]):
+        logits[row, best] = 5.0
+    req = Request("g", [1], SamplingParams(temperature=0))
+    assert verify(logits, req, [3, 4, 2], None, torch.Generator()) == [3, 4, 7]
+    assert verify(logits, req, [3, 4, 7], None, torch.Generator()) == [3, 4, 7, 1]  # bonus token
+
+
+def test_ngram_finds_the_latest_longest_match():
+    toks = [1, 2, 3, 9, 1, 2, 3, 8, 5, 1, 2, 3]
+    assert ngram_continuation(toks, 3, 2, 2) == [8, 5]
+    assert ngram_continuation([4, 5, 6], 3, 2, 2) == []
+
+
+def test_deepspark_table_learns_and_budget_keeps_prefixes():
+    table = AcceptanceTable(buckets=4, positions=3, prior_strength=2.0)
+    assert table.estimate(table.bucket(0.9), 0) == pytest.approx(0.875)
+    for _ in range(50):
+        table.record(3, 0, False)
+    assert table.estimate(3, 0) < 0.1
+    from deepinfer_builtin.deepspark import DeepSparkDrafter
+
+    drafter = DeepSparkDrafter.__new__(DeepSparkDrafter)
+    drafter.table = table
+    buckets, chain = drafter.value_chain([0.1, 0.9, 0.9])
+    assert buckets == [0, 3, 3] and chain == sorted(chain, reverse=True)
