@@ -1,1 +1,25 @@
-"""Triton kernels and their torch references (no deepinfer imports)."""
+"""Triton kernels and their torch references (no deepinfer imports).
+
+Each kernel ``f`` has a plain-torch ``f_ref`` beside it with the same signature; tests compare the
+two under TRITON_INTERPRET=1 on the CPU (float32/float16) and compiled on a GPU (bfloat16).
+Importing this package needs triton; it never initialises CUDA.
+"""
+from deepinfer_kernels._launch import triton_interpreted
+from deepinfer_kernels.activation import silu_and_mul, silu_and_mul_ref
+from deepinfer_kernels.kv_cache import write_kv_cache, write_kv_cache_ref
+from deepinfer_kernels.paged_attention import (
+    DEFAULT_SPLIT,
+    num_decode_splits,
+    paged_decode_attention,
+    paged_decode_attention_ref,
+)
+from deepinfer_kernels.prefill_attention import paged_prefill_attention, paged_prefill_attention_ref
+from deepinfer_kernels.rms_norm import rms_norm, rms_norm_ref
+from deepinfer_kernels.rotary import apply_rotary, apply_rotary_ref
+
+__all__ = [
+    "DEFAULT_SPLIT", "apply_rotary", "apply_rotary_ref", "num_decode_splits", "paged_decode_attention",
+    "paged_decode_attention_ref", "paged_prefill_attention", "paged_prefill_attention_ref", "rms_norm",
+    "rms_norm_ref", "silu_and_mul", "silu_and_mul_ref", "triton_interpreted", "write_kv_cache",
+    "write_kv_cache_ref",
+]

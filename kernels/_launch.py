@@ -1,0 +1,70 @@
+"""Launching a Triton kernel compiled (CUDA) or in the Triton interpreter (CPU).
+
+Triton fixes its mode when ``triton.language`` is first imported: with ``TRITON_INTERPRET=1`` in
+the environment at that moment, its own ``@jit`` helpers (``tl.zeros``, ``tl.max`` ...) become
+interpreted functions, and kernels must then be interpreted too. ``@kernel`` therefore decorates
+lazily, at the first launch, in whatever mode triton.language was imported in; so the order in
+which modules are imported after that never matters, and a wrong setup fails with a clear error.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import triton
+from triton.runtime.jit import JITFunction
+
+
+def triton_interpreted() -> bool:
+    """True when triton.language was imported with TRITON_INTERPRET=1 (kernels run on the CPU)."""
+    from triton.language import standard
+
+    return not isinstance(standard.zeros, JITFunction)
+
+
+class Kernel:
+    """A kernel function launched as ``kernel[grid](*args, **constexprs)``, decorated at first use."""
+
+    def __init__(self, fn: Callable[..., Any], do_not_specialize: Sequence[str] = ()) -> None:
+        self.fn = fn
+        self.do_not_specialize = tuple(do_not_specialize)
+        self._jit: Any = None
+
+    def _pick(self, args: Sequence[Any]) -> Any:
+        if self._jit is None:
+            if triton_interpreted():
+                from triton.runtime.interpreter import InterpretedFunction
+
+                self._jit = InterpretedFunction(self.fn)
+            else:
+                self._jit = triton.jit(self.fn, do_not_specialize=self.do_not_specialize)
+        if not isinstance(self._jit, JITFunction):
+            return self._jit
+        cpu = next((a for a in args if isinstance(a, torch.Tensor) and a.device.type != "cuda"), None)
+        if cpu is not None:
+            raise ValueError(f"{self.fn.__name__} was given a tensor on {cpu.device}; compiled Triton kernels "
+                             "need CUDA tensors. To run on the CPU, set TRITON_INTERPRET=1 in the environment "
+                             "before triton is first imported")
+        return self._jit
+
+    def __getitem__(self, grid: tuple[int, ...]) -> Callable[..., Any]:
+        def launch(*args: Any, **kwargs: Any) -> Any:
+            return self._pick(args)[grid](*args, **kwargs)
+
+        return launch
+
+
+def kernel(fn: Callable[..., Any] | None = None, *, do_not_specialize: Sequence[str] = ()):
+    """Decorator: ``@kernel`` or ``@kernel(do_not_specialize=[...])`` in place of ``@triton.jit``.
+
+    Kernels written this way must not call other ``@triton.jit`` functions of this package (a
+    helper would be fixed to one mode at import); inline helpers instead.
+    """
+    if fn is None:
+        return lambda f: Kernel(f, do_not_specialize)
+    return Kernel(fn, do_not_specialize)
+
+
+def next_pow2(n: int) -> int:
+    return triton.next_power_of_2(max(1, int(n)))

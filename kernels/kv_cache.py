@@ -1,0 +1,62 @@
+"""KV-cache write: scatter this step's keys and values into the paged cache.
+
+The cache of one layer is a pair of tensors [num_slots, kv_heads, head_dim] (the torch backend
+keeps both in one [2, num_slots, kv_heads, head_dim] tensor; pass ``cache[0]`` and ``cache[1]``).
+Token ``t`` goes to slot ``slot_mapping[t]`` (block_id * block_size + offset); a negative slot
+means "do not write" (padding, or a token whose KV is already cached).
+"""
+from __future__ import annotations
+
+import torch
+import triton.language as tl
+from deepinfer_kernels._launch import kernel, next_pow2
+
+
+@kernel
+def _write_kv_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
+                     stride_kt, stride_kh, stride_vt, stride_vh, stride_cs, stride_ch,
+                     NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+                     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+    t = tl.program_id(0)
+    slot = tl.load(slot_ptr + t).to(tl.int64)
+    h = tl.arange(0, BLOCK_H)[:, None]
+    d = tl.arange(0, BLOCK_D)[None, :]
+    dst = slot * stride_cs + h * stride_ch + d
+    # the slot test is broadcast to the tile first: the interpreter rejects a scalar in a mask
+    keep = (tl.zeros([BLOCK_H, BLOCK_D], tl.int64) + slot) >= 0
+    mask = (h < NUM_HEADS) & (d < HEAD_DIM) & keep
+    k = tl.load(k_ptr + t * stride_kt + h * stride_kh + d, mask=mask)
+    tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
+    v = tl.load(v_ptr + t * stride_vt + h * stride_vh + d, mask=mask)
+    tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+
+
+def write_kv_cache(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                   slot_mapping: torch.Tensor) -> None:
+    """Write k, v [T, kv_heads, head_dim] into the caches [num_slots, kv_heads, head_dim] in place."""
+    t, h, d = k.shape
+    if v.shape != k.shape or k_cache.shape[1:] != (h, d) or v_cache.shape != k_cache.shape:
+        raise ValueError(f"k {tuple(k.shape)} / v {tuple(v.shape)} do not fit the caches "
+                         f"{tuple(k_cache.shape)} / {tuple(v_cache.shape)}; expected [T, {h}, {d}] "
+                         f"and [num_slots, {h}, {d}]")
+    if slot_mapping.shape != (t,):
+        raise ValueError(f"slot_mapping has shape {tuple(slot_mapping.shape)}, expected ({t},)")
+    if t == 0:
+        return
+    if k.stride(-1) != 1 or v.stride(-1) != 1:
+        k, v = k.contiguous(), v.contiguous()
+    if k_cache.stride(-1) != 1 or k_cache.stride() != v_cache.stride():
+        raise ValueError("the key and value caches must share strides, with the last dimension contiguous")
+    _write_kv_kernel[(t,)](k, v, k_cache, v_cache, slot_mapping,
+                           k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+                           k_cache.stride(0), k_cache.stride(1),
+                           NUM_HEADS=h, HEAD_DIM=d, BLOCK_H=next_pow2(h), BLOCK_D=next_pow2(d))
+
+
+def write_kv_cache_ref(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                       slot_mapping: torch.Tensor) -> None:
+    """Torch reference of :func:`write_kv_cache`."""
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep].to(torch.long)
+    k_cache.index_copy_(0, slots, k[keep].to(k_cache.dtype))
+    v_cache.index_copy_(0, slots, v[keep].to(v_cache.dtype))

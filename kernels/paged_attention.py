@@ -1,0 +1,199 @@
+"""Paged decode attention: one query token per sequence, keys and values read from the paged cache.
+
+Split-KV in two passes. Pass 1 gives each (sequence, kv head, split) its own program; a split is a
+FIXED run of ``split_size`` key positions aligned to absolute positions (0..S-1, S..2S-1, ...), so
+how a sequence is split depends on its own length only. Each program handles every query head of
+its kv head (GQA: the group shares one read of K and V) and writes a partial output and its
+log-sum-exp. Pass 2 merges a sequence's splits in order, one at a time. No sum ever runs across a
+sequence boundary or over a batch-sized extent, so a sequence's output is bit-identical whatever
+else is in the batch (batch invariance).
+
+Sliding window W: the query at position p attends keys p-W+1 .. p; splits wholly before the
+window are not launched.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from deepinfer_kernels._launch import kernel, next_pow2
+
+LOG2E = 1.4426950408889634
+DEFAULT_SPLIT = 256  # key positions per split; a multiple of every BLOCK_N used below
+
+
+@kernel(do_not_specialize=["window", "stride_qb", "stride_bt", "stride_pb", "stride_lb"])
+def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
+                         part_out_ptr, part_lse_ptr, scale_log2, window,
+                         stride_qb, stride_qh, stride_cs, stride_ch, stride_bt,
+                         stride_pb, stride_ph, stride_ps, stride_lb, stride_lh,
+                         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+                         BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
+                         WINDOWED: tl.constexpr, IEEE: tl.constexpr):
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    j = tl.program_id(2)
+    seq_len = tl.load(seq_lens_ptr + b)
+    lo = 0
+    if WINDOWED:
+        lo = tl.maximum(seq_len - window, 0)
+    start = (lo // SPLIT + j) * SPLIT
+    end = tl.minimum(start + SPLIT, seq_len)
+    first_tile = tl.maximum(start, (lo // BLOCK_N) * BLOCK_N)
+
+    g = tl.arange(0, BLOCK_G)
+    d = tl.arange(0, BLOCK_D)
+    heads = kvh * GROUP + g
+    q_mask = (g[:, None] < GROUP) & (d[None, :] < HEAD_DIM)
+    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=q_mask, other=0.0)
+    dot_ty = k_cache_ptr.dtype.element_ty  # dot operands stay in the cache's dtype, products sum in fp32
+    q = q.to(dot_ty)
+
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    for n0 in range(first_tile, end, BLOCK_N):
+        pos = n0 + tl.arange(0, BLOCK_N)
+        valid = (pos >= lo) & (pos < end)
+        blk = tl.load(block_tables_ptr + b * stride_bt + pos // BLOCK_SIZE, mask=valid, other=0)
+        slot = blk.to(tl.int64) * BLOCK_SIZE + pos % BLOCK_SIZE
+        kv_off = slot[:, None] * stride_cs + kvh * stride_ch + d[None, :]
+        kv_mask = valid[:, None] & (d[None, :] < HEAD_DIM)
+        k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0)
+        v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0)
+        if IEEE:  # float32 caches: full-precision products, not TF32
+            s = tl.dot(q, tl.trans(k), input_precision="ieee")
+        else:
+            s = tl.dot(q, tl.trans(k))
+        s = tl.where(valid[None, :], s * scale_log2, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if IEEE:
+            pv = tl.dot(p, v, input_precision="ieee")
+        else:
+            pv = tl.dot(p.to(dot_ty), v)
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+
+    has_keys = l_i > 0.0
+    out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
+    lse = tl.where(has_keys, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
+    tl.store(part_out_ptr + b * stride_pb + heads[:, None] * stride_ph + j * stride_ps + d[None, :],
+             out, mask=q_mask)
+    tl.store(part_lse_ptr + b * stride_lb + heads * stride_lh + j, lse, mask=g < GROUP)
+
+
+@kernel(do_not_specialize=["window", "stride_pb", "stride_lb", "stride_ob"])
+def _decode_reduce_kernel(part_out_ptr, part_lse_ptr, seq_lens_ptr, out_ptr, window,
+                          stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ob, stride_oh,
+                          HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SPLIT: tl.constexpr,
+                          WINDOWED: tl.constexpr):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    seq_len = tl.load(seq_lens_ptr + b)
+    lo = 0
+    if WINDOWED:
+        lo = tl.maximum(seq_len - window, 0)
+    num_splits = tl.where(seq_len > 0, (seq_len - 1) // SPLIT - lo // SPLIT + 1, 0)
+    lse_base = part_lse_ptr + b * stride_lb + h * stride_lh
+    d = tl.arange(0, BLOCK_D)
+    m = tl.load(lse_base)
+    for j in range(1, num_splits):
+        m = tl.maximum(m, tl.load(lse_base + j))
+    m = tl.where(m == float("-inf"), 0.0, m)
+    acc = tl.zeros([BLOCK_D], tl.float32)
+    total = tl.full([], 0.0, tl.float32)
+    for j in range(num_splits):  # in order, one split at a time: the sum cannot vary
+        w = tl.exp2(tl.load(lse_base + j) - m)
+        o = tl.load(part_out_ptr + b * stride_pb + h * stride_ph + j * stride_ps + d, mask=d < HEAD_DIM, other=0.0)
+        acc += w * o
+        total += w
+    out = acc / tl.where(total > 0.0, total, 1.0)
+    tl.store(out_ptr + b * stride_ob + h * stride_oh + d, out.to(out_ptr.dtype.element_ty), mask=d < HEAD_DIM)
+
+
+def num_decode_splits(max_seq_len: int, split_size: int, sliding_window: int | None) -> int:
+    """Splits to launch per sequence: enough for the longest sequence (or one window)."""
+    n = triton.cdiv(max(max_seq_len, 1), split_size)
+    if sliding_window is not None:
+        n = min(n, triton.cdiv(sliding_window - 1, split_size) + 1)
+    return n
+
+
+def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           block_tables: torch.Tensor, seq_lens: torch.Tensor, block_size: int, scale: float,
+                           sliding_window: int | None = None, max_seq_len: int | None = None,
+                           split_size: int = DEFAULT_SPLIT) -> torch.Tensor:
+    """Attention of q [B, H, D] (the token at position seq_len-1 of each sequence) over the cached
+    keys/values [num_slots, kv_heads, D]; block_tables [B, max_blocks] int32, seq_lens [B] int32.
+    Returns [B, H, D] in q's dtype. ``max_seq_len`` saves a device sync when the caller knows it."""
+    b, h, d = q.shape
+    kvh = k_cache.shape[1]
+    _check_shapes(q, k_cache, v_cache, block_tables, seq_lens, split_size)
+    out = torch.empty_like(q)
+    if b == 0:
+        return out
+    if max_seq_len is None:
+        max_seq_len = int(seq_lens.max())
+    splits = num_decode_splits(max_seq_len, split_size, sliding_window)
+    part_out = torch.empty(b, h, splits, d, dtype=torch.float32, device=q.device)
+    part_lse = torch.empty(b, h, splits, dtype=torch.float32, device=q.device)
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    group = h // kvh
+    block_n = 64 if split_size % 64 == 0 else 32 if split_size % 32 == 0 else 16
+    window = sliding_window or 0
+    _decode_split_kernel[(b, kvh, splits)](
+        q, k_cache, v_cache, block_tables, seq_lens, part_out, part_lse, scale * LOG2E, window,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), block_tables.stride(0),
+        part_out.stride(0), part_out.stride(1), part_out.stride(2), part_lse.stride(0), part_lse.stride(1),
+        GROUP=group, HEAD_DIM=d, BLOCK_SIZE=block_size, BLOCK_G=max(16, next_pow2(group)),
+        BLOCK_D=max(16, next_pow2(d)), BLOCK_N=block_n, SPLIT=split_size, WINDOWED=sliding_window is not None,
+        IEEE=k_cache.dtype == torch.float32, num_warps=4)
+    _decode_reduce_kernel[(b, h)](
+        part_out, part_lse, seq_lens, out, window,
+        part_out.stride(0), part_out.stride(1), part_out.stride(2), part_lse.stride(0), part_lse.stride(1),
+        out.stride(0), out.stride(1),
+        HEAD_DIM=d, BLOCK_D=next_pow2(d), SPLIT=split_size, WINDOWED=sliding_window is not None, num_warps=1)
+    return out
+
+
+def _check_shapes(q, k_cache, v_cache, block_tables, seq_lens, split_size) -> None:
+    b, h, d = q.shape
+    if k_cache.dim() != 3 or k_cache.shape[2] != d or v_cache.shape != k_cache.shape:
+        raise ValueError(f"caches {tuple(k_cache.shape)} / {tuple(v_cache.shape)} do not match q "
+                         f"{tuple(q.shape)}; expected [num_slots, kv_heads, {d}] each")
+    if h % k_cache.shape[1]:
+        raise ValueError(f"{h} query heads are not a multiple of {k_cache.shape[1]} kv heads")
+    if k_cache.stride(-1) != 1 or k_cache.stride() != v_cache.stride():
+        raise ValueError("the key and value caches must share strides, with the last dimension contiguous")
+    if block_tables.dim() != 2 or block_tables.shape[0] != b or seq_lens.shape != (b,):
+        raise ValueError(f"block_tables {tuple(block_tables.shape)} and seq_lens {tuple(seq_lens.shape)} "
+                         f"must be [{b}, max_blocks] and [{b}] for {b} sequences")
+    if block_tables.stride(-1) != 1:
+        raise ValueError("block_tables must be contiguous in its last dimension")
+    if split_size % 16:
+        raise ValueError(f"split_size {split_size} must be a multiple of 16")
+
+
+def paged_decode_attention_ref(q, k_cache, v_cache, block_tables, seq_lens, block_size, scale,
+                               sliding_window=None, max_seq_len=None, split_size=DEFAULT_SPLIT) -> torch.Tensor:
+    """Torch reference of :func:`paged_decode_attention`: one sequence at a time, in float32."""
+    out = torch.empty_like(q)
+    group = q.shape[1] // k_cache.shape[1]
+    for i, n in enumerate(seq_lens.tolist()):
+        pos = torch.arange(n, device=q.device)
+        if sliding_window is not None:
+            pos = pos[pos > n - 1 - sliding_window]
+        slots = block_tables[i].long()[pos // block_size] * block_size + pos % block_size
+        k = k_cache[slots].float().repeat_interleave(group, 1)   # [n, H, D]
+        v = v_cache[slots].float().repeat_interleave(group, 1)
+        s = torch.einsum("hd,nhd->hn", q[i].float(), k) * scale
+        out[i] = torch.einsum("hn,nhd->hd", s.softmax(-1), v).to(q.dtype)
+    return out
+
+
+

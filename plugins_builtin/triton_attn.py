@@ -1,0 +1,147 @@
+"""The `triton` attention backend: paged attention with the Triton kernels of deepinfer_kernels.
+
+The KV cache has the torch backend's layout (per layer [2, num_blocks * block_size, kv_heads,
+head_dim]; slot = block_id * block_size + offset), so the two backends are interchangeable. Each
+layer writes its keys and values with one kernel, then attends:
+
+- a decode-only step (one query token per sequence) runs the split-KV decode kernel;
+- any other step runs the prefill/extend kernel, and the one-token runs in it still go through
+  the decode kernel, so a decoding sequence's numbers never depend on what it is batched with.
+
+Runs compiled on NVIDIA GPUs, or in the Triton interpreter on the CPU (TRITON_INTERPRET=1 set
+before triton is imported; float32/float16 only, slow, for tests).
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from deepinfer.plugins import AttentionBackend, AttentionLayerSpec, EngineContext, PluginError, StepBatch
+
+NEEDS = "needs an NVIDIA GPU, or TRITON_INTERPRET=1 to run in the Triton interpreter on CPU"
+
+
+def _kernels() -> Any:
+    """deepinfer_kernels, imported on first use so that listing plugins never imports triton."""
+    import deepinfer_kernels
+
+    return deepinfer_kernels
+
+
+class TritonAttentionOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    split_size: int = Field(256, ge=16, description="key positions per decode split (a multiple of 16); "
+                                                    "fixed, so results do not depend on the batch")
+
+    @field_validator("split_size")
+    @classmethod
+    def _multiple_of_16(cls, v: int) -> int:
+        if v % 16:
+            raise ValueError(f"split_size must be a multiple of 16, got {v}")
+        return v
+
+
+@dataclass(frozen=True, slots=True)
+class TritonAttentionMetadata:
+    """One step's inputs to the kernels, shared by every layer."""
+
+    slot_mapping: torch.Tensor       # [T] int64
+    query_start_loc: torch.Tensor    # [B+1] int32
+    seq_lens: torch.Tensor           # [B] int32
+    context_lens: torch.Tensor       # [B] int32
+    block_tables: torch.Tensor       # [B, max_blocks] int32
+    block_size: int
+    max_query_len: int
+    max_seq_len: int
+    decode_only: bool
+    # one-token runs of a mixed step, handed to the decode kernel (None: there are none)
+    decode_rows: torch.Tensor | None = None         # [Bd] int64 rows of q
+    decode_tables: torch.Tensor | None = None       # [Bd, max_blocks] int32
+    decode_seq_lens: torch.Tensor | None = None     # [Bd] int32
+    decode_max_seq_len: int = 0
+
+
+class TritonAttention(AttentionBackend):
+    """Paged attention with Triton kernels: KV write, split-KV decode, prefill/extend over the cache."""
+
+    name = "triton"
+    Options = TritonAttentionOptions
+
+    @classmethod
+    def unavailable_reason(cls) -> str | None:
+        try:
+            kernels = _kernels()
+        except Exception as exc:  # noqa: BLE001  (triton missing, or broken for this platform)
+            return f"triton cannot be imported ({type(exc).__name__}: {exc}); install it with `pip install triton`"
+        if kernels.triton_interpreted():
+            return None
+        if os.environ.get("TRITON_INTERPRET") == "1":
+            return ("TRITON_INTERPRET=1 was set after triton had been imported, which triton ignores; "
+                    "set it in the environment before the process starts")
+        if not torch.cuda.is_available():
+            return NEEDS
+        return None
+
+    def __init__(self, options: BaseModel, ctx: EngineContext) -> None:
+        super().__init__(options, ctx)
+        reason = self.unavailable_reason()
+        if reason is not None:
+            raise PluginError(f"attention plugin 'triton' cannot run here: {reason}")
+        self.kernels = _kernels()
+
+    def kv_cache_bytes_per_block(self, layers: Sequence[AttentionLayerSpec], block_size: int,
+                                 dtype: torch.dtype) -> int:
+        size = torch.empty((), dtype=dtype).element_size()
+        return sum(2 * block_size * spec.num_kv_heads * spec.head_dim * size for spec in layers)
+
+    def allocate_kv_cache(self, layers, num_blocks, block_size, dtype, device):
+        interpreted = self.kernels.triton_interpreted()
+        if not interpreted and torch.device(device).type != "cuda":
+            raise ValueError(f"the triton attention plugin runs on CUDA devices, not {device}; pick an NVIDIA "
+                             "device plugin, or set TRITON_INTERPRET=1 before starting to use the interpreter")
+        if interpreted and dtype == torch.bfloat16:
+            raise ValueError("the Triton interpreter computes bfloat16 wrongly; use dtype float32 or float16 "
+                             "with TRITON_INTERPRET=1")
+        return [torch.zeros(2, num_blocks * block_size, s.num_kv_heads, s.head_dim, dtype=dtype,
+                            device=device) for s in layers]
+
+    def build_metadata(self, batch: StepBatch) -> TritonAttentionMetadata:
+        common = {"slot_mapping": batch.slot_mapping, "query_start_loc": batch.query_start_loc,
+                  "seq_lens": batch.seq_lens, "context_lens": batch.context_lens,
+                  "block_tables": batch.block_tables, "block_size": batch.block_size,
+                  "max_query_len": batch.max_query_len, "max_seq_len": batch.max_seq_len}
+        if batch.is_decode_only:
+            return TritonAttentionMetadata(decode_only=True, **common)
+        singles = [i for i, n in enumerate(batch.query_lens_cpu) if n == 1]
+        if not singles:
+            return TritonAttentionMetadata(decode_only=False, **common)
+        dev = batch.seq_lens.device
+        idx = torch.tensor(singles, dtype=torch.long, device=dev)
+        return TritonAttentionMetadata(
+            decode_only=False, decode_rows=batch.query_start_loc.to(torch.long)[idx],
+            decode_tables=batch.block_tables[idx].contiguous(), decode_seq_lens=batch.seq_lens[idx].contiguous(),
+            decode_max_seq_len=max(batch.seq_lens_cpu[i] for i in singles), **common)
+
+    def forward(self, layer: AttentionLayerSpec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                kv_cache: torch.Tensor, metadata: TritonAttentionMetadata) -> torch.Tensor:
+        kern, m = self.kernels, metadata
+        k_cache, v_cache = kv_cache[0], kv_cache[1]
+        kern.write_kv_cache(k, v, k_cache, v_cache, m.slot_mapping)
+        split = self.options.split_size
+        if m.decode_only:
+            return kern.paged_decode_attention(q, k_cache, v_cache, m.block_tables, m.seq_lens, m.block_size,
+                                               layer.scale, layer.sliding_window, m.max_seq_len, split)
+        out = kern.paged_prefill_attention(q, k_cache, v_cache, m.query_start_loc, m.seq_lens, m.context_lens,
+                                           m.block_tables, m.block_size, layer.scale, layer.sliding_window,
+                                           m.max_query_len, skip_single=m.decode_rows is not None)
+        if m.decode_rows is not None:
+            out[m.decode_rows] = kern.paged_decode_attention(
+                q[m.decode_rows], k_cache, v_cache, m.decode_tables, m.decode_seq_lens, m.block_size,
+                layer.scale, layer.sliding_window, m.decode_max_seq_len, split)
+        return out

@@ -1,0 +1,101 @@
+"""Compile every kernel for Hopper (sm_90) with Triton's bundled ptxas: no GPU needed.
+
+Run as ``python -m tests.kernels.sm90_compile`` with TRITON_INTERPRET unset (triton must be in
+compiled mode). The public wrappers are called on tiny CPU tensors while ``Kernel._pick`` is
+replaced by a recorder; each recorded launch is then lowered by Triton's NVIDIA backend down to a
+cubin. This catches what the interpreter lets through and the compiler rejects (loop-carried
+types, dot shapes, constexpr misuse).
+"""
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import deepinfer_kernels as K
+import torch
+import triton
+from deepinfer_kernels._launch import Kernel
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+_PTR = {torch.float32: "*fp32", torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.int32: "*i32",
+        torch.int64: "*i64"}
+_OPTIONS = ("num_warps", "num_stages")
+H100_SHARED = 232448  # bytes of shared memory one block may use on sm_90
+
+
+def record_launches(calls) -> list[tuple[Kernel, dict[str, Any], dict[str, Any]]]:
+    """Run ``calls()`` with every kernel launch recorded instead of executed."""
+    launches = []
+
+    def pick(self: Kernel, args):
+        class At:
+            def __getitem__(_, grid):
+                def launch(*a, **kw):
+                    names = self.fn.__code__.co_varnames[:self.fn.__code__.co_argcount]
+                    bound = dict(zip(names, a, strict=False))
+                    bound.update({k: v for k, v in kw.items() if k not in _OPTIONS})
+                    launches.append((self, bound, {k: v for k, v in kw.items() if k in _OPTIONS}))
+                return launch
+        return At()
+
+    saved = Kernel._pick
+    Kernel._pick = pick
+    try:
+        calls()
+    finally:
+        Kernel._pick = saved
+    return launches
+
+
+def compile_sm90(kern: Kernel, bound: dict[str, Any], options: dict[str, Any]) -> Any:
+    """Lower one recorded launch to a Hopper cubin; raises on any compile error."""
+    jit = triton.jit(kern.fn, do_not_specialize=kern.do_not_specialize)
+    signature, constexprs = {}, {}
+    for name, value in bound.items():
+        if "constexpr" in str(kern.fn.__annotations__.get(name, "")):
+            signature[name], constexprs[name] = "constexpr", value
+        elif isinstance(value, torch.Tensor):
+            signature[name] = _PTR[value.dtype]
+        elif isinstance(value, int):
+            signature[name] = "i32" if -2**31 <= value < 2**31 else "i64"
+        else:
+            signature[name] = "fp32"
+    return triton.compile(ASTSource(jit, signature, constexprs), target=GPUTarget("cuda", 90, 32),
+                          options=dict(options))
+
+
+def _all_calls(dtype: torch.dtype, attention_only: bool) -> None:
+    i32 = torch.int32
+    q = torch.zeros(3, 8, 128, dtype=dtype)
+    cache = torch.zeros(64, 2, 128, dtype=dtype)
+    tables, lens = torch.zeros(3, 4, dtype=i32), torch.ones(3, dtype=i32)
+    K.paged_decode_attention(q, cache, cache, tables, lens, 16, 0.1, sliding_window=20, max_seq_len=40)
+    K.paged_prefill_attention(q, cache, cache, torch.tensor([0, 1, 2, 3], dtype=i32), lens, lens * 0, tables,
+                              16, 0.1, sliding_window=20, max_query_len=1, block_m=64, block_n=64)
+    if attention_only:
+        return
+    K.write_kv_cache(q[:, :2], q[:, :2], cache, cache, torch.zeros(3, dtype=torch.int64))
+    K.rms_norm(q[:, 0], torch.zeros(128, dtype=dtype), 1e-6, q[:, 1])
+    K.rms_norm(q, torch.zeros(128, dtype=dtype), 1e-6)
+    K.apply_rotary(q, q[:, :2], cache[:, 0], cache[:, 0], torch.zeros(3, dtype=torch.int64))
+    K.silu_and_mul(q[:, :2].reshape(3, 256))
+
+
+def main() -> int:
+    if K.triton_interpreted():
+        print("triton was imported with TRITON_INTERPRET=1; run this without it", file=sys.stderr)
+        return 2
+    launches = record_launches(lambda: (_all_calls(torch.bfloat16, False), _all_calls(torch.float32, True)))
+    for kern, bound, options in launches:
+        compiled = compile_sm90(kern, bound, options)
+        shared = compiled.metadata.shared
+        print(f"compiled {kern.fn.__name__} for sm_90: {shared} bytes of shared memory")
+        if shared > H100_SHARED:
+            print(f"{kern.fn.__name__} needs {shared} bytes of shared memory; sm_90 has {H100_SHARED}")
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,62 @@
+"""Paged decode attention against its torch reference, and batch invariance of the split-KV kernel."""
+from __future__ import annotations
+
+import pytest
+import torch
+from deepinfer_kernels import paged_decode_attention, paged_decode_attention_ref
+
+from tests.kernels.paged import DTYPES, TOL, i32, randn, random_paged_kv
+
+# heads, kv_heads, head_dim, block_size, sliding_window, split_size
+CASES = {
+    "mha": (2, 2, 16, 4, None, 16),
+    "gqa": (8, 2, 16, 4, None, 16),
+    "gqa-window-not-multiple-of-block": (4, 1, 16, 4, 7, 16),
+    "window-wider-than-one-split": (4, 2, 16, 8, 21, 16),
+    "head-dim-24-block-16": (6, 3, 24, 16, 13, 32),
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
+def test_decode_matches_reference(case, dtype, device):
+    heads, kv_heads, dim, bs, window, split = case
+    lens = [1, 6, 37, 70]  # one token only, within one split, several splits
+    k_cache, v_cache, tables = random_paged_kv(lens, bs, kv_heads, dim, dtype, device)
+    q = randn(len(lens), heads, dim, dtype=dtype, device=device)
+    args = (q, k_cache, v_cache, tables, i32(lens, device), bs, dim ** -0.5, window)
+    out = paged_decode_attention(*args, split_size=split)
+    ref = paged_decode_attention_ref(*args)
+    assert out.dtype == dtype and out.shape == q.shape
+    torch.testing.assert_close(out.float(), ref.float(), atol=TOL[dtype], rtol=TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("window", [None, 9])
+def test_decode_of_a_sequence_is_bit_identical_alone_and_in_any_batch(window, dtype, device):
+    lens = [45, 3, 130, 17]  # the batch's longest sequence launches more splits than ours needs
+    k_cache, v_cache, tables = random_paged_kv(lens, 4, 2, 16, dtype, device)
+    q = randn(len(lens), 4, 16, dtype=dtype, device=device)
+
+    def run(rows):
+        return paged_decode_attention(q[rows], k_cache, v_cache, tables[rows], i32([lens[r] for r in rows], device),
+                                      4, 0.25, window, split_size=16)
+
+    alone = run([0])
+    assert torch.equal(run([0, 1, 2, 3])[0], alone[0])
+    assert torch.equal(run([2, 3, 0])[2], alone[0])
+    assert torch.equal(run([1, 0])[1], alone[0])
+
+
+def test_decode_with_no_sequences_returns_empty(device):
+    k_cache, v_cache, tables = random_paged_kv([4], 4, 1, 16, torch.float32, device)
+    q = torch.empty(0, 2, 16, device=device)
+    out = paged_decode_attention(q, k_cache, v_cache, tables[:0], i32([], device), 4, 1.0, max_seq_len=0)
+    assert out.shape == (0, 2, 16)
+
+
+def test_decode_rejects_heads_not_a_multiple_of_kv_heads(device):
+    k_cache, v_cache, tables = random_paged_kv([4], 4, 2, 16, torch.float32, device)
+    q = torch.zeros(1, 3, 16, device=device)
+    with pytest.raises(ValueError, match="not a multiple of 2 kv heads"):
+        paged_decode_attention(q, k_cache, v_cache, tables, i32([4], device), 4, 1.0)
