@@ -50,8 +50,8 @@ def cmd_plugins(args: argparse.Namespace) -> int:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from deepinfer.llm import LLM
     from deepinfer.core.sampling_params import SamplingParams
+    from deepinfer.llm import LLM
 
     ov = engine_overrides(args)
     ov.pop("model", None)

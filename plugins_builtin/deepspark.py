@@ -12,11 +12,11 @@ the batch; since P_j shrinks along j, the chosen drafts of each request stay a p
 """
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from deepinfer.plugins import DraftProposal, Drafter, Request
 from deepinfer_builtin.draft_model import default_draft_dir
 from deepinfer_builtin.draft_runner import DraftRunner
+from pydantic import BaseModel, ConfigDict, Field
+
+from deepinfer.plugins import Drafter, DraftProposal, Request
 
 
 class DeepSparkOptions(BaseModel):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from deepinfer.plugins import DraftProposal, Drafter, Request
+from deepinfer.plugins import Drafter, DraftProposal, Request
 
 
 class NgramOptions(BaseModel):

@@ -32,8 +32,10 @@ def add_bench_parser(sub, add_engine_args, engine_overrides) -> None:
             b.add_argument("--max-len", type=int, default=1024)
         b.set_defaults(func=lambda a, _ov=engine_overrides: run_bench(a, _ov(a)))
     from deepinfer.bench.prefix import add_prefix_parser
+    from deepinfer.bench.spec import add_spec_parser
 
     add_prefix_parser(bsub, add_engine_args, engine_overrides)
+    add_spec_parser(bsub, add_engine_args, engine_overrides)
     try:
         from deepinfer.serve.bench import add_bench_serve_parser
     except ImportError:

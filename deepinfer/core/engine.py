@@ -54,7 +54,7 @@ class LLMEngine:
         self.requests: dict[str, RequestState] = {}
         self._seq_owner: dict[str, RequestState] = {}
         for name in ("prompt_tokens", "prompt_tokens_computed", "generation_tokens", "num_preemptions",
-                     "request_success", "request_aborted"):
+                     "request_success", "request_aborted", "request_sampling_steps"):
             self.metrics.counter(f"deepinfer:{name}")
         for name in ("kv_cache_usage", "num_requests_running", "num_requests_waiting"):
             self.metrics.gauge(f"deepinfer:{name}")
@@ -137,6 +137,8 @@ class LLMEngine:
                 if req.request_id in result.num_verified:
                     self._observe(req, result.num_verified[req.request_id], result.num_rejected[req.request_id])
                 tokens = result.sampled.get(req.request_id) or []
+                if tokens:
+                    self.metrics.inc("deepinfer:request_sampling_steps")
                 if tokens and self._append(req, tokens, result.logprobs.get(req.request_id), now, touched):
                     finished.append(req)
             self.scheduler.update_after_step(sched, result.num_rejected)

@@ -58,7 +58,7 @@ class SamplingParams(BaseModel):
 
     @property
     def effective_top_k(self) -> int:
-        return self.top_k if self.top_k > 0 else 0
+        return max(0, self.top_k)
 
     @property
     def needs_penalties(self) -> bool:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
 from importlib.metadata import EntryPoint, distributions
 
 from stevedore import NamedExtensionManager
@@ -37,7 +37,7 @@ class PluginInfo:
         return self.entry_point.value
 
 
-@lru_cache(maxsize=None)
+@cache
 def _distribution_index() -> dict[tuple[str, str, str], str]:
     index = {}
     for dist in distributions():

@@ -1,0 +1,79 @@
+"""`deepinfer bench spec`: decoding with each drafter against none, at batch 1 and a larger batch."""
+from __future__ import annotations
+
+import statistics
+import time
+
+from deepinfer.core.sampling_params import SamplingParams
+
+DRAFTERS = ("none", "draft-model", "deepspark", "ngram")
+
+
+def add_spec_parser(bsub, add_engine_args, engine_overrides) -> None:
+    b = bsub.add_parser("spec", help="speculative decoding: each drafter against none")
+    add_engine_args(b)
+    b.add_argument("--drafters", default=",".join(DRAFTERS))
+    b.add_argument("--batch", default="1,64", help="comma-separated batch sizes")
+    b.add_argument("--input-len", type=int, default=64, help="prompt tokens (from held-out stdlib files)")
+    b.add_argument("--output-len", type=int, default=128)
+    b.add_argument("--repeats", type=int, default=3)
+    b.set_defaults(func=lambda a, _ov=engine_overrides: run_spec(a, _ov(a)))
+
+
+def stdlib_prompts(tokenizer, n: int, length: int) -> list[list[int]]:
+    """Beginnings of standard-library files the demo models did not train on (cycled if few)."""
+    from deepinfer.tools.train_demo import collect_corpus
+
+    texts = [t for t in collect_corpus().heldout_texts if len(t) > 4 * length]
+    prompts = []
+    for i in range(n):
+        text = texts[i % len(texts)]
+        offset = (i // len(texts)) * length  # later cycles start further into the file
+        prompts.append(tokenizer.encode(text[offset * 2:], add_special_tokens=False)[:length])
+    return prompts
+
+
+def run_spec(args, overrides: dict) -> int:
+    from deepinfer.llm import LLM
+
+    overrides = dict(overrides)
+    model = overrides.pop("model", None)
+    base_plugins = [p for p in (overrides.pop("plugins", None) or []) if p not in DRAFTERS]
+    batches = [int(b) for b in args.batch.split(",")]
+    rows = []
+    for drafter in args.drafters.split(","):
+        plugins = base_plugins + ([] if drafter == "none" else [drafter])
+        llm = LLM(model, config_file=args.config_file, progress=False, plugins=plugins, **overrides)
+        for batch in batches:
+            prompts = stdlib_prompts(llm.get_tokenizer(), batch, args.input_len)
+            params = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True)
+            llm.generate({"prompt_token_ids": prompts[0]}, SamplingParams(max_tokens=4), use_tqdm=False)
+            m0, secs = llm.get_metrics(), []
+            for _ in range(args.repeats):
+                t = time.perf_counter()
+                llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+                secs.append(time.perf_counter() - t)
+            m = {k: v - m0.get(k, 0) for k, v in llm.get_metrics().items()}
+            drafts = m.get("deepinfer:spec_decode_num_drafts", 0)
+            rows.append({
+                "drafter": drafter, "batch": batch, "seconds": statistics.median(secs),
+                "tok_s": batch * args.output_len / statistics.median(secs),
+                "tokens_per_step": m["deepinfer:generation_tokens"] / m["deepinfer:request_sampling_steps"],
+                "verified_per_draft": m.get("deepinfer:spec_decode_num_verified_tokens", 0) / drafts if drafts else 0,
+                "accepted_per_draft": m.get("deepinfer:spec_decode_num_accepted_tokens", 0) / drafts if drafts else 0,
+            })
+        del llm
+    report(args, rows)
+    return 0
+
+
+def report(args, rows: list[dict]) -> None:
+    print(f"deepinfer bench spec: greedy, {args.input_len}-token prompts, {args.output_len} new tokens, "
+          f"median of {args.repeats}")
+    print(f"{'drafter':<13}{'batch':>6}{'seconds':>9}{'tok/s':>9}{'vs none':>9}{'tok/step':>10}"
+          f"{'verified':>10}{'accepted':>10}")
+    base = {r["batch"]: r["tok_s"] for r in rows if r["drafter"] == "none"}
+    for r in rows:
+        ratio = f"{r['tok_s'] / base[r['batch']]:.2f}x" if r["batch"] in base else "-"
+        print(f"{r['drafter']:<13}{r['batch']:>6}{r['seconds']:>9.2f}{r['tok_s']:>9.1f}{ratio:>9}"
+              f"{r['tokens_per_step']:>10.2f}{r['verified_per_draft']:>10.2f}{r['accepted_per_draft']:>10.2f}")
