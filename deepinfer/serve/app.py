@@ -1,6 +1,7 @@
 """The FastAPI application: routes, the API-key and body-size guard, and OpenAI-style errors."""
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
@@ -89,8 +90,6 @@ def build_app(client: EngineClient, serving: Serving, metrics: ServerMetrics, se
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        import asyncio
-
         client.attach(asyncio.get_running_loop())
         try:
             yield

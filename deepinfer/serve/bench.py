@@ -13,8 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from deepinfer.serve.bench_load import (http_ttft, make_workload, offline_throughput, offline_ttft, percentiles,
-                                        run_http)
+from deepinfer.serve.bench_load import http_ttft, make_workload, offline_throughput, offline_ttft, percentiles, run_http
 
 
 def add_bench_serve_parser(bench_sub) -> argparse.ArgumentParser:
@@ -42,6 +41,10 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
                    help="prompts sent one at a time to measure TTFT on an idle server (0: skip)")
     p.add_argument("--offline", action="store_true",
                    help="also run the offline engine on the same requests and print HTTP/offline ratios")
+    p.add_argument("--engine-threads", type=int, default=None,
+                   help="passed to the server this command starts (see `deepinfer serve --help`)")
+    p.add_argument("--offline-threads", type=int, default=None,
+                   help="torch threads of the offline run (default: torch's, every core)")
     p.add_argument("--bench-seed", type=int, default=0, help="seed of the random prompts and arrivals")
     p.add_argument("--json-out", default=None, help="write the results as JSON to this file")
     p.set_defaults(func=run_bench_serve)
@@ -76,6 +79,8 @@ class _LaunchedServer:
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "deepinfer.serve", *([args.model] if args.model else []),
                "--port", str(self.port), "--log-level", "warning", *_engine_flags(args)]
+        if args.engine_threads:
+            cmd += ["--engine-threads", str(args.engine_threads)]
         env = {**os.environ, **({"DEEPINFER_API_KEY": api_key} if api_key else {})}
         self.proc = subprocess.Popen(cmd, env=env)
         import httpx
@@ -168,15 +173,20 @@ def run_bench_serve(args: argparse.Namespace) -> int:
 
 
 def _run_offline(args: argparse.Namespace, workload: list, probe: list) -> dict[str, Any]:
+    import torch
+
     from deepinfer.cli import engine_overrides
     from deepinfer.llm import LLM
+
+    if args.offline_threads:
+        torch.set_num_threads(args.offline_threads)
 
     ov = engine_overrides(args)
     ov.pop("model", None)
     # the same batch the server had: at most `concurrency` sequences at once
     ov["max_num_seqs"] = min(args.concurrency, ov.get("max_num_seqs", args.concurrency))
     llm = LLM(args.model, config_file=args.config_file, progress=False, **ov)
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {"threads": torch.get_num_threads()}
     if probe:
         out["ttft_alone_ms"] = {k: v * 1000 for k, v in percentiles(offline_ttft(llm.engine, probe)).items()}
     seconds, tokens = offline_throughput(llm, workload)
@@ -210,7 +220,8 @@ def _print(report: dict[str, Any]) -> None:
         off = report["offline"]
         if "ttft_alone_ms" in off:
             print(f"  TTFT alone (offline)  p50 {off['ttft_alone_ms']['p50']:.2f} ms")
-        print(f"  offline    {off['duration_s']:.2f} s  {off['output_throughput']:.1f} output tok/s")
+        print(f"  offline    {off['duration_s']:.2f} s  {off['output_throughput']:.1f} output tok/s  "
+              f"({off['threads']} torch threads)")
         for k, v in report["ratios"].items():
             print(f"  {k:<32} {v:.3f}")
     for err in http["errors"]:

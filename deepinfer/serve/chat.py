@@ -5,12 +5,24 @@ import time
 from collections.abc import AsyncIterator
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
-from deepinfer.serve.protocol import (APIError, AssistantMessage, ChatChoice, ChatChunkChoice,
-                                      ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse,
-                                      ChatLogprobs, DeltaMessage, TokenLogprob, TopLogprob, Usage)
-from deepinfer.serve.serving import SSE_DONE, EventStream, Serving, Submission, collect, merge_batch, sse
+from deepinfer.serve.outputs import SSE_DONE, EventStream, collect, merge_batch, sse
+from deepinfer.serve.protocol import (
+    APIError,
+    AssistantMessage,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatLogprobs,
+    DeltaMessage,
+    TokenLogprob,
+    TopLogprob,
+    Usage,
+)
+from deepinfer.serve.serving import Serving, Submission
 
 
 async def _render(serving: Serving, req: ChatCompletionRequest) -> list[int]:
@@ -70,7 +82,7 @@ async def create_chat_completion(serving: Serving, req: ChatCompletionRequest, r
                             stop_reason=c.stop_reason) for c in choices],
         usage=Usage(prompt_tokens=len(ids), completion_tokens=completion, total_tokens=len(ids) + completion,
                     prompt_tokens_details={"cached_tokens": cached}))
-    return JSONResponse(resp.model_dump())
+    return Response(resp.model_dump_json(), media_type="application/json")
 
 
 async def _stream(serving: Serving, sub: Submission, rid: str, model: str, n: int, k: int, num_prompt_tokens: int,

@@ -5,12 +5,18 @@ import time
 from collections.abc import AsyncIterator
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
-from deepinfer.serve.protocol import (APIError, CompletionChoice, CompletionLogprobs, CompletionRequest,
-                                      CompletionResponse, Usage)
-from deepinfer.serve.serving import (SSE_DONE, EventStream, Serving, Submission, collect,
-                                     merge_batch, sse)
+from deepinfer.serve.outputs import SSE_DONE, EventStream, collect, merge_batch, sse
+from deepinfer.serve.protocol import (
+    APIError,
+    CompletionChoice,
+    CompletionLogprobs,
+    CompletionRequest,
+    CompletionResponse,
+    Usage,
+)
+from deepinfer.serve.serving import Serving, Submission
 
 
 async def _prompts(serving: Serving, req: CompletionRequest) -> list[list[int]]:
@@ -68,7 +74,7 @@ async def create_completion(serving: Serving, req: CompletionRequest, raw: Reque
                                   finish_reason=c.finish_reason, stop_reason=c.stop_reason) for c in choices],
         usage=Usage(prompt_tokens=num_prompt, completion_tokens=completion, total_tokens=num_prompt + completion,
                     prompt_tokens_details={"cached_tokens": cached}))
-    return JSONResponse(resp.model_dump())
+    return Response(resp.model_dump_json(), media_type="application/json")
 
 
 async def _stream(serving: Serving, sub: Submission, rid: str, model: str, n: int, num_prompts: int,

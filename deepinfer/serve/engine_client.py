@@ -7,6 +7,7 @@ import multiprocessing as mp
 import queue
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from deepinfer.core.config import EngineConfig
@@ -46,14 +47,15 @@ class EngineClient:
         self._tags = itertools.count()
         self._loop: asyncio.AbstractEventLoop | None = None
         self.dead: str | None = None  # why the engine is gone, once it is
+        self.on_dead: Callable[[str], None] | None = None
 
     # ------------------------------------------------------------------------------- lifecycle
     def start(self, timeout: float = 600.0) -> dict[str, Any]:
         """Spawn the engine process and wait until it has built its engine (or failed to)."""
         ctx = mp.get_context("spawn")
         parent, child = ctx.Pipe(duplex=True)
-        self.proc = ctx.Process(target=run_engine_core, args=(self.config, child, self.threads), name="deepinfer-engine",
-                                daemon=True)
+        self.proc = ctx.Process(target=run_engine_core, args=(self.config, child, self.threads),
+                                name="deepinfer-engine", daemon=True)
         self.proc.start()
         child.close()
         self._conn = parent
@@ -190,6 +192,8 @@ class EngineClient:
         for rid, q in list(self._queues.items()):
             q.put_nowait(RequestFailed(rid, 500, why))
         self._queues.clear()
+        if self.on_dead is not None:
+            self.on_dead(why)
 
 
 class EngineDeadError(RuntimeError):

@@ -83,7 +83,7 @@ class ServerMetrics:
 class RequestTimer:
     """Per-request latency bookkeeping: TTFT once, then one inter-token gap per new token."""
 
-    __slots__ = ("metrics", "arrival", "last")
+    __slots__ = ("arrival", "last", "metrics")
 
     def __init__(self, metrics: ServerMetrics) -> None:
         self.metrics = metrics

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -54,7 +54,9 @@ class SamplingFields(BaseModel):
     n: int = Field(1, ge=1, le=128)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    stop: str | list[str] | None = None
+    # every stop string is searched after every token: bounded so one request cannot stall the engine
+    stop: str | Annotated[list[Annotated[str, Field(max_length=256)]], Field(max_length=16)] | None = \
+        Field(None, max_length=256)
     temperature: float | None = Field(None, ge=0.0, le=100.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_k: int | None = Field(None, ge=-1)
@@ -65,7 +67,7 @@ class SamplingFields(BaseModel):
     repetition_penalty: float | None = Field(None, gt=0.0, le=10.0)
     ignore_eos: bool = False
     min_tokens: int = Field(0, ge=0)
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[int] | None = Field(None, max_length=64)
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     cache_salt: str | None = Field(None, min_length=1, max_length=256)

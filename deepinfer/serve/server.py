@@ -55,10 +55,22 @@ def run_serve(args: argparse.Namespace, engine_overrides: Callable) -> int:
                                    access_log=args.access_log, timeout_graceful_shutdown=args.grace_period,
                                    lifespan="on", loop="asyncio", http="h11", ws="none")
         server = DrainingServer(uv_config, on_stop=lambda: setattr(serving, "draining", True))
+        died: list[str] = []
+
+        def engine_died(why: str) -> None:
+            if serving.draining:
+                return  # we stopped it
+            # a server without its engine can only fail requests: exit so a supervisor restarts it
+            died.append(why)
+            print(f"deepinfer serve: error: {why}; shutting down", file=sys.stderr, flush=True)
+            serving.draining = True
+            server.should_exit = True
+
+        client.on_dead = engine_died
         print(f"deepinfer serve: serving {serving.model_names[0]!r} (max_model_len {serving.max_model_len}, "
               f"{info['threads']} engine threads) on http://{args.host}:{args.port}", file=sys.stderr, flush=True)
         server.run()
-        return 0 if server.started else 1
+        return 0 if server.started and not died else 1
     finally:
         client.shutdown()
 

@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import asyncio
-import itertools
-import json
 import uuid
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
@@ -11,7 +9,6 @@ from typing import Any, TypeVar
 
 from pydantic import ValidationError
 from starlette.requests import Request
-from starlette.responses import StreamingResponse
 
 from deepinfer.core.sampling_params import SamplingParams
 from deepinfer.serve.engine_client import EngineClient, EngineDeadError, RequestFailed
@@ -37,22 +34,11 @@ def validation_message(e: ValidationError) -> tuple[str, str | None]:
     return (f"{param}: {msg}" if param else msg), param
 
 
-def sse(obj: Any) -> str:
-    """One server-sent event carrying ``obj`` as JSON."""
-    if hasattr(obj, "model_dump_json"):
-        return f"data: {obj.model_dump_json(exclude_none=False)}\n\n"
-    return f"data: {json.dumps(obj)}\n\n"
-
-
-SSE_DONE = "data: [DONE]\n\n"
-
-
 @dataclass(slots=True)
 class Submission:
     """One API request in the engine: one engine request per prompt, all feeding one queue."""
 
     serving: Serving
-    request_ids: list[str]
     num_seqs: int
     timers: list[RequestTimer]
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
@@ -76,7 +62,7 @@ class Submission:
                 raise APIError(item.status, item.message, type=kind)
             i = self.index[item.request_id]
             timer = self.timers[i]
-            timer.tokens(sum(len(s.token_ids) for s in item.seqs))
+            timer.tokens(max((len(s.token_ids) for s in item.seqs), default=0))  # positions, not n x
             if item.finished:
                 self.pending.discard(item.request_id)
                 timer.finish()
@@ -106,7 +92,6 @@ class Serving:
         self.max_in_flight_seqs = max_in_flight_seqs
         self.in_flight_seqs = 0
         self.draining = False
-        self._ids = itertools.count()
         self._token_str: dict[int, str] = {}
 
     # ------------------------------------------------------------------------------ validation
@@ -186,7 +171,7 @@ class Serving:
             raise APIError(503, f"the server is at capacity ({self.in_flight_seqs} sequences in flight); retry "
                            "shortly", type="server_error", code="overloaded", headers={"Retry-After": "1"})
         rids = [f"{request_id}-{i}" for i in range(len(prompts))]
-        sub = Submission(self, rids, num_seqs, [RequestTimer(self.metrics) for _ in prompts])
+        sub = Submission(self, num_seqs, [RequestTimer(self.metrics) for _ in prompts])
         sub.pending.update(rids)
         sub.index.update((rid, i) for i, rid in enumerate(rids))
         self.in_flight_seqs += num_seqs
@@ -234,73 +219,3 @@ async def _wait_disconnect(request: Request) -> None:
         msg = await request.receive()
         if msg["type"] == "http.disconnect":
             return
-
-
-@dataclass(slots=True)
-class ChoiceText:
-    """One choice's text, tokens and logprobs, merged from consecutive deltas."""
-
-    index: int
-    parts: list[str] = field(default_factory=list)
-    num_tokens: int = 0
-    logprobs: list[dict[int, float]] | None = None
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
-
-    def add(self, text: str, num_tokens: int, logprobs: list[dict[int, float]] | None,
-            finish_reason: str | None, stop_reason: int | str | None) -> None:
-        if text:
-            self.parts.append(text)
-        self.num_tokens += num_tokens
-        if logprobs is not None:
-            if self.logprobs is None:
-                self.logprobs = []
-            self.logprobs.extend(logprobs)
-        if finish_reason is not None:
-            self.finish_reason, self.stop_reason = finish_reason, stop_reason
-
-    @property
-    def text(self) -> str:
-        return "".join(self.parts)
-
-
-def merge_batch(batch: list[tuple[int, RequestDelta]], n: int) -> list[ChoiceText]:
-    """Fold one batch of deltas into one ChoiceText per choice (choice = prompt index * n + seq index)."""
-    merged: dict[int, ChoiceText] = {}
-    for prompt_index, delta in batch:
-        for s in delta.seqs:
-            i = prompt_index * n + s.index
-            c = merged.get(i)
-            if c is None:
-                c = merged[i] = ChoiceText(i)
-            c.add(s.text, len(s.token_ids), s.logprobs, s.finish_reason, s.stop_reason)
-    return list(merged.values())
-
-
-async def collect(sub: Submission, num_choices: int, n: int) -> tuple[list[ChoiceText], int]:
-    """Wait for every choice to finish; return them and the number of prompt tokens found cached."""
-    choices = [ChoiceText(i) for i in range(num_choices)]
-    cached = 0
-    while not sub.done:
-        batch = await sub.next_batch()
-        for c in merge_batch(batch, n):
-            choices[c.index].add(c.text, c.num_tokens, c.logprobs, c.finish_reason, c.stop_reason)
-        cached += sum(d.num_cached_tokens for _, d in batch if d.finished)
-    return choices, cached
-
-
-class EventStream(StreamingResponse):
-    """Server-sent events of one submission; whatever ends the response aborts what is still running."""
-
-    def __init__(self, content: Any, sub: Submission) -> None:
-        super().__init__(content, media_type="text/event-stream",
-                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        self.sub = sub
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            if self.sub.pending:
-                self.sub.serving.metrics.client_aborts.inc()
-            self.sub.close()

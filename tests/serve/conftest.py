@@ -16,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 API_KEY = "sk-test-key"
 ROOT = Path(__file__).resolve().parents[2]
+SERVE = [sys.executable, "-m", "deepinfer.cli", "serve"]
 
 
 def free_port() -> int:
@@ -25,14 +26,15 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    """``python -m deepinfer.serve`` in a subprocess; its output goes to a log file for failures."""
+    """``deepinfer serve`` in a subprocess; its output goes to a log file for failures."""
 
     def __init__(self, model: str | None, *flags: str, api_key: str | None = None, ready_timeout: float = 180.0):
         self.port = free_port()
         self.api_key = api_key
         self.base_url = f"http://127.0.0.1:{self.port}"
-        self.log = tempfile.NamedTemporaryFile("w+", prefix="deepinfer-serve-", suffix=".log", delete=False)
-        cmd = [sys.executable, "-m", "deepinfer.serve", *([model] if model else []), "--port", str(self.port),
+        # stays open for the server's lifetime: the subprocess writes into it
+        self.log = tempfile.NamedTemporaryFile("w+", prefix="deepinfer-serve-", suffix=".log", delete=False)  # noqa: SIM115
+        cmd = [*SERVE, *([model] if model else []), "--port", str(self.port),
                "--log-level", "warning", *flags]
         if api_key:
             cmd += ["--api-key", api_key]

@@ -58,6 +58,7 @@ def test_wrong_types_are_400(server, path, body, param):
         assert err["param"] is not None and err["param"].startswith(param)
 
 
+
 @pytest.mark.parametrize("path,body", [("/v1/completions", COMPLETION), ("/v1/chat/completions", CHAT)])
 @pytest.mark.parametrize("value", [-1, 0])
 def test_non_positive_max_tokens_is_400(server, path, body, value):
@@ -101,6 +102,7 @@ def test_token_ids_outside_the_vocabulary_are_400(server):
 
 @pytest.mark.parametrize("extra,param", [({"top_p": 0}, "top_p"), ({"temperature": -1}, "temperature"),
                                          ({"n": 0}, "n"), ({"stop": [""]}, "stop"), ({"seed": -5}, "seed"),
+                                         ({"stop": ["s"] * 17}, "stop"), ({"stop": "z" * 300}, "stop"),
                                          ({"presence_penalty": 9}, "presence_penalty"),
                                          ({"cache_salt": ""}, "cache_salt"),
                                          ({"logit_bias": {"5": 1.0}}, "logit_bias"),

@@ -4,7 +4,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -12,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.serve.conftest import ROOT, ServerProcess, free_port
+from tests.serve.conftest import ROOT, SERVE, ServerProcess, free_port
 
 
 def children(pid: int) -> list[int]:
@@ -42,8 +41,8 @@ def gone(pid: int, timeout: float = 10.0) -> bool:
 
 
 def run_serve(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "deepinfer.serve", *args, "--port", str(free_port())], cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([*SERVE, *args, "--port", str(free_port())], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout, check=False)
 
 
 def test_missing_model_dir_exits_non_zero_with_the_reason(tmp_path):
@@ -58,10 +57,9 @@ def test_unknown_plugin_exits_non_zero_naming_it(tiny_model):
     assert "no-such-plugin" in r.stderr
 
 
-def test_binds_loopback_by_default_and_reads_the_key_from_the_environment(tiny_model, monkeypatch):
-    monkeypatch.setenv("DEEPINFER_API_KEY", "from-env")
+def test_binds_loopback_by_default_and_reads_the_key_from_the_environment(tiny_model):
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "deepinfer.serve", str(tiny_model), "--port", str(port),
+    proc = subprocess.Popen([*SERVE, str(tiny_model), "--port", str(port),
                              "--log-level", "warning"], cwd=ROOT, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, env={**os.environ, "DEEPINFER_API_KEY": "from-env"})
     try:
@@ -89,17 +87,19 @@ def _stream(base_url: str, max_tokens: int, results: list, started: threading.Se
     body = {"model": "tiny", "prompt": "import sys", "max_tokens": max_tokens, "temperature": 0,
             "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
     events = []
+    admitted = False
     try:
         with httpx.stream("POST", f"{base_url}/v1/completions", json=body, timeout=60) as r:
+            assert r.status_code == 200
+            admitted = True
+            started.release()  # the headers come back once the engine has the request
             for line in r.iter_lines():
                 if line.startswith("data: "):
-                    if not events:
-                        started.release()
                     events.append(line[6:])
     except httpx.HTTPError:
         pass  # cut off by the shutdown
     finally:
-        if not events:
+        if not admitted:
             started.release()
     results.append(events)
 
@@ -140,9 +140,28 @@ def test_sigterm_under_load_finishes_in_flight_requests_and_exits_0(tiny_model):
 
 
 def test_sigterm_aborts_what_outlasts_the_grace_period_and_exits_0(tiny_model):
-    srv = ServerProcess(str(tiny_model), "--served-model-name", "tiny", "--grace-period", "0.5")
+    # one sequence at a time: 6 x 1000 tokens take seconds, far beyond the grace period
+    srv = ServerProcess(str(tiny_model), "--served-model-name", "tiny", "--grace-period", "0.5",
+                        "--max-num-seqs", "1", "--max-waiting-requests", "8")
     rc, elapsed, results = _load_then_sigterm(srv, num=6, max_tokens=1000)
     assert rc == 0, srv.output()
     assert elapsed < 0.5 + 10
     assert len(results) == 6
     assert any(not events or events[-1] != "[DONE]" for events in results)
+
+
+def test_a_dead_engine_fails_in_flight_requests_and_stops_the_server_non_zero(tiny_model):
+    srv = ServerProcess(str(tiny_model), "--served-model-name", "tiny")
+    engine = [k for k in children(srv.proc.pid) if "spawn_main" in Path(f"/proc/{k}/cmdline").read_text()]
+    assert len(engine) == 1
+    results: list = []
+    started = threading.Semaphore(0)
+    t = threading.Thread(target=_stream, args=(srv.base_url, 1000, results, started))
+    t.start()
+    assert started.acquire(timeout=60)
+    os.kill(engine[0], signal.SIGKILL)
+    assert srv.proc.wait(30) == 1
+    t.join(30)
+    events = results[0]
+    assert '"error"' in events[-2] and events[-1] == "[DONE]"  # the stream says why it ended
+    assert "engine process stopped" in srv.output()

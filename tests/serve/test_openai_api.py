@@ -35,7 +35,7 @@ def test_completion_matches_offline_engine_greedy(client, offline):
 
 
 def test_completion_stream_equals_non_stream_and_reports_usage(client):
-    kw = dict(model="tiny", prompt=PROMPT, max_tokens=20, temperature=0, extra_body={"ignore_eos": True})
+    kw = {"model": "tiny", "prompt": PROMPT, "max_tokens": 20, "temperature": 0, "extra_body": {"ignore_eos": True}}
     full = client.completions.create(**kw)
     chunks = list(client.completions.create(**kw, stream=True, stream_options={"include_usage": True}))
     streamed = "".join(c.choices[0].text for c in chunks if c.choices)
@@ -59,8 +59,8 @@ def test_chat_uses_chat_template_and_matches_transformers_tokenization(client, o
 
 
 def test_chat_stream_equals_non_stream(client):
-    kw = dict(model="tiny", messages=MESSAGES, max_completion_tokens=24, temperature=0,
-              extra_body={"ignore_eos": True})
+    kw = {"model": "tiny", "messages": MESSAGES, "max_completion_tokens": 24, "temperature": 0,
+          "extra_body": {"ignore_eos": True}}
     full = client.chat.completions.create(**kw)
     chunks = list(client.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True}))
     assert chunks[0].choices[0].delta.role == "assistant"
@@ -102,12 +102,14 @@ def test_stop_string_cuts_the_text_streamed_or_not(client):
 
 
 def test_seed_reproduces_the_same_texts(client):
-    kw = dict(model="tiny", messages=MESSAGES, max_tokens=16, temperature=1.0, n=2,
-              extra_body={"ignore_eos": True})
+    kw = {"model": "tiny", "messages": MESSAGES, "max_tokens": 16, "temperature": 1.0, "n": 2,
+          "extra_body": {"ignore_eos": True}}
     a = client.chat.completions.create(**kw, seed=1234)
     b = client.chat.completions.create(**kw, seed=1234)
     c = client.chat.completions.create(**kw, seed=99)
-    texts = lambda r: [ch.message.content for ch in sorted(r.choices, key=lambda x: x.index)]  # noqa: E731
+    def texts(r):
+        return [ch.message.content for ch in sorted(r.choices, key=lambda x: x.index)]
+
     assert texts(a) == texts(b)
     assert texts(a) != texts(c)
 
@@ -120,7 +122,7 @@ def test_top_k_1_sampling_equals_greedy(client):
 
 
 def test_penalties_reach_the_engine(client, offline):
-    params = dict(max_tokens=24, temperature=0, ignore_eos=True)
+    params = {"max_tokens": 24, "temperature": 0, "ignore_eos": True}
     plain, _ = offline_text(offline, PROMPT, **params)
     penalised, _ = offline_text(offline, PROMPT, presence_penalty=1.5, frequency_penalty=2.0, **params)
     assert plain != penalised  # the prompt repeats tokens, so the penalties must change it
@@ -161,7 +163,8 @@ def test_chat_logprobs_with_top_logprobs_match_transformers(client, tiny_model):
 
 
 def test_completion_logprobs_stream_and_non_stream_agree(client, tiny_model, offline):
-    kw = dict(model="tiny", prompt=PROMPT, max_tokens=5, temperature=0, logprobs=2, extra_body={"ignore_eos": True})
+    kw = {"model": "tiny", "prompt": PROMPT, "max_tokens": 5, "temperature": 0, "logprobs": 2,
+          "extra_body": {"ignore_eos": True}}
     full = client.completions.create(**kw).choices[0].logprobs
     assert len(full.tokens) == len(full.token_logprobs) == len(full.top_logprobs) == 5
     prompt_ids = offline.get_tokenizer().encode(PROMPT)
@@ -172,13 +175,6 @@ def test_completion_logprobs_stream_and_non_stream_agree(client, tiny_model, off
         assert 1 <= len(top) <= 3 and top[tok] == lp == max(top.values())
     streamed = [lp for c in client.completions.create(**kw, stream=True) for lp in c.choices[0].logprobs.token_logprobs]
     assert streamed == full.token_logprobs
-
-
-def test_cache_salt_is_accepted_and_changes_nothing_else(client):
-    kw = dict(model="tiny", prompt=PROMPT, max_tokens=8, temperature=0)
-    plain = client.completions.create(**kw).choices[0].text
-    for salt in ("tenant-a", "tenant-b"):
-        assert client.completions.create(**kw, extra_body={"cache_salt": salt}).choices[0].text == plain
 
 
 def test_token_id_prompts_and_prompt_batches(client, offline):
