@@ -83,8 +83,10 @@ class TorchAttention(AttentionBackend):
         kv_cache[0].index_copy_(0, metadata.slot_mapping, k.to(kv_cache.dtype))
         kv_cache[1].index_copy_(0, metadata.slot_mapping, v.to(kv_cache.dtype))
         slots = metadata.kv_slots[layer.sliding_window]
-        keys = kv_cache[0][slots]                 # [B, n_kv, kvh, D]
-        values = kv_cache[1][slots]
+        shape = (*slots.shape, layer.num_kv_heads, layer.head_dim)
+        # index_select over flat slots is several times faster on CPU than advanced indexing
+        keys = kv_cache[0].index_select(0, slots.flatten()).view(shape)     # [B, n_kv, kvh, D]
+        values = kv_cache[1].index_select(0, slots.flatten()).view(shape)
         if metadata.q_index is None:
             qb = q[:, None]                       # [B, 1, H, D]
         else:
