@@ -15,7 +15,7 @@ from deepinfer.bench.models import build_random_model
 
 
 def run(model_dir: str, backend: str, dtype: str, prompts, params):
-    llm = LLM(model_dir, device="sm90", plugins=[backend], dtype=dtype, progress=False, kv_cache_memory_gb=8)
+    llm = LLM(model_dir, device="sm90", plugins=[backend], dtype=dtype, progress=False, max_model_len=4096)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     del llm
     gc.collect()

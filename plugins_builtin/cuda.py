@@ -61,9 +61,18 @@ class CUDADevice(Device):
         if cfg.kv_cache_memory_gb is not None:
             return int(cfg.kv_cache_memory_gb * (1 << 30))
         free, total = torch.cuda.mem_get_info(self.torch_device)
-        used = total - free  # the weights are already loaded, plus anything else on the GPU
+        mine = torch.cuda.memory_reserved(self.torch_device)  # the weights, already loaded
         reserve = int(self.options.activation_reserve_gb * (1 << 30))
-        return max(0, int(total * cfg.gpu_memory_utilization) - used - reserve)
+        # our share of the GPU, less what we hold; never more than is actually free (other
+        # processes may hold memory too)
+        budget = min(int(total * cfg.gpu_memory_utilization) - mine, free) - reserve
+        if budget <= 0:
+            gib = 1 << 30
+            raise ValueError(f"{self.name}: no GPU memory left for the KV cache: {free / gib:.1f} GiB free of "
+                             f"{total / gib:.1f} GiB, this process holds {mine / gib:.1f} GiB, "
+                             f"{reserve / gib:.1f} GiB kept for activations; free the GPU or set "
+                             "kv_cache_memory_gb")
+        return budget
 
     def synchronize(self) -> None:
         torch.cuda.synchronize(self.torch_device)
