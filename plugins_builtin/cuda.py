@@ -60,12 +60,14 @@ class CUDADevice(Device):
         cfg = self.ctx.config
         if cfg.kv_cache_memory_gb is not None:
             return int(cfg.kv_cache_memory_gb * (1 << 30))
-        free, total = torch.cuda.mem_get_info(self.torch_device)
-        mine = torch.cuda.memory_reserved(self.torch_device)  # the weights, already loaded
+        dev = self.torch_device
+        free, total = torch.cuda.mem_get_info(dev)
+        mine = torch.cuda.memory_allocated(dev)  # live tensors: the weights, already loaded
+        cached = torch.cuda.memory_reserved(dev) - mine  # ours to reuse, though not "free"
         reserve = int(self.options.activation_reserve_gb * (1 << 30))
-        # our share of the GPU, less what we hold; never more than is actually free (other
+        # our share of the GPU, less what we hold; never more than is actually available (other
         # processes may hold memory too)
-        budget = min(int(total * cfg.gpu_memory_utilization) - mine, free) - reserve
+        budget = min(int(total * cfg.gpu_memory_utilization) - mine, free + cached) - reserve
         if budget <= 0:
             gib = 1 << 30
             raise ValueError(f"{self.name}: no GPU memory left for the KV cache: {free / gib:.1f} GiB free of "

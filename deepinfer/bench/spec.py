@@ -63,6 +63,9 @@ def run_spec(args, overrides: dict) -> int:
                 "accepted_per_draft": m.get("deepinfer:spec_decode_num_accepted_tokens", 0) / drafts if drafts else 0,
             })
         del llm
+        from deepinfer.bench.prefix import _release_memory
+
+        _release_memory()
     report(args, rows)
     return 0
 
