@@ -67,6 +67,7 @@ def build_engine(config: EngineConfig, progress: bool = True) -> LLMEngine:
     pm.hook.deepinfer_config_finalized(config=config)
     ctx = EngineContext(config=config, metrics=Metrics(), model_path=model_path,
                         model_config={"vocab_size": mcfg.vocab_size, "architecture": mcfg.architecture,
+                                      "max_model_len": max_model_len,
                                       "sliding_window": mcfg.sliding_window,
                                       "layer_types": mcfg.layer_types})
     dev_info = sel.one("device")

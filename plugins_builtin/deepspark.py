@@ -12,7 +12,7 @@ the batch; since P_j shrinks along j, the chosen drafts of each request stay a p
 """
 from __future__ import annotations
 
-from deepinfer_builtin.draft_model import default_draft_dir
+from deepinfer_builtin.draft_model import default_draft_dir, draft_blocks
 from deepinfer_builtin.draft_runner import DraftRunner
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -65,7 +65,7 @@ class DeepSparkDrafter(Drafter):
         if model is None:
             raise ValueError(f"{self.name}: no draft model given and the target ({ctx.model_path}) is not the "
                              f"demo model; set plugin_options {{'{self.name}': {{'model': DIR}}}}")
-        self.runner = DraftRunner(ctx, model, options.num_blocks or ctx.kv.pool.num_blocks)
+        self.runner = DraftRunner(ctx, model, options.num_blocks or draft_blocks(ctx))
         self.table = AcceptanceTable(options.buckets, options.num_speculative_tokens, options.prior_strength)
         self._buckets: dict[str, list[int]] = {}  # request -> buckets of its pending drafts
 

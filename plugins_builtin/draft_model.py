@@ -21,12 +21,22 @@ def default_draft_dir(target_dir: str | None) -> str | None:
     return None
 
 
+def draft_blocks(ctx) -> int:
+    """Enough draft KV for max_num_seqs sequences of max_model_len tokens (the draft's KV is
+    small, but the target's pool may already have taken nearly all device memory), at most as
+    many blocks as the target's pool."""
+    cfg = ctx.config
+    per_seq = -(-(cfg.max_model_len or ctx.model_config.get("max_model_len", 2048)) // cfg.block_size) + 1
+    return min(ctx.kv.pool.num_blocks, cfg.max_num_seqs * per_seq)
+
+
 class DraftModelOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model: str | None = Field(None, description="draft model directory (default: the demo draft for the demo target)")
     num_speculative_tokens: int = Field(5, ge=1, le=16)
-    num_blocks: int | None = Field(None, ge=1, description="draft KV blocks (default: as many as the target's)")
+    num_blocks: int | None = Field(None, ge=1, description="draft KV blocks (default: max_num_seqs full-length "
+                                                            "sequences, at most the target's block count)")
 
 
 class DraftModelDrafter(Drafter):
@@ -41,7 +51,7 @@ class DraftModelDrafter(Drafter):
         if model is None:
             raise ValueError(f"{self.name}: no draft model given and the target ({ctx.model_path}) is not the "
                              f"demo model; set plugin_options {{'{self.name}': {{'model': DIR}}}}")
-        self.runner = DraftRunner(ctx, model, options.num_blocks or ctx.kv.pool.num_blocks)
+        self.runner = DraftRunner(ctx, model, options.num_blocks or draft_blocks(ctx))
         self.k = options.num_speculative_tokens
 
     def propose(self, requests: list[Request]) -> dict[str, DraftProposal]:
