@@ -57,8 +57,8 @@ class Table:
         scale = ref.float().abs().max().item() or 1.0
         ok = err <= TOL[kind] * max(1.0, scale)
         self.failed |= not ok
-        self.rows.append([kernel, shape, f"{err:.2e}", "ok" if ok else "FAIL", f"{t_kernel * 1e3:.1f}",
-                          f"{t_ref * 1e3:.1f}", f"{t_ref / t_kernel:.1f}x", achieved])
+        self.rows.append([kernel, shape, f"{err:.2e}", "ok" if ok else "FAIL", f"{t_kernel * 1e6:.1f}",
+                          f"{t_ref * 1e6:.1f}", f"{t_ref / t_kernel:.1f}x", achieved])
         print(" | ".join(self.rows[-1]), flush=True)
 
     def note(self, kernel: str, shape: str, ok: bool, what: str) -> None:
