@@ -1,10 +1,17 @@
 """deepinfer: an LLM inference and serving engine with a minimal core and plugins for the rest."""
 from __future__ import annotations
 
-from pathlib import Path
+import os
+
+# torch-npu registers itself for torch's device-backend autoload, after which `import torch` fails
+# on a machine without the Ascend CANN libraries. deepinfer imports torch_npu itself, and only when
+# the ascend plugins are selected, so it turns autoload off unless the user chose otherwise.
+os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
+
+from pathlib import Path  # noqa: E402
 from typing import TYPE_CHECKING
 
-from deepinfer.core.sampling_params import SamplingParams
+from deepinfer.core.sampling_params import SamplingParams  # noqa: E402
 
 __version__ = "0.1.0"
 
