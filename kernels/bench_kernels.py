@@ -14,9 +14,10 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-import deepinfer_kernels as K
 import torch
 import triton
+
+import deepinfer_kernels as K
 
 CEILING_TBS = 4.23
 DEV = "cuda"  # a dry run of the script's own code may point this at the CPU interpreter

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
 from deepinfer_kernels._launch import kernel, next_pow2
 
 LOG2E = 1.4426950408889634

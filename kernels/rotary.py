@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 import triton.language as tl
+
 from deepinfer_kernels._launch import kernel, next_pow2
 
 

@@ -12,25 +12,19 @@ the batch; since P_j shrinks along j, the chosen drafts of each request stay a p
 """
 from __future__ import annotations
 
-from deepinfer_builtin.draft_model import default_draft_dir, draft_blocks
-from deepinfer_builtin.draft_runner import DraftRunner
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-from deepinfer.plugins import Drafter, DraftProposal, Request
+from deepinfer.plugins import DraftProposal, Request
+from deepinfer_builtin.draft_model import DraftModelDrafter, DraftModelOptions
 
 
-class DeepSparkOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    model: str | None = Field(None, description="draft model directory (default: the demo draft for the demo target)")
-    num_speculative_tokens: int = Field(5, ge=1, le=16)
+class DeepSparkOptions(DraftModelOptions):
     min_value: float = Field(0.25, ge=0.0, le=1.0,
                              description="verify draft j while the estimated chance that drafts 1..j "
                                          "are all accepted is at least this")
     verify_budget: int = Field(0, ge=0, description="draft tokens verified per step over the batch (0: no cap)")
     buckets: int = Field(10, ge=1, le=100)
     prior_strength: float = Field(4.0, gt=0.0)
-    num_blocks: int | None = Field(None, ge=1)
 
 
 class AcceptanceTable:
@@ -53,7 +47,7 @@ class AcceptanceTable:
         self.accepted[bucket][pos] += accepted
 
 
-class DeepSparkDrafter(Drafter):
+class DeepSparkDrafter(DraftModelDrafter):
     """Drafts five tokens with the draft model; verifies the prefix whose acceptance is likely."""
 
     name = "deepspark"
@@ -61,11 +55,6 @@ class DeepSparkDrafter(Drafter):
 
     def __init__(self, options: DeepSparkOptions, ctx) -> None:
         super().__init__(options, ctx)
-        model = options.model or default_draft_dir(ctx.model_path)
-        if model is None:
-            raise ValueError(f"{self.name}: no draft model given and the target ({ctx.model_path}) is not the "
-                             f"demo model; set plugin_options {{'{self.name}': {{'model': DIR}}}}")
-        self.runner = DraftRunner(ctx, model, options.num_blocks or draft_blocks(ctx))
         self.table = AcceptanceTable(options.buckets, options.num_speculative_tokens, options.prior_strength)
         self._buckets: dict[str, list[int]] = {}  # request -> buckets of its pending drafts
 
@@ -80,7 +69,7 @@ class DeepSparkDrafter(Drafter):
         return buckets, chain
 
     def propose(self, requests: list[Request]) -> dict[str, DraftProposal]:
-        drafts = self.runner.propose(list(requests), self.options.num_speculative_tokens)
+        drafts = self.runner.propose(list(requests), self.k)
         chains = {rid: self.value_chain(d.confidence) for rid, d in drafts.items()}
         n_verify = {rid: sum(1 for v in chain if v >= self.options.min_value) for rid, (_, chain) in chains.items()}
         budget = self.options.verify_budget
@@ -106,4 +95,4 @@ class DeepSparkDrafter(Drafter):
 
     def release(self, request: Request) -> None:
         self._buckets.pop(request.request_id, None)
-        self.runner.release(request.request_id)
+        super().release(request)

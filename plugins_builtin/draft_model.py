@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from deepinfer_builtin.draft_runner import DraftRunner
 from pydantic import BaseModel, ConfigDict, Field
 
 from deepinfer.plugins import Drafter, DraftProposal, Request
+from deepinfer_builtin.draft_runner import DraftRunner
 
 DEMO_TARGET = "demo-target"
 

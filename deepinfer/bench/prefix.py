@@ -89,14 +89,13 @@ def _release_memory() -> None:
 def lookup_cost_us(num_cached: int, block_size: int = 16, probe_blocks: int = 512) -> float:
     """Microseconds per block of a prefix lookup (hash + dict probe + token compare) at
     ``num_cached`` cached blocks, measured on the plugin itself with a synthetic pool."""
-    from deepinfer_builtin.prefix_cache import PrefixCache, PrefixCacheOptions
-
     from deepinfer.core.block_pool import BlockPool
     from deepinfer.core.config import EngineConfig
     from deepinfer.core.context import EngineContext
     from deepinfer.core.metrics import Metrics
     from deepinfer.core.request import Request
     from deepinfer.plugins import PrefixMatch
+    from deepinfer_builtin.prefix_cache import PrefixCache, PrefixCacheOptions
 
     ctx = EngineContext(config=EngineConfig(block_size=block_size), metrics=Metrics())
     policy = PrefixCache(PrefixCacheOptions(), ctx)

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from deepinfer.plugins import AttentionBackend, AttentionLayerSpec, EngineContext, NoOptions, StepBatch
 from deepinfer_builtin.ascend.ops import (
     INSTALL_HINT,
     TORCH_NPU_LIMITS,
@@ -29,8 +31,6 @@ from deepinfer_builtin.ascend.ops import (
     import_torch_npu,
     torch_npu_installed,
 )
-
-from deepinfer.plugins import AttentionBackend, AttentionLayerSpec, EngineContext, NoOptions, StepBatch
 
 NO_LIMIT = 2147483647  # the kernels' default for pre_tokens / next_tokens
 COMPRESSED_MASK_SIZE = 2048

@@ -16,10 +16,10 @@ from functools import lru_cache
 from typing import Any, ClassVar
 
 import torch
-from deepinfer_builtin.ascend.ops import INSTALL_HINT, import_torch_npu, torch_npu_installed
 from pydantic import BaseModel, ConfigDict, Field
 
 from deepinfer.plugins import Device, EngineContext
+from deepinfer_builtin.ascend.ops import INSTALL_HINT, import_torch_npu, torch_npu_installed
 
 # (device-name prefix, family, oldest CANN): TND paged attention in npu_fused_infer_attention_score
 # needs CANN 8.3 (vllm-ascend gates it on that); CANN 9.0.0 is the first release for Ascend 950PR.

@@ -11,12 +11,13 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-import deepinfer_kernels as K
 import torch
 import triton
-from deepinfer_kernels._launch import Kernel
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
+
+import deepinfer_kernels as K
+from deepinfer_kernels._launch import Kernel
 
 _PTR = {torch.float32: "*fp32", torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.int32: "*i32",
         torch.int64: "*i64"}

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from deepinfer_kernels import silu_and_mul, silu_and_mul_ref
 
+from deepinfer_kernels import silu_and_mul, silu_and_mul_ref
 from tests.kernels.paged import DTYPES, randn
 
 TOL = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 1e-2}

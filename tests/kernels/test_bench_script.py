@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import torch
+
 from deepinfer_kernels import bench_kernels
 
 

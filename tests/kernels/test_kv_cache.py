@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from deepinfer_kernels import write_kv_cache, write_kv_cache_ref
 
+from deepinfer_kernels import write_kv_cache, write_kv_cache_ref
 from tests.kernels.paged import DTYPES, randn
 
 

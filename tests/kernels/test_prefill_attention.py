@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from deepinfer_kernels import paged_prefill_attention, paged_prefill_attention_ref
 
+from deepinfer_kernels import paged_prefill_attention, paged_prefill_attention_ref
 from tests.kernels.paged import DTYPES, TOL, i32, randn, random_paged_kv
 
 # heads, kv_heads, head_dim, block_size, sliding_window

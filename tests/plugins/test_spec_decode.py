@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from deepinfer_builtin.deepspark import AcceptanceTable
-from deepinfer_builtin.ngram import ngram_continuation
 
 from deepinfer import LLM, SamplingParams
 from deepinfer.core.request import Request
 from deepinfer.core.spec import verify
+from deepinfer_builtin.deepspark import AcceptanceTable
+from deepinfer_builtin.ngram import ngram_continuation
 from tests.tiny_models import make_model
 
 DRAFTERS = ["ngram", "draft-model", "deepspark"]

@@ -26,9 +26,8 @@ def _prompts(lengths: list[int]) -> list[list[int]]:
 def generate_both(model_dir: str, dtype: str, prompts: list[list[int]], max_tokens: int, logprobs: int | None = None,
                   triton_options: dict | None = None, **engine) -> dict:
     """Greedy outputs of the torch and triton backends, and the kinds of steps the triton one ran."""
-    from deepinfer_builtin.triton_attn import TritonAttention
-
     from deepinfer import LLM, SamplingParams
+    from deepinfer_builtin.triton_attn import TritonAttention
 
     kinds: Counter[str] = Counter()
     build = TritonAttention.build_metadata

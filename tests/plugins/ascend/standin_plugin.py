@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from deepinfer_builtin.ascend.attention import AscendAttention
 from deepinfer_builtin.ascend.ops import KernelLimits
-
 from tests.plugins.ascend.standins import standin_npu
 
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 import random
 
 import pytest
-from deepinfer_builtin.ascend.ops import TORCH_NPU_LIMITS
 
 from deepinfer import LLM, SamplingParams
+from deepinfer_builtin.ascend.ops import TORCH_NPU_LIMITS
 from tests.plugins.ascend.standin_plugin import StandinAscendAttention
 
 pytestmark = pytest.mark.usefixtures("standin_registered")

@@ -11,6 +11,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+
 from deepinfer_builtin.ascend import device
 from deepinfer_builtin.ascend.device import parse_cann, reason_from_facts
 from deepinfer_builtin.ascend.ops import INSTALL_HINT
@@ -156,10 +157,9 @@ def test_an_unsupported_soc_is_refused_by_name(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize(("given", "expected"), [({}, 128), ({"block_size": 256}, 256), ({"block_size": 16}, 16)])
 def test_block_size_defaults_to_128_unless_given(monkeypatch, given, expected):
-    from deepinfer_builtin.ascend.device import AscendDevice, AscendOptions
-
     from deepinfer.core.config import EngineConfig
     from deepinfer.plugins import EngineContext, Metrics
+    from deepinfer_builtin.ascend.device import AscendDevice, AscendOptions
 
     fake = SimpleNamespace(npu=SimpleNamespace(set_device=lambda index: None))
     monkeypatch.setattr(device, "import_torch_npu", lambda: fake)

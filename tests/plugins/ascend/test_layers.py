@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from deepinfer_builtin.ascend.layers import apply_rotary, rms_norm
 
 from deepinfer.models.layers import RMSNorm, RotaryEmbedding
+from deepinfer_builtin.ascend.layers import apply_rotary, rms_norm
 from tests.plugins.ascend.standins import standin_npu
 
 WITH_OPS = pytest.mark.parametrize("missing", [(), ("npu_rms_norm", "npu_add_rms_norm", "npu_rotary_mul")],

@@ -112,10 +112,9 @@ def test_rms_norm_and_rotary_ops_match_the_standins(torch_npu):
 
 
 def test_device_answers_memory_streams_events_and_graphs(torch_npu):
-    from deepinfer_builtin.ascend.device import AscendDevice, AscendOptions
-
     from deepinfer.core.config import EngineConfig
     from deepinfer.plugins import EngineContext, Metrics
+    from deepinfer_builtin.ascend.device import AscendDevice, AscendOptions
 
     assert AscendDevice.unavailable_reason() is None
     ctx = EngineContext(config=EngineConfig(gpu_memory_utilization=0.5), metrics=Metrics())
