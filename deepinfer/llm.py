@@ -107,3 +107,13 @@ class LLM:
 
     def get_metrics(self) -> dict[str, float]:
         return self.engine.get_metrics()
+
+    def shutdown(self) -> None:
+        """Abort anything still running and run the engine-stopped hooks."""
+        self.engine.shutdown()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()

@@ -113,6 +113,12 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
 
+    def shutdown(self) -> None:
+        """Abort what is still running (freeing its blocks) and tell the hook plugins."""
+        for rid in list(self.requests):
+            self.abort_request(rid)
+        self.hooks.deepinfer_engine_stopped(engine=self)
+
     # -------------------------------------------------------------------------------------- step
     def step(self) -> list[RequestOutput]:
         """Run one scheduled step; return the requests that changed."""

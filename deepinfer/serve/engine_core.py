@@ -199,4 +199,6 @@ def run_engine_core(config: EngineConfig, conn: Connection, threads: int | None 
     except (EOFError, BrokenPipeError, ConnectionResetError):
         pass  # the API process went away: nothing left to serve
     finally:
+        engine.shutdown()
+    finally:
         sys.stdout.flush()

@@ -40,8 +40,13 @@ llm = LLM({str(path)!r}, plugins=["example-counter", "example-observer"],
           plugin_options={{"example-counter": {{"weight": 3}}}}, block_size=4, progress=False)
 llm.generate([{{"prompt_token_ids": [5, 6, 7]}}] * 2, SamplingParams(max_tokens=6, ignore_eos=True), use_tqdm=False)
 m = llm.get_metrics()
+llm.engine.add_request("left-running", [5, 6], SamplingParams(max_tokens=50))
+llm.engine.step()
+with llm:
+    pass
+llm.engine.kv.pool.check_all_free()
 print(json.dumps({{"freed": m["deepinfer:example_freed_blocks"], "ready": m["deepinfer:example_observer_ready"],
-                  "finished": len(obs.FINISHED), "plugins": llm.engine.plugin_names}}))
+                  "finished": len(obs.FINISHED), "plugins": llm.engine.plugin_names, "stopped": obs.STOPPED}}))
 """
     res = _run(site, code)
     assert res.returncode == 0, res.stderr
@@ -51,6 +56,7 @@ print(json.dumps({{"freed": m["deepinfer:example_freed_blocks"], "ready": m["dee
     assert out["freed"] == 2 * 2 * 3
     assert out["ready"] == 1 and out["finished"] == 2
     assert out["plugins"]["cache_policy"] == ["example-counter"]
+    assert out["stopped"] == [False]  # shutdown aborted the running request before the hook
 
 
 def test_plugin_that_fails_to_import_is_named_with_its_distribution(site, tiny_llama):
