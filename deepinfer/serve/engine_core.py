@@ -200,5 +200,4 @@ def run_engine_core(config: EngineConfig, conn: Connection, threads: int | None 
         pass  # the API process went away: nothing left to serve
     finally:
         engine.shutdown()
-    finally:
         sys.stdout.flush()
