@@ -81,6 +81,8 @@ def build_engine(config: EngineConfig, progress: bool = True) -> LLMEngine:
     attention = sel.classes[attn_name](sel.options[attn_name], ctx)
     dtype = resolve_dtype(config.dtype, mcfg, device.torch_device.type)
     model = load_model(mcfg, registry, attention, dtype, device.torch_device, progress)
+    if (ops := device.fused_ops()) is not None:
+        model.use_fused_ops(ops)
     ctx.layers = model.attention_layers()
 
     bs = config.block_size
@@ -104,8 +106,13 @@ def build_engine(config: EngineConfig, progress: bool = True) -> LLMEngine:
     scheduler = sel.classes[sched_name](sel.options[sched_name], ctx)
     ctx.dtype = dtype
     ctx.new_attention = lambda: sel.classes[attn_name](sel.options[attn_name], ctx)
-    ctx.load_model = lambda path, attn: load_model(read_model_config(path), registry, attn, dtype,
-                                                   device.torch_device, progress)
+    def load_second_model(path: str, attn):
+        second = load_model(read_model_config(path), registry, attn, dtype, device.torch_device, progress)
+        if ops is not None:
+            second.use_fused_ops(ops)
+        return second
+
+    ctx.load_model = load_second_model
     drafter = None
     if (info := sel.one("drafter")) is not None:
         drafter = sel.classes[info.name](sel.options[info.name], ctx)

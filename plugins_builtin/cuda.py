@@ -14,6 +14,7 @@ class CUDAOptions(BaseModel):
 
     device_index: int = Field(0, ge=0)
     activation_reserve_gb: float = Field(2.0, ge=0, description="memory kept free for activations")
+    fused_kernels: bool = Field(True, description="use deepinfer's Triton RMSNorm, rotary and SiLU-mul kernels")
 
 
 def _runtime_version() -> tuple[int, int] | None:
@@ -78,6 +79,15 @@ class CUDADevice(Device):
 
     def synchronize(self) -> None:
         torch.cuda.synchronize(self.torch_device)
+
+    def fused_ops(self):
+        if not self.options.fused_kernels:
+            return None
+        try:
+            import deepinfer_kernels
+        except ImportError:  # no triton: plain torch layers
+            return None
+        return deepinfer_kernels
 
     @property
     def supports_batch_invariance(self) -> bool:

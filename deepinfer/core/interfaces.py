@@ -60,6 +60,12 @@ class Device(Plugin, ABC):
     def synchronize(self) -> None:
         """Wait for queued work on the device."""
 
+    def fused_ops(self) -> Any | None:
+        """Fused kernels the models should use here: an object with ``rms_norm(x, weight, eps,
+        residual=None)``, ``apply_rotary(q, k, cos, sin, positions)`` and ``silu_and_mul(x)``
+        (deepinfer_kernels' signatures), or None for plain torch."""
+        return None
+
     @property
     def supports_batch_invariance(self) -> bool:
         return False

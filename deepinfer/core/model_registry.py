@@ -31,6 +31,12 @@ class CausalLM(nn.Module, ABC):
     @abstractmethod
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor: ...
 
+    def use_fused_ops(self, ops: Any) -> None:
+        """Route norms, rotary embedding and activations through a device's fused kernels."""
+        for module in self.modules():
+            if hasattr(module, "fused_ops"):
+                module.fused_ops = ops
+
     @abstractmethod
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy checkpoint tensors in; raise on missing, unexpected or mis-shaped ones."""

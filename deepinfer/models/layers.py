@@ -16,8 +16,11 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
+        self.fused_ops: Any = None  # set by CausalLM.use_fused_ops
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        if self.fused_ops is not None:
+            return self.fused_ops.rms_norm(x, self.weight, self.eps, residual)
         if residual is not None:
             x = x + residual
             residual = x
@@ -63,6 +66,7 @@ class RotaryEmbedding(nn.Module):
         rope_inv_freq(head_dim, theta, scaling)  # reject unsupported scaling at construction
         self.cos: torch.Tensor | None = None
         self.sin: torch.Tensor | None = None
+        self.fused_ops: Any = None
 
     def build(self, device: torch.device, dtype: torch.dtype) -> None:
         inv = rope_inv_freq(self.head_dim, self.theta, self.scaling)
@@ -73,6 +77,8 @@ class RotaryEmbedding(nn.Module):
         self.sin = emb.sin().to(device=device, dtype=dtype)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
+        if self.fused_ops is not None:
+            return self.fused_ops.apply_rotary(q, k, self.cos, self.sin, positions)
         cos = self.cos[positions].unsqueeze(1)
         sin = self.sin[positions].unsqueeze(1)
         return _rotate(q, cos, sin), _rotate(k, cos, sin)
@@ -92,7 +98,10 @@ class GatedMLP(nn.Module):
         self.intermediate = intermediate
         self.gate_up_proj = nn.Linear(hidden, 2 * intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+        self.fused_ops: Any = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fused_ops is not None:
+            return self.down_proj(self.fused_ops.silu_and_mul(self.gate_up_proj(x)))
         gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
         return self.down_proj(F.silu(gate) * up)

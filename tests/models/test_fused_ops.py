@@ -1,0 +1,62 @@
+"""Models routed through the fused Triton kernels (as CUDA devices do) give the plain-torch outputs.
+
+Runs the kernels in the Triton interpreter on CPU, in a child process (the interpreter is chosen
+when triton is first imported), float32.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.tiny_models import make_model
+
+ROOT = Path(__file__).resolve().parents[2]
+
+CHILD = """
+import json, sys
+import deepinfer_kernels
+from deepinfer import LLM, SamplingParams
+path = sys.argv[1]
+prompts = [{"prompt_token_ids": p} for p in ([5, 6, 7], list(range(10, 40)))]
+params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, prompt_logprobs=0)
+class Counting:
+    def __init__(self, ops):
+        self.ops, self.calls = ops, {}
+    def __getattr__(self, name):
+        fn = getattr(self.ops, name)
+        def counted(*args, **kwargs):
+            self.calls[name] = self.calls.get(name, 0) + 1
+            return fn(*args, **kwargs)
+        return counted
+ops = Counting(deepinfer_kernels)
+out = {}
+for fused in (False, True):
+    llm = LLM(path, dtype="float32", block_size=4, progress=False)
+    if fused:
+        llm.engine.runner.model.use_fused_ops(ops)
+    res = llm.generate(prompts, params, use_tqdm=False)
+    out[str(fused)] = [[o.outputs[0].token_ids, [list(lp.values())[0] for lp in o.prompt_logprobs[1:]]] for o in res]
+out["calls"] = ops.calls
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "llama"])
+def test_fused_kernels_match_plain_layers(tmp_path, arch):
+    extra = dict(use_sliding_window=True, sliding_window=12, max_window_layers=0,
+                 layer_types=["sliding_attention", "full_attention"]) if arch == "qwen3" else {}
+    make_model(tmp_path, arch, with_tokenizer=False, **extra)
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
+    res = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path)], capture_output=True, text=True,
+                         timeout=600, env=env, cwd=ROOT)
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert set(out.pop("calls")) == {"rms_norm", "apply_rotary", "silu_and_mul"}
+    for (tokens, lps), (tokens_f, lps_f) in zip(out["False"], out["True"], strict=True):
+        assert tokens == tokens_f
+        assert max(abs(a - b) for a, b in zip(lps, lps_f, strict=True)) < 1e-4
