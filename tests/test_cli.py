@@ -21,6 +21,15 @@ def test_plugins_list_shows_builtins_ok():
                        ("prefix-cache", "cache_policy")]:
         assert name in lines and slot in lines[name] and lines[name].rstrip().endswith("ok"), lines.get(name)
         assert "deepinfer 0.1.0" in lines[name]
+    # on a machine without an NVIDIA GPU or torch-npu, those plugins say why they cannot load
+    import torch
+
+    if not torch.cuda.is_available():
+        for name in ("sm90", "sm100"):
+            assert not lines[name].rstrip().endswith(" ok")
+            assert "CUDA" in lines[name] or "GPU" in lines[name]
+    for name in ("draft-model", "deepspark", "ngram"):
+        assert lines[name].rstrip().endswith("ok")
 
 
 def test_generate_prints_the_greedy_text(tiny_llama):
