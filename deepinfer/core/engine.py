@@ -52,6 +52,7 @@ class LLMEngine:
         self.drafter = drafter
         self.hooks = hooks if hooks is not None else _NoHooks()
         self.requests: dict[str, RequestState] = {}
+        self.plugin_names: dict[str, list[str]] = {}  # slot -> plugin names, filled by the builder
         self._seq_owner: dict[str, RequestState] = {}
         for name in ("prompt_tokens", "prompt_tokens_computed", "generation_tokens", "num_preemptions",
                      "request_success", "request_aborted", "request_sampling_steps"):
