@@ -31,9 +31,11 @@ def add_bench_parser(sub, add_engine_args, engine_overrides) -> None:
             b.add_argument("--min-len", type=int, default=100)
             b.add_argument("--max-len", type=int, default=1024)
         b.set_defaults(func=lambda a, _ov=engine_overrides: run_bench(a, _ov(a)))
+    from deepinfer.bench.prefill import add_prefill_parser
     from deepinfer.bench.prefix import add_prefix_parser
     from deepinfer.bench.spec import add_spec_parser
 
+    add_prefill_parser(bsub, add_engine_args, engine_overrides)
     add_prefix_parser(bsub, add_engine_args, engine_overrides)
     add_spec_parser(bsub, add_engine_args, engine_overrides)
     try:
@@ -61,6 +63,9 @@ def run_bench(args: argparse.Namespace, overrides: dict) -> int:
     else:
         wl = workloads.uniform(args.num_requests, args.min_len, args.max_len, vocab)
     ours = run_deepinfer(llm, wl, args.repeats)
+    from deepinfer.bench.roofline import describe
+
+    roof = describe(llm.engine, wl, ours.median_s, "decode")
     results = [ours]
     if args.peer == "hf":
         del llm
@@ -69,6 +74,7 @@ def run_bench(args: argparse.Namespace, overrides: dict) -> int:
             else run_hf_generate_batch(hf, wl, args.repeats)
         results.append(peer)
     report(args, wl, results)
+    print(roof)
     return 0
 
 

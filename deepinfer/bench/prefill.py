@@ -1,0 +1,50 @@
+"""`deepinfer bench prefill`: B prompts of L tokens in one go; tokens/s and model FLOP utilisation."""
+from __future__ import annotations
+
+import statistics
+import time
+
+from deepinfer.bench import workloads
+from deepinfer.core.sampling_params import SamplingParams
+
+
+def add_prefill_parser(bsub, add_engine_args, engine_overrides) -> None:
+    b = bsub.add_parser("prefill", help="prefill throughput and model FLOP utilisation")
+    add_engine_args(b)
+    b.add_argument("--random-model", default=None, help="build a random model of this shape instead")
+    b.add_argument("--batch", type=int, default=4)
+    b.add_argument("--input-len", type=int, default=4096)
+    b.add_argument("--repeats", type=int, default=3)
+    b.set_defaults(func=lambda a, _ov=engine_overrides: run_prefill(a, _ov(a)))
+
+
+def run_prefill(args, overrides: dict) -> int:
+    from deepinfer.bench.cli import _cuda
+    from deepinfer.bench.roofline import describe
+    from deepinfer.llm import LLM
+
+    overrides = dict(overrides)
+    model = overrides.pop("model", None)
+    if args.random_model:
+        from deepinfer.bench.models import build_random_model
+
+        model = build_random_model(args.random_model, overrides.get("dtype", "bfloat16").replace("auto", "bfloat16"),
+                                   "cuda" if _cuda() else "cpu")
+    overrides.setdefault("max_num_batched_tokens", args.batch * args.input_len)
+    llm = LLM(model, config_file=args.config_file, progress=False, **overrides)
+    wl = workloads.fixed(args.batch, args.input_len, 1, llm.engine.ctx.model_config["vocab_size"])
+    prompts = [{"prompt_token_ids": p} for p in wl.prompts]
+    params = SamplingParams(temperature=0, max_tokens=1)
+    llm.generate(prompts[:1], params, use_tqdm=False)  # warm-up
+    secs = []
+    for _ in range(args.repeats):
+        llm.engine.ctx.device.synchronize()
+        t = time.perf_counter()
+        llm.generate(prompts, params, use_tqdm=False)
+        llm.engine.ctx.device.synchronize()
+        secs.append(time.perf_counter() - t)
+    s = statistics.median(secs)
+    print(f"deepinfer bench prefill: {args.batch} x {args.input_len} tokens, median of {args.repeats}: "
+          f"{s * 1e3:.1f} ms, {wl.num_prompt_tokens / s:,.0f} tok/s")
+    print(describe(llm.engine, wl, s, "prefill"))
+    return 0
