@@ -46,16 +46,10 @@ def add_bench_parser(sub, add_engine_args, engine_overrides) -> None:
 
 
 def run_bench(args: argparse.Namespace, overrides: dict) -> int:
+    from deepinfer.bench.models import bench_model
     from deepinfer.llm import LLM
 
-    overrides = dict(overrides)
-    model = overrides.pop("model", None)
-    if args.random_model:
-        from deepinfer.bench.models import build_random_model
-
-        dev = "cuda" if overrides.get("device", "cpu") not in ("cpu",) and _cuda() else "cpu"
-        model = build_random_model(args.random_model, overrides.get("dtype", "float32").replace("auto", "float32"),
-                                   dev)
+    model, overrides = bench_model(args, overrides, "float32")
     llm = LLM(model, config_file=args.config_file, progress=False, **overrides)
     vocab = llm.engine.ctx.model_config["vocab_size"]
     if args.bench_command == "latency":

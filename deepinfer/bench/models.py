@@ -39,3 +39,18 @@ def build_random_model(shape: str, dtype: str = "float32", device: str = "cpu", 
         model = model_cls(cfg_cls(**cfg, torch_dtype=getattr(torch, dtype))).to(getattr(torch, dtype))
     model.save_pretrained(path)
     return str(path)
+
+
+def bench_model(args, overrides: dict, default_dtype: str) -> tuple[str | None, dict]:
+    """The model directory a benchmark runs on (with ``--random-model``, one built now, on the GPU
+    when one is there and not excluded) and the engine overrides left for LLM(...)."""
+    import torch
+
+    overrides = dict(overrides)
+    model = overrides.pop("model", None)
+    if getattr(args, "random_model", None):
+        dtype = overrides.get("dtype", "auto")
+        on_gpu = overrides.get("device", "auto") != "cpu" and torch.cuda.is_available()
+        model = build_random_model(args.random_model, default_dtype if dtype == "auto" else dtype,
+                                   "cuda" if on_gpu else "cpu")
+    return model, overrides

@@ -19,17 +19,11 @@ def add_prefill_parser(bsub, add_engine_args, engine_overrides) -> None:
 
 
 def run_prefill(args, overrides: dict) -> int:
-    from deepinfer.bench.cli import _cuda
+    from deepinfer.bench.models import bench_model
     from deepinfer.bench.roofline import describe
     from deepinfer.llm import LLM
 
-    overrides = dict(overrides)
-    model = overrides.pop("model", None)
-    if args.random_model:
-        from deepinfer.bench.models import build_random_model
-
-        model = build_random_model(args.random_model, overrides.get("dtype", "bfloat16").replace("auto", "bfloat16"),
-                                   "cuda" if _cuda() else "cpu")
+    model, overrides = bench_model(args, overrides, "bfloat16")
     overrides.setdefault("max_num_batched_tokens", args.batch * args.input_len)
     llm = LLM(model, config_file=args.config_file, progress=False, **overrides)
     wl = workloads.fixed(args.batch, args.input_len, 1, llm.engine.ctx.model_config["vocab_size"])

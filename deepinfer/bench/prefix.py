@@ -35,16 +35,10 @@ def _prefill_seconds(llm, shared: list[int], unique: int, num: int, repeats: int
 
 
 def run_prefix(args, overrides: dict) -> int:
+    from deepinfer.bench.models import bench_model
     from deepinfer.llm import LLM
 
-    overrides = dict(overrides)
-    model = overrides.pop("model", None)
-    if args.random_model:
-        from deepinfer.bench.cli import _cuda
-        from deepinfer.bench.models import build_random_model
-
-        model = build_random_model(args.random_model, overrides.get("dtype", "bfloat16").replace("auto", "bfloat16"),
-                                   "cuda" if _cuda() else "cpu")
+    model, overrides = bench_model(args, overrides, "bfloat16")
     plugins = [p for p in (overrides.pop("plugins", None) or []) if p != "prefix-cache"]
     results = {}
     for label, extra in (("no cache", []), ("prefix-cache", ["prefix-cache"])):
