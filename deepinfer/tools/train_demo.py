@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import inspect
-import io
 import json
 import math
 import os
@@ -36,7 +35,6 @@ import platform
 import shutil
 import sys
 import sysconfig
-import tarfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -55,9 +53,6 @@ TOTAL_SIZE_LIMIT = 40_000_000  # both models' safetensors together, bytes
 SHARD_THRESHOLD = 15_000_000  # shard a model whose weights exceed this...
 MAX_SHARD_SIZE = "14MB"  # ...into files of at most this (decimal MB)
 FILE_SIZE_LIMIT = 16_000_000  # every weight file must stay under this
-PACK_PART_BYTES = 15_000_000
-PACK_MAX_PARTS = 4
-PACK_NAME = "demo.tar"
 MODEL_DIRS = ("demo-target", "demo-draft")
 
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "assets"
@@ -438,81 +433,6 @@ def write_json(path: Path, obj) -> None:
     path.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
-# ---------------------------------------------------------------------- pack / unpack
-
-
-def _tar_filter(info: tarfile.TarInfo) -> tarfile.TarInfo:
-    info.uid = info.gid = 0
-    info.uname = info.gname = ""
-    info.mtime = 0
-    info.mode = 0o755 if info.isdir() else 0o644
-    return info
-
-
-def pack(out: Path, packdir: Path) -> list[Path]:
-    """Write PACKDIR/demo.tar.partN (<= 15 MB each, <= 4 parts) + sha256 + the log."""
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for name in (*MODEL_DIRS, "train_log.json"):
-            tar.add(out / name, arcname=name, filter=_tar_filter, recursive=False)
-            if (out / name).is_dir():
-                for path in sorted((out / name).rglob("*")):
-                    tar.add(path, arcname=path.relative_to(out).as_posix(),
-                            filter=_tar_filter, recursive=False)
-    data = buffer.getvalue()
-    parts = math.ceil(len(data) / PACK_PART_BYTES)
-    if parts > PACK_MAX_PARTS:
-        raise SystemExit(f"pack is {len(data)} bytes: more than {PACK_MAX_PARTS} parts")
-    packdir.mkdir(parents=True, exist_ok=True)
-    for old in packdir.glob(f"{PACK_NAME}.part*"):
-        old.unlink()
-    written = []
-    for i in range(parts):
-        path = packdir / f"{PACK_NAME}.part{i}"
-        path.write_bytes(data[i * PACK_PART_BYTES:(i + 1) * PACK_PART_BYTES])
-        written.append(path)
-    sha = packdir / f"{PACK_NAME}.sha256"
-    sha.write_text(f"{hashlib.sha256(data).hexdigest()}  {PACK_NAME}\n")
-    shutil.copyfile(out / "train_log.json", packdir / "train_log.json")
-    log(f"packed {len(data):,} bytes into {parts} part(s) under {packdir}")
-    return [*written, sha, packdir / "train_log.json"]
-
-
-def unpack(packdir: str | os.PathLike, out: str | os.PathLike) -> Path:
-    """Reassemble PACKDIR/demo.tar.part0.. and extract the model dirs + log into OUT."""
-    packdir, out = Path(packdir), Path(out)
-    parts = []
-    for i in range(PACK_MAX_PARTS + 1):
-        path = packdir / f"{PACK_NAME}.part{i}"
-        if not path.exists():
-            break
-        parts.append(path.read_bytes())
-    if not parts:
-        raise SystemExit(f"no {PACK_NAME}.part0 in {packdir}")
-    data = b"".join(parts)
-    sha = packdir / f"{PACK_NAME}.sha256"
-    if sha.exists():
-        expected = sha.read_text().split()[0]
-        if hashlib.sha256(data).hexdigest() != expected:
-            raise SystemExit(f"{packdir}: sha256 mismatch (missing or corrupt part?)")
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r") as tar:
-        members = tar.getmembers()
-        for member in members:
-            top = member.name.split("/")[0]
-            if (member.name.startswith("/") or ".." in member.name.split("/")
-                    or top not in (*MODEL_DIRS, "train_log.json")
-                    or not (member.isfile() or member.isdir())):
-                raise SystemExit(f"refusing suspicious pack member {member.name!r}")
-        out.mkdir(parents=True, exist_ok=True)
-        for name in MODEL_DIRS:
-            if (out / name).exists():
-                shutil.rmtree(out / name)  # no stale shards from an earlier layout
-        for member in members:
-            tar.extract(member, out, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
-    log(f"unpacked {len(data):,} bytes from {len(parts)} part(s) into {out}")
-    return out
-
-
 # ------------------------------------------------------------------------------- main
 
 
@@ -561,13 +481,20 @@ def pick_device(name: str):
     return torch.device(name)
 
 
-def _import_demo_card():
+def _import_sibling(name: str):
+    """deepinfer.tools.NAME, or the file beside this one when run as a plain script where the
+    engine's own dependencies are missing (the GPU machine)."""
+    import importlib
+
     try:
-        from deepinfer.tools import demo_card
-    except ImportError:  # run as a plain script where the engine's own deps are missing (GPU box)
+        return importlib.import_module(f"deepinfer.tools.{name}")
+    except ImportError:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
-        import demo_card
-    return demo_card
+        return importlib.import_module(name)
+
+
+def _import_demo_card():
+    return _import_sibling("demo_card")
 
 
 def run_training(args: argparse.Namespace) -> dict:
@@ -663,11 +590,11 @@ def run_training(args: argparse.Namespace) -> dict:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.unpack:
-        unpack(args.unpack, args.out)
+        _import_sibling("demo_pack").unpack(args.unpack, args.out, MODEL_DIRS)
         return 0
     run_training(args)
     if args.pack:
-        pack(Path(args.out), Path(args.pack))
+        _import_sibling("demo_pack").pack(Path(args.out), Path(args.pack), MODEL_DIRS)
     return 0
 
 
