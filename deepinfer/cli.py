@@ -101,6 +101,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["train-demo"]:  # its own parser takes every option after the command
+        from deepinfer.tools.train_demo import main as train_demo
+
+        return train_demo(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
