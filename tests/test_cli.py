@@ -69,3 +69,9 @@ def test_config_file_with_unknown_scalar_key_is_refused(tmp_path):
     cfg.write_text("max_num_seq: 7\n")
     with pytest.raises(ValueError, match="unknown option 'max_num_seq'; valid options: .*max_num_seqs"):
         build_config(str(cfg), environ={})
+
+
+def test_train_demo_is_reachable_from_the_cli():
+    res = _cli("train-demo", "--help")
+    assert res.returncode == 0, res.stderr
+    assert "--quick" in res.stdout and "--device" in res.stdout
