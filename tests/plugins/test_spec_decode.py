@@ -136,3 +136,20 @@ def test_deepspark_table_learns_and_budget_keeps_prefixes():
     drafter.table = table
     buckets, chain = drafter.value_chain([0.1, 0.9, 0.9])
     assert buckets == [0, 3, 3] and chain == sorted(chain, reverse=True)
+
+
+def test_drafts_with_the_prefix_cache_stay_lossless(demo_reference):
+    """Rejected drafts' KV must never reach a cached block: repeat the prompts to hit the cache."""
+    llm = LLM(progress=False, dtype="float32", plugins=["prefix-cache", "deepspark"], block_size=4)
+    params = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
+    for _ in range(2):
+        got = [o.outputs[0].token_ids for o in llm.generate(DEMO_PROMPTS, params, use_tqdm=False)]
+        assert got == demo_reference
+    # the continuations themselves are cached now: a prompt extended by its own output hits them
+    longer = [{"prompt_token_ids": o.prompt_token_ids + o.outputs[0].token_ids[:40]}
+              for o in llm.generate(DEMO_PROMPTS[:1], params, use_tqdm=False)]
+    out = llm.generate(longer, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False)[0]
+    assert out.outputs[0].token_ids == demo_reference[0][40:48]
+    assert out.num_cached_tokens >= 32
+    llm.engine.kv.pool.check_all_free()
+    llm.engine.drafter.runner.pool.check_all_free()
