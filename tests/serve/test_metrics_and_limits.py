@@ -69,12 +69,21 @@ def test_client_disconnect_before_a_non_streamed_reply_aborts(server):
 
 
 def test_full_queue_gets_503_with_retry_after_and_recovers(server):
-    # the server admits 4 running + 4 waiting sequences
+    # the server admits 4 running + 4 waiting sequences; the streams start together (a waiting
+    # request's headers may only come once it runs), and the 9th request goes in while the engine
+    # holds all eight: the four waiting ones cannot start before the four running ones end
     server.wait_idle()
-    streams = [_start_stream(server, LONG) for _ in range(8)]
+    streams: list = []
+    threads = [threading.Thread(target=lambda: streams.append(_start_stream(server, LONG))) for _ in range(8)]
+    for t in threads:
+        t.start()
     try:
-        for _, resp in streams:
-            assert resp.status_code == 200
+        deadline = time.monotonic() + 30
+        m = server.metrics()
+        while m["deepinfer:num_requests_running"] + m["deepinfer:num_requests_waiting"] < 8:
+            assert time.monotonic() < deadline, m
+            time.sleep(0.005)
+            m = server.metrics()
         r = httpx.post(f"{server.base_url}/v1/completions", headers=HEADERS, timeout=30,
                        json={"model": "tiny", "prompt": "hi", "max_tokens": 2})
         assert r.status_code == 503, r.text
@@ -83,7 +92,10 @@ def test_full_queue_gets_503_with_retry_after_and_recovers(server):
         m = server.metrics()
         assert m["deepinfer:http_requests_rejected_total"] >= 1
     finally:
+        for t in threads:
+            t.join(timeout=60)
         for c, resp in streams:
+            assert resp.status_code == 200
             resp.close()
             c.close()
     m = server.wait_idle()
