@@ -93,12 +93,19 @@ class DraftRunner:
             hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, meta)
             last = batch.query_start_loc[1:].long() - 1
             logits = self.model.compute_logits(hidden[last]).float()
+            # greedy rows need only the argmax and its probability: one batched softmax for all
+            best_p, best = logits.softmax(-1).max(-1)
+            best_p, best = best_p.tolist(), best.tolist()
             feeds = []
             for i, (req, seq) in enumerate(live):
-                token, q = self._pick(logits[i], req, seq)
+                if req.params.greedy:
+                    token, confidence = best[i], best_p[i]
+                else:
+                    token, q = self._sample(logits[i], req, seq)
+                    confidence = float(q[token])
+                    probs[i].append(q)
                 drafted[i].append(token)
-                conf[i].append(float(q[token]))
-                probs[i].append(q)
+                conf[i].append(confidence)
                 if step < k - 1:
                     feeds.append(([token], len(seq.tokens), [b.block_id for b in seq.blocks]))
                     seq.tokens.append(token)
@@ -108,11 +115,9 @@ class DraftRunner:
             out[req.request_id] = Draft(drafted[i], stacked, conf[i])
         return out
 
-    def _pick(self, logits: torch.Tensor, req: Request, seq: _DraftSeq) -> tuple[int, torch.Tensor]:
+    def _sample(self, logits: torch.Tensor, req: Request, seq: _DraftSeq) -> tuple[int, torch.Tensor]:
+        """A draft token drawn from the request's sampling distribution, and that distribution."""
         p = req.params
-        if p.greedy:
-            q = logits.softmax(-1).cpu()
-            return int(q.argmax()), q
         q = filter_logits(logits / p.temperature, p.effective_top_k, p.top_p, p.min_p).softmax(-1).cpu()
         noise = torch.empty_like(q).exponential_(generator=seq.generator)
         return int((q / noise).argmax()), q
