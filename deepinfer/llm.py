@@ -25,6 +25,7 @@ class LLM:
                      "plugins": plugins, **options}
         self.config = build_config(config_file, overrides)
         self.engine = build_engine(self.config, progress=progress)
+        self.engine.emit_unfinished = False  # generate() and chat() return whole outputs
         self._ids = itertools.count()
 
     def get_tokenizer(self):

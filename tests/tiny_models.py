@@ -43,9 +43,9 @@ def make_model(out: Path, arch: str = "llama", dtype: torch.dtype = torch.float3
     """Save a tiny random model of ``arch`` (llama, qwen2, qwen3, mistral) to ``out``; return it."""
     import transformers as tf
 
-    base = dict(vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-                eos_token_id=2, bos_token_id=1, pad_token_id=0)
+    base = {"vocab_size": 320, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 1024,
+            "eos_token_id": 2, "bos_token_id": 1, "pad_token_id": 0}
     if arch == "qwen3":
         base.update(head_dim=16)
     base.update(overrides)
@@ -70,3 +70,9 @@ def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
                              eos_token_id=None, pad_token_id=0, attention_mask=torch.ones(1, len(prompt),
                                                                                           dtype=torch.long))
     return out[0, len(prompt):].tolist()
+
+
+def hybrid(window: int, layer_types: tuple[str, ...] = ("sliding_attention", "full_attention")) -> dict:
+    """make_model overrides for a tiny Qwen3 mixing sliding-window and full-attention layers."""
+    return {"num_hidden_layers": len(layer_types), "use_sliding_window": True, "sliding_window": window,
+            "max_window_layers": 0, "layer_types": list(layer_types)}

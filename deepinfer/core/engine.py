@@ -53,6 +53,9 @@ class LLMEngine:
         self.hooks = hooks if hooks is not None else _NoHooks()
         self.requests: dict[str, RequestState] = {}
         self.plugin_names: dict[str, list[str]] = {}  # slot -> plugin names, filled by the builder
+        #: report requests after every step (streaming); off, step() returns finished ones only,
+        #: sparing a copy of every running request's tokens per step
+        self.emit_unfinished = True
         self._seq_owner: dict[str, RequestState] = {}
         for name in ("prompt_tokens", "prompt_tokens_computed", "generation_tokens", "num_preemptions",
                      "request_success", "request_aborted", "request_sampling_steps"):
@@ -122,7 +125,8 @@ class LLMEngine:
 
     # -------------------------------------------------------------------------------------- step
     def step(self) -> list[RequestOutput]:
-        """Run one scheduled step; return the requests that changed."""
+        """Run one scheduled step; return the requests that changed (or finished, see
+        ``emit_unfinished``)."""
         self.hooks.deepinfer_step_begin(engine=self)
         if self.drafter is not None:
             self._propose()
@@ -155,6 +159,8 @@ class LLMEngine:
         self._update_gauges()
         outputs = []
         for rid, state in touched.items():
+            if not (state.finished or self.emit_unfinished):
+                continue
             outputs.append(state.to_output())
             if state.finished:
                 self.requests.pop(rid, None)

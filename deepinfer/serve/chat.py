@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 from starlette.requests import Request
 from starlette.responses import Response
 
-from deepinfer.serve.outputs import SSE_DONE, EventStream, collect, merge_batch, sse
+from deepinfer.serve.outputs import ChoiceText, EventStream, collect, sse, stream_events
 from deepinfer.serve.protocol import (
     APIError,
     AssistantMessage,
@@ -95,27 +95,18 @@ async def _stream(serving: Serving, sub: Submission, rid: str, model: str, n: in
     # OpenAI opens every choice with the role before any content
     yield "".join(chunk([ChatChunkChoice(index=i, delta=DeltaMessage(role="assistant", content=""))])
                   for i in range(n))
-    tokens = [0] * n
-    try:
-        while not sub.done:
-            parts = []
-            for c in merge_batch(await sub.next_batch(), n):
-                tokens[c.index] += c.num_tokens
-                if not c.text and c.logprobs is None and c.finish_reason is None:
-                    continue  # tokens whose text is still held back: nothing to show yet
-                delta = DeltaMessage(content=c.text) if c.text or c.logprobs is not None else DeltaMessage()
-                parts.append(chunk([ChatChunkChoice(index=c.index, delta=delta,
-                                                    logprobs=_logprobs(serving, c.logprobs, k),
-                                                    finish_reason=c.finish_reason, stop_reason=c.stop_reason)]))
-            if parts:
-                yield "".join(parts)
-    except APIError as e:
-        yield sse(e.body())
-        yield SSE_DONE
-        return
-    if include_usage:
-        completion = sum(tokens)
+
+    def render(c: ChoiceText) -> str | None:
+        if not c.text and c.logprobs is None and c.finish_reason is None:
+            return None  # tokens whose text is still held back: nothing to show yet
+        delta = DeltaMessage(content=c.text) if c.text or c.logprobs is not None else DeltaMessage()
+        return chunk([ChatChunkChoice(index=c.index, delta=delta, logprobs=_logprobs(serving, c.logprobs, k),
+                                      finish_reason=c.finish_reason, stop_reason=c.stop_reason)])
+
+    def usage_event(completion: int) -> str:
         usage = Usage(prompt_tokens=num_prompt_tokens, completion_tokens=completion,
                       total_tokens=num_prompt_tokens + completion)
-        yield sse(ChatCompletionChunk(id=rid, created=created, model=model, choices=[], usage=usage))
-    yield SSE_DONE
+        return sse(ChatCompletionChunk(id=rid, created=created, model=model, choices=[], usage=usage))
+
+    async for event in stream_events(sub, n, render, usage_event if include_usage else None):
+        yield event

@@ -7,9 +7,8 @@ from collections.abc import AsyncIterator
 from starlette.requests import Request
 from starlette.responses import Response
 
-from deepinfer.serve.outputs import SSE_DONE, EventStream, collect, merge_batch, sse
+from deepinfer.serve.outputs import ChoiceText, EventStream, collect, sse, stream_events
 from deepinfer.serve.protocol import (
-    APIError,
     CompletionChoice,
     CompletionLogprobs,
     CompletionRequest,
@@ -81,28 +80,20 @@ async def _stream(serving: Serving, sub: Submission, rid: str, model: str, n: in
                   num_prompt_tokens: int, include_usage: bool) -> AsyncIterator[str]:
     created = int(time.time())
     chars = [0] * (num_prompts * n)  # text offsets, for logprobs
-    tokens = [0] * (num_prompts * n)
-    try:
-        while not sub.done:
-            parts = []
-            for c in merge_batch(await sub.next_batch(), n):
-                offset = chars[c.index]
-                chars[c.index] += len(c.text)
-                tokens[c.index] += c.num_tokens
-                if not c.text and c.logprobs is None and c.finish_reason is None:
-                    continue  # tokens whose text is still held back: nothing to show yet
-                choice = CompletionChoice(index=c.index, text=c.text, logprobs=_logprobs(serving, c.logprobs, offset),
-                                          finish_reason=c.finish_reason, stop_reason=c.stop_reason)
-                parts.append(sse(CompletionResponse(id=rid, created=created, model=model, choices=[choice])))
-            if parts:
-                yield "".join(parts)
-    except APIError as e:
-        yield sse(e.body())
-        yield SSE_DONE
-        return
-    if include_usage:
-        completion = sum(tokens)
+
+    def render(c: ChoiceText) -> str | None:
+        offset = chars[c.index]
+        chars[c.index] += len(c.text)
+        if not c.text and c.logprobs is None and c.finish_reason is None:
+            return None  # tokens whose text is still held back: nothing to show yet
+        choice = CompletionChoice(index=c.index, text=c.text, logprobs=_logprobs(serving, c.logprobs, offset),
+                                  finish_reason=c.finish_reason, stop_reason=c.stop_reason)
+        return sse(CompletionResponse(id=rid, created=created, model=model, choices=[choice]))
+
+    def usage_event(completion: int) -> str:
         usage = Usage(prompt_tokens=num_prompt_tokens, completion_tokens=completion,
                       total_tokens=num_prompt_tokens + completion)
-        yield sse(CompletionResponse(id=rid, created=created, model=model, choices=[], usage=usage))
-    yield SSE_DONE
+        return sse(CompletionResponse(id=rid, created=created, model=model, choices=[], usage=usage))
+
+    async for event in stream_events(sub, n, render, usage_event if include_usage else None):
+        yield event

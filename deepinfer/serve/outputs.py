@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from starlette.responses import StreamingResponse
 
 from deepinfer.serve.engine_core import RequestDelta
+from deepinfer.serve.protocol import APIError
 
 if TYPE_CHECKING:
     from deepinfer.serve.serving import Submission
@@ -74,6 +76,31 @@ async def collect(sub: Submission, num_choices: int, n: int) -> tuple[list[Choic
             choices[c.index].add(c.text, c.num_tokens, c.logprobs, c.finish_reason, c.stop_reason)
         cached += sum(d.num_cached_tokens for _, d in batch if d.finished)
     return choices, cached
+
+
+async def stream_events(sub: Submission, n: int, render: Callable[[ChoiceText], str | None],
+                        usage_event: Callable[[int], str] | None) -> AsyncIterator[str]:
+    """The server-sent-event body shared by completions and chat: ``render`` turns each choice's
+    delta into an event (None: nothing to show yet), one write per engine step; a failure becomes
+    an error event; ``usage_event`` gets the completion token count at the end; then [DONE]."""
+    completion = 0
+    try:
+        while not sub.done:
+            parts = []
+            for c in merge_batch(await sub.next_batch(), n):
+                completion += c.num_tokens
+                event = render(c)
+                if event is not None:
+                    parts.append(event)
+            if parts:
+                yield "".join(parts)
+    except APIError as e:
+        yield sse(e.body())
+        yield SSE_DONE
+        return
+    if usage_event is not None:
+        yield usage_event(completion)
+    yield SSE_DONE
 
 
 class EventStream(StreamingResponse):

@@ -6,14 +6,13 @@ import random
 import pytest
 
 from deepinfer import LLM, SamplingParams
-from tests.tiny_models import make_model
+from tests.tiny_models import hybrid, make_model
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("qwen3")
-    make_model(path, "qwen3", num_hidden_layers=2, use_sliding_window=True, sliding_window=12,
-               max_window_layers=0, layer_types=["sliding_attention", "full_attention"])
+    make_model(path, "qwen3", **hybrid(12))
     return str(path)
 
 
@@ -69,3 +68,17 @@ def test_n_sequences_and_abort_free_every_block(model_dir):
     assert eng.kv.pool.num_free_blocks < eng.kv.pool.num_blocks
     assert eng.abort_request("a") and not eng.has_unfinished_requests()
     eng.kv.pool.check_all_free()
+
+
+def test_step_reports_every_change_when_streaming_and_only_finished_otherwise(model_dir):
+    llm = LLM(model_dir, dtype="float32", block_size=4, progress=False)
+    eng = llm.engine
+    assert eng.emit_unfinished is False  # LLM.generate needs whole outputs only
+    params = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+    for streaming in (True, False):
+        eng.emit_unfinished = streaming
+        eng.add_request(f"s{streaming}", [7, 8, 9], params)
+        seen = []
+        while eng.has_unfinished_requests():
+            seen += [(len(o.outputs[0].token_ids), o.finished) for o in eng.step()]
+        assert seen == ([(i, i == 5) for i in range(1, 6)] if streaming else [(5, True)])

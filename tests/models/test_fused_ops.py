@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.tiny_models import make_model
+from tests.tiny_models import hybrid, make_model
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -48,8 +48,7 @@ print(json.dumps(out))
 
 @pytest.mark.parametrize("arch", ["qwen3", "llama"])
 def test_fused_kernels_match_plain_layers(tmp_path, arch):
-    extra = dict(use_sliding_window=True, sliding_window=12, max_window_layers=0,
-                 layer_types=["sliding_attention", "full_attention"]) if arch == "qwen3" else {}
+    extra = hybrid(12) if arch == "qwen3" else {}
     make_model(tmp_path, arch, with_tokenizer=False, **extra)
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
     res = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path)], capture_output=True, text=True,

@@ -6,7 +6,7 @@ import random
 import pytest
 
 from deepinfer import LLM, SamplingParams
-from tests.tiny_models import make_model
+from tests.tiny_models import hybrid, make_model
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 
@@ -14,8 +14,7 @@ GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("qwen3pc")
-    make_model(path, "qwen3", num_hidden_layers=2, use_sliding_window=True, sliding_window=10,
-               max_window_layers=0, layer_types=["sliding_attention", "full_attention"])
+    make_model(path, "qwen3", **hybrid(10))
     return str(path)
 
 

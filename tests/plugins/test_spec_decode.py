@@ -9,7 +9,7 @@ from deepinfer.core.request import Request
 from deepinfer.core.spec import verify
 from deepinfer_builtin.deepspark import AcceptanceTable
 from deepinfer_builtin.ngram import ngram_continuation
-from tests.tiny_models import make_model
+from tests.tiny_models import hybrid, make_model
 
 DRAFTERS = ["ngram", "draft-model", "deepspark"]
 DEMO_PROMPTS = ["import os\n", "def read_config(path):\n", "class Stack:\n    def __init__(self):\n",
@@ -48,8 +48,7 @@ def test_greedy_outputs_identical_on_the_demo_pair(drafter, demo_reference):
 def random_pair(tmp_path_factory):
     target = tmp_path_factory.mktemp("target")
     draft = tmp_path_factory.mktemp("draft")
-    make_model(target, "qwen3", num_hidden_layers=2, use_sliding_window=True, sliding_window=12,
-               max_window_layers=0, layer_types=["sliding_attention", "full_attention"])
+    make_model(target, "qwen3", **hybrid(12))
     make_model(draft, "llama", seed=1, num_hidden_layers=1)
     return str(target), str(draft)
 

@@ -57,11 +57,10 @@ def generate_both(model_dir: str, dtype: str, prompts: list[list[int]], max_toke
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> str:
-    from tests.tiny_models import make_model
+    from tests.tiny_models import hybrid, make_model
 
     path = tmp_path_factory.mktemp("qwen3-swa")
-    make_model(path, "qwen3", num_hidden_layers=2, use_sliding_window=True, sliding_window=12,
-               max_window_layers=0, layer_types=["sliding_attention", "full_attention"])
+    make_model(path, "qwen3", **hybrid(12))
     return str(path)
 
 

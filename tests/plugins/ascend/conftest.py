@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.tiny_models import make_model
+from tests.tiny_models import hybrid, make_model
 
 HERE = Path(__file__).parent
 
@@ -47,6 +47,5 @@ def standin_registered(tmp_path_factory):
 def qwen3_swa(tmp_path_factory):
     """Tiny Qwen3 whose first layer slides over 12 tokens and whose second attends to everything."""
     path = tmp_path_factory.mktemp("qwen3_swa")
-    make_model(path, "qwen3", num_hidden_layers=2, use_sliding_window=True, sliding_window=12,
-               max_window_layers=0, layer_types=["sliding_attention", "full_attention"])
+    make_model(path, "qwen3", **hybrid(12))
     return str(path)

@@ -138,11 +138,10 @@ def test_device_answers_memory_streams_events_and_graphs(torch_npu):
 
 def test_engine_on_the_npu_matches_the_torch_backend(tmp_path):
     from deepinfer import LLM, SamplingParams
-    from tests.tiny_models import make_model
+    from tests.tiny_models import hybrid, make_model
 
     make_model(tmp_path, "qwen3", dtype=torch.bfloat16, hidden_size=256, num_attention_heads=4, num_key_value_heads=2,
-               head_dim=128, num_hidden_layers=2, use_sliding_window=True, sliding_window=100, max_window_layers=0,
-               layer_types=["sliding_attention", "full_attention"])
+               head_dim=128, **hybrid(100))
     prompts = [{"prompt_token_ids": [(7 * i + j) % 300 + 6 for j in range(n)]} for i, n in enumerate((250, 40, 130))]
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, prompt_logprobs=1)
     ours = LLM(str(tmp_path), device="ascend", dtype="bfloat16", block_size=128, progress=False)
