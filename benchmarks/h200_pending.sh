@@ -8,3 +8,4 @@ timeout 120 python3 -m deepinfer.cli bench prefix --random-model qwen3-0.6b --dt
   --shared 8000 --unique 320 --num-requests 64 --repeats 3 --kv-cache-memory-gb 60 2>&1 | grep -v Writing | tee "$OUT/prefix_triton.txt"
 timeout 90 python3 -m deepinfer.cli bench prefill --random-model llama-1b --dtype bfloat16 --device sm90 --plugins triton \
   --batch 4 --input-len 4096 --repeats 3 --kv-cache-memory-gb 16 2>&1 | grep -v Writing | tee "$OUT/prefill.txt"
+timeout 150 python3 benchmarks/h200_profile.py llama-1b torch 2>&1 | tail -3 | tee "$OUT/profile.txt"
