@@ -9,6 +9,7 @@ from deepinfer.core.block_pool import BlockPool
 from deepinfer.core.config import EngineConfig
 from deepinfer.core.context import EngineContext
 from deepinfer.core.engine import LLMEngine
+from deepinfer.core.graphs import default_batch_sizes
 from deepinfer.core.kv_manager import KVCacheManager
 from deepinfer.core.loader import load_model, resolve_dtype
 from deepinfer.core.metrics import Metrics
@@ -121,6 +122,11 @@ def build_engine(config: EngineConfig, progress: bool = True) -> LLMEngine:
             pm.register(obj)
     pm.hook.deepinfer_register_metrics(metrics=ctx.metrics)
     runner = ModelRunner(model, attention, kv_caches, bs, device.torch_device, Sampler(config.seed))
+    graphs = None if config.enforce_eager else device.graphs()
+    if graphs is not None and attention.supports_graphs:
+        sizes = config.cuda_graph_sizes or default_batch_sizes(config.max_num_seqs)
+        runner.enable_graphs(graphs, [s for s in sizes if s <= config.max_num_seqs] or [min(sizes)],
+                             min(config.max_seq_len_to_capture, max_model_len))
     eos = list(mcfg.eos_token_ids)
     if tokenizer is not None and tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos:
         eos.append(tokenizer.eos_token_id)

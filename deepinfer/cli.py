@@ -27,13 +27,17 @@ def add_engine_args(p: argparse.ArgumentParser, model_positional: bool = True) -
     p.add_argument("--max-num-seqs", type=int, default=None)
     p.add_argument("--max-num-batched-tokens", type=int, default=None)
     p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--enforce-eager", action="store_const", const=True, default=None,
+                   help="never capture device graphs (CUDA graphs)")
+    p.add_argument("--cuda-graph-sizes", default=None, help="decode batch sizes to capture, e.g. 1,2,4,8")
+    p.add_argument("--max-seq-len-to-capture", type=int, default=None)
 
 
 def engine_overrides(args: argparse.Namespace) -> dict[str, Any]:
     keys = set(EngineConfig.model_fields) - {"plugins"}
     out = {k: v for k, v in vars(args).items() if k in keys and v is not None}
     if getattr(args, "plugins", None):
-        out["plugins"] = args.plugins
+        out["plugins"] = [p.strip() for p in args.plugins.split(",") if p.strip()]
     return out
 
 

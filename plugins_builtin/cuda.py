@@ -1,12 +1,13 @@
 """NVIDIA device plugins: `sm90` (Hopper) and `sm100` (Blackwell, CUDA 13+), on one CUDA base."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import ClassVar
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from deepinfer.plugins import Device
+from deepinfer.plugins import Device, DeviceGraphs
 
 
 class CUDAOptions(BaseModel):
@@ -15,6 +16,27 @@ class CUDAOptions(BaseModel):
     device_index: int = Field(0, ge=0)
     activation_reserve_gb: float = Field(2.0, ge=0, description="memory kept free for activations")
     fused_kernels: bool = Field(True, description="use deepinfer's Triton RMSNorm, rotary and SiLU-mul kernels")
+
+
+class CUDAGraphs(DeviceGraphs):
+    """CUDA graphs sharing one memory pool; each function is warmed up on a side stream first."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.pool = torch.cuda.graph_pool_handle()
+
+    def capture(self, fn: Callable[[], torch.Tensor]) -> tuple[Callable[[], None], torch.Tensor]:
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            for _ in range(2):  # compiles the kernels and settles the allocator
+                fn()
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool, stream=stream):
+            out = fn()
+        torch.cuda.synchronize(self.device)
+        return graph.replay, out
 
 
 def _runtime_version() -> tuple[int, int] | None:
@@ -29,7 +51,7 @@ class CUDADevice(Device):
     """One NVIDIA GPU of a given architecture family; the subclasses name the family."""
 
     dist_backend = "nccl"
-    default_attention = "torch"
+    default_attention = "triton"
     Options = CUDAOptions
     arch_major: ClassVar[int] = 0
     family: ClassVar[str] = ""
@@ -92,6 +114,9 @@ class CUDADevice(Device):
     @property
     def supports_batch_invariance(self) -> bool:
         return True
+
+    def graphs(self) -> CUDAGraphs:
+        return CUDAGraphs(self.torch_device)
 
 
 class SM90Device(CUDADevice):

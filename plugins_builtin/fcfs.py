@@ -13,6 +13,8 @@ class FCFSOptions(BaseModel):
 
     long_prefill_token_threshold: int = Field(
         0, ge=0, description="cap one request's prefill chunk per step (0: only the step budget caps it)")
+    overlap: bool = Field(True, description="plan step N+1 while step N runs on the device (off: each step "
+                                            "waits for the one before, for ablations)")
 
 
 class FCFSScheduler(Scheduler):
@@ -21,7 +23,8 @@ class FCFSScheduler(Scheduler):
     Each step spends at most ``max_num_batched_tokens`` tokens over at most ``max_num_seqs``
     requests; a prompt longer than what is left is prefilled in chunks over several steps. When
     blocks run out, the newest running request is preempted: its blocks are freed and it is
-    recomputed later from its prompt and the tokens it had generated.
+    recomputed later from its prompt and the tokens it had generated. With ``overlap`` (the
+    default) the engine plans each step while the one before it runs on the device.
     """
 
     name = "fcfs"
@@ -39,6 +42,10 @@ class FCFSScheduler(Scheduler):
 
     def add_request(self, request: Request) -> None:
         self.waiting.append(request)
+
+    @property
+    def overlap(self) -> bool:
+        return self.options.overlap
 
     @property
     def num_running(self) -> int:
@@ -59,6 +66,9 @@ class FCFSScheduler(Scheduler):
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
+            if req.length_capped:  # ends with the token a running step is sampling
+                i += 1
+                continue
             base = req.num_tokens - req.num_computed_tokens
             proposed = req.draft.verified if req.draft is not None else []
             n = min(base + len(proposed), budget, self.chunk_cap)

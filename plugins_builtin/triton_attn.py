@@ -72,6 +72,7 @@ class TritonAttention(AttentionBackend):
 
     name = "triton"
     Options = TritonAttentionOptions
+    supports_graphs = True  # the decode path reads only device tensors; max_seq_len sizes its grid
 
     @classmethod
     def unavailable_reason(cls) -> str | None:

@@ -33,12 +33,33 @@ class EngineConfig(BaseModel):
     max_waiting_requests: int = Field(4096, ge=1)
     seed: int = 0
     trust_chat_template: bool = True
+    enforce_eager: bool = Field(False, description="never capture device graphs (CUDA graphs): every step "
+                                                   "runs eagerly")
+    cuda_graph_sizes: list[int] | None = Field(
+        None, description="decode batch sizes to capture (default 1, 2, 4, then multiples of 8 up to 256, "
+                          "capped at max_num_seqs); a step pads to the next captured size")
+    max_seq_len_to_capture: int = Field(8192, ge=1, description="longest sequence a captured decode step "
+                                                                "covers; steps with longer ones run eagerly")
 
     @field_validator("plugins", mode="before")
     @classmethod
     def _split_plugins(cls, v: Any) -> Any:
         if isinstance(v, str):
             return [p.strip() for p in v.split(",") if p.strip()]
+        return v
+
+    @field_validator("cuda_graph_sizes", mode="before")
+    @classmethod
+    def _split_sizes(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            return [int(x) for x in v.split(",") if x.strip()]
+        return v
+
+    @field_validator("cuda_graph_sizes")
+    @classmethod
+    def _positive_sizes(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None and (not v or min(v) < 1):
+            raise ValueError(f"cuda_graph_sizes must be a non-empty list of positive batch sizes, got {v}")
         return v
 
     @field_validator("plugins")

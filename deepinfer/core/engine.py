@@ -3,15 +3,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from deepinfer.core.context import EngineContext
 from deepinfer.core.detokenizer import IncrementalDetokenizer
-from deepinfer.core.interfaces import Drafter, Scheduler
+from deepinfer.core.interfaces import Drafter, Scheduler, SchedulerOutput
 from deepinfer.core.kv_manager import KVCacheManager
-from deepinfer.core.model_runner import ModelRunner
+from deepinfer.core.model_runner import ModelRunner, RunnerOutput, StepInFlight
 from deepinfer.core.output import RequestState, check_stop
-from deepinfer.core.request import Request, RequestOutput, RequestStatus
+from deepinfer.core.request import PLACEHOLDER_TOKEN, Request, RequestOutput, RequestStatus
 from deepinfer.core.sampling_params import SamplingParams
 from deepinfer.core.tokenizer import Tokenizer
 
@@ -57,6 +58,10 @@ class LLMEngine:
         #: sparing a copy of every running request's tokens per step
         self.emit_unfinished = True
         self._seq_owner: dict[str, RequestState] = {}
+        #: plan step N+1 while step N runs (the scheduler's choice; never with a drafter, which
+        #: needs every token on the host)
+        self.overlap = scheduler.overlap and drafter is None
+        self._in_flight: StepInFlight | None = None
         for name in ("prompt_tokens", "prompt_tokens_computed", "generation_tokens", "num_preemptions",
                      "request_success", "request_aborted", "request_sampling_steps"):
             self.metrics.counter(f"deepinfer:{name}")
@@ -126,7 +131,12 @@ class LLMEngine:
     # -------------------------------------------------------------------------------------- step
     def step(self) -> list[RequestOutput]:
         """Run one scheduled step; return the requests that changed (or finished, see
-        ``emit_unfinished``)."""
+        ``emit_unfinished``).
+
+        With overlap, the step is launched on the device and left running: the previous step's
+        results are taken in meanwhile, and this step's next call. Steps that need host-side
+        state (drafts, logprobs, penalties) are waited for at once.
+        """
         self.hooks.deepinfer_step_begin(engine=self)
         if self.drafter is not None:
             self._propose()
@@ -134,29 +144,83 @@ class LLMEngine:
         for req in sched.preempted:
             self._drop_draft(req)
         touched: dict[str, RequestState] = {}
-        if not sched.empty:
-            result = self.runner.execute(sched)
-            now = time.monotonic()
-            finished: list[Request] = []
-            for s in sched.scheduled:
-                req = s.request
-                start = req.num_computed_tokens
-                self.metrics.inc("deepinfer:prompt_tokens_computed",
-                                 max(0, min(req.num_prompt_tokens, start + s.num_new_tokens) - start))
-                if req.request_id in result.prompt_logprobs:
-                    req.prompt_logprobs.extend(result.prompt_logprobs[req.request_id])
-                if req.request_id in result.num_verified:
-                    self._observe(req, result.num_verified[req.request_id], result.num_rejected[req.request_id])
-                tokens = result.sampled.get(req.request_id) or []
-                if tokens:
-                    self.metrics.inc("deepinfer:request_sampling_steps")
-                if tokens and self._append(req, tokens, result.logprobs.get(req.request_id), now, touched):
-                    finished.append(req)
-            self.scheduler.update_after_step(sched, result.num_rejected)
-            for req in finished:
-                self._drop_draft(req)
-                self.scheduler.finish_request(req)
+        flight = self.runner.launch(sched) if not sched.empty else None
+        if self._in_flight is not None:  # the previous step finished on the device meanwhile
+            self._take_deferred(self._in_flight, touched)
+            self._in_flight = None
+        defer = flight is not None and self.overlap and not flight.must_sync
+        if flight is not None and not defer:
+            self._take(flight, touched)
+        outputs = self._emit(touched)
+        if defer:
+            self._begin_deferred(flight)
+            self._in_flight = flight
         self._update_gauges()
+        self.hooks.deepinfer_step_end(engine=self, num_tokens=sched.num_tokens)
+        return outputs
+
+    def _account(self, sched: SchedulerOutput, result: RunnerOutput) -> None:
+        for s in sched.scheduled:
+            req = s.request
+            start = req.num_computed_tokens
+            self.metrics.inc("deepinfer:prompt_tokens_computed",
+                             max(0, min(req.num_prompt_tokens, start + s.num_new_tokens) - start))
+            if req.request_id in result.prompt_logprobs:
+                req.prompt_logprobs.extend(result.prompt_logprobs[req.request_id])
+            if req.request_id in result.num_verified:
+                self._observe(req, result.num_verified[req.request_id], result.num_rejected[req.request_id])
+
+    def _take(self, flight: StepInFlight, touched: dict[str, RequestState]) -> None:
+        """Wait for a step and apply it: append its tokens, advance the requests, finish some."""
+        result = self.runner.collect(flight)
+        sched = flight.sched
+        live = self._live(sched)
+        self._account(live, result)
+        finished = self._deliver(live, result, touched)
+        self.scheduler.update_after_step(live, result.num_rejected)
+        self._finish(finished)
+
+    def _begin_deferred(self, flight: StepInFlight) -> None:
+        """A step left running: advance its requests now; those that sample get a placeholder."""
+        live = self._live(flight.sched)
+        self._account(live, flight.result)
+        self.scheduler.update_after_step(live, flight.result.num_rejected)
+        for req in flight.sampling:
+            if not req.status.finished:
+                req.all_token_ids.append(PLACEHOLDER_TOKEN)
+
+    def _take_deferred(self, flight: StepInFlight, touched: dict[str, RequestState]) -> None:
+        """The samples of a step left running replace its requests' placeholders."""
+        result = self.runner.collect(flight)
+        owned = [r for r in flight.sampling if not r.status.finished and r.request_id in self._seq_owner]
+        finished = self._deliver(owned, result, touched)
+        self._finish(finished)
+
+    def _live(self, sched: SchedulerOutput) -> SchedulerOutput:
+        """The step without requests that finished (or were aborted) since it was planned."""
+        if all(not s.request.status.finished for s in sched.scheduled):
+            return sched
+        return replace(sched, scheduled=tuple(s for s in sched.scheduled if not s.request.status.finished))
+
+    def _deliver(self, reqs: Sequence[Request] | SchedulerOutput, result: RunnerOutput, touched: dict[str, RequestState]) -> list[Request]:
+        now = time.monotonic()
+        finished: list[Request] = []
+        if isinstance(reqs, SchedulerOutput):
+            reqs = [s.request for s in reqs.scheduled]
+        for req in reqs:
+            tokens = result.sampled.get(req.request_id) or []
+            if tokens:
+                self.metrics.inc("deepinfer:request_sampling_steps")
+            if tokens and self._append(req, tokens, result.logprobs.get(req.request_id), now, touched):
+                finished.append(req)
+        return finished
+
+    def _finish(self, finished: list[Request]) -> None:
+        for req in finished:
+            self._drop_draft(req)
+            self.scheduler.finish_request(req)
+
+    def _emit(self, touched: dict[str, RequestState]) -> list[RequestOutput]:
         outputs = []
         for rid, state in touched.items():
             if not (state.finished or self.emit_unfinished):
@@ -168,7 +232,6 @@ class LLMEngine:
                     self._seq_owner.pop(seq.request_id, None)
                 self.metrics.inc("deepinfer:request_success")
                 self.hooks.deepinfer_request_finished(request_id=rid, output=outputs[-1])
-        self.hooks.deepinfer_step_end(engine=self, num_tokens=sched.num_tokens)
         return outputs
 
     def _append(self, req: Request, tokens: list[int], logprobs, now: float,
@@ -180,7 +243,10 @@ class LLMEngine:
         if req.first_token_time is None:
             req.first_token_time = now
         for i, token in enumerate(tokens):
-            req.all_token_ids.append(token)
+            if i == 0 and req.all_token_ids[-1] == PLACEHOLDER_TOKEN:
+                req.all_token_ids[-1] = token  # sampled by a step that was left running
+            else:
+                req.all_token_ids.append(token)
             if logprobs and logprobs[i] is not None:
                 req.logprobs.append(logprobs[i])
             self.metrics.inc("deepinfer:generation_tokens")

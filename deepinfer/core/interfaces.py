@@ -3,7 +3,7 @@ scheduler each own. Built-in and third-party plugins implement these the same wa
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
@@ -70,6 +70,22 @@ class Device(Plugin, ABC):
     def supports_batch_invariance(self) -> bool:
         return False
 
+    def graphs(self) -> DeviceGraphs | None:
+        """Graph capture on this device (decode steps are then recorded once per batch size and
+        replayed), or None: every step runs eagerly."""
+        return None
+
+
+class DeviceGraphs(ABC):
+    """Records a function's device work once and replays it; inputs are read from, and outputs
+    written to, the same tensors on every replay. Captures share one memory pool, so capture the
+    largest batch first."""
+
+    @abstractmethod
+    def capture(self, fn: Callable[[], torch.Tensor]) -> tuple[Callable[[], None], torch.Tensor]:
+        """Warm ``fn`` up, record it, and return ``(replay, output)``; each ``replay()`` recomputes
+        ``output`` in place from the current contents of the tensors ``fn`` read."""
+
 
 # -------------------------------------------------------------------------------------- attention
 @dataclass(frozen=True, slots=True)
@@ -86,6 +102,12 @@ class AttentionLayerSpec:
 
 class AttentionBackend(Plugin, ABC):
     """KV-cache layout, per-step metadata and the attention forward over the paged cache."""
+
+    #: decode-only steps may be captured in a device graph: for a StepBatch whose
+    #: ``max_query_len`` is 1, ``build_metadata`` and ``forward`` read only its device tensors
+    #: (a sequence of length 0 is padding: its output is ignored and a negative slot is never
+    #: written) and take ``max_seq_len`` as an upper bound, never as the exact maximum
+    supports_graphs: ClassVar[bool] = False
 
     @abstractmethod
     def kv_cache_bytes_per_block(self, layers: Sequence[AttentionLayerSpec], block_size: int,
@@ -190,7 +212,18 @@ class SchedulerOutput:
 
 
 class Scheduler(Plugin, ABC):
-    """Chooses each step's requests and token counts within the budgets; preempts when short."""
+    """Chooses each step's requests and token counts within the budgets; preempts when short.
+
+    With ``overlap`` the engine schedules step N+1 while step N runs on the device: a request
+    that samples in step N then ends in a placeholder token (``PLACEHOLDER_TOKEN``) until step
+    N's results arrive; it is scheduled as usual (its next input comes from the device), and a
+    request whose length limit is reached (``Request.length_capped``) should not be scheduled.
+    """
+
+    @property
+    def overlap(self) -> bool:
+        """Let the engine plan the next step while the current one runs."""
+        return False
 
     @abstractmethod
     def add_request(self, request: Request) -> None: ...

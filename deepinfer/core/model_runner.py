@@ -1,15 +1,17 @@
 """Turns a SchedulerOutput into model inputs, runs the forward, and samples."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
-from deepinfer.core.interfaces import AttentionBackend, SchedulerOutput
+from deepinfer.core.graphs import DecodeGraphs, resolve_placeholders
+from deepinfer.core.interfaces import AttentionBackend, DeviceGraphs, SchedulerOutput
 from deepinfer.core.model_registry import CausalLM
-from deepinfer.core.request import Request
+from deepinfer.core.request import PLACEHOLDER_TOKEN, Request
 from deepinfer.core.sampler import Sampler
 from deepinfer.core.step import StepBatch
 
@@ -26,8 +28,9 @@ class RunnerOutput:
 
 
 def build_step_batch(seqs: list[tuple[list[int], int, list[int]]], block_size: int,
-                     device: torch.device) -> StepBatch:
-    """A StepBatch from (token ids to compute, position of the first, block table) per sequence."""
+                     device: torch.device, prev_tokens: torch.Tensor | None = None) -> StepBatch:
+    """A StepBatch from (token ids to compute, position of the first, block table) per sequence.
+    A negative token id -(r+1) stands for ``prev_tokens[r]`` (a sample still on the device)."""
     bs = block_size
     ids: list[int] = []
     pos_parts, slot_parts = [], []
@@ -49,8 +52,11 @@ def build_step_batch(seqs: list[tuple[list[int], int, list[int]]], block_size: i
         tables[i, :len(block_ids)] = block_ids
     qsl = np.zeros(len(q_lens) + 1, dtype=np.int32)
     np.cumsum(q_lens, out=qsl[1:])
+    input_ids = torch.tensor(ids, dtype=torch.long, device=device)
+    if prev_tokens is not None:
+        input_ids = resolve_placeholders(input_ids, prev_tokens)
     return StepBatch(
-        input_ids=torch.tensor(ids, dtype=torch.long, device=device),
+        input_ids=input_ids,
         positions=torch.from_numpy(np.concatenate(pos_parts)).to(device),
         slot_mapping=torch.from_numpy(np.concatenate(slot_parts)).to(device),
         query_start_loc=torch.from_numpy(qsl).to(device),
@@ -65,6 +71,28 @@ def build_step_batch(seqs: list[tuple[list[int], int, list[int]]], block_size: i
     )
 
 
+def _overlappable(r: Request) -> bool:
+    """Its sampling needs no host-side state that a pending step could still change."""
+    p = r.params
+    return p.logprobs is None and p.prompt_logprobs is None and not p.needs_penalties
+
+
+@dataclass(slots=True)
+class StepInFlight:
+    """A launched step. ``result`` holds what was computed at launch (verifications, prompt
+    logprobs); the samples of ``sampling`` are in ``tokens`` on the device until ``collect``."""
+
+    sched: SchedulerOutput
+    result: RunnerOutput
+    sampling: list[Request]
+    tokens: torch.Tensor | None = None   # [len(sampling)] int64, on the device
+    host: torch.Tensor | None = None     # their copy in host memory, valid once ``ready`` is
+    ready: Any = None                    # an event recorded after the copy (None: already there)
+    #: the engine must collect this step before planning the next (drafts, logprobs, penalties)
+    must_sync: bool = False
+    graph_size: int | None = None        # the captured batch size it replayed, if any
+
+
 class ModelRunner:
     """Owns the model, its KV caches and the sampler; executes one step at a time."""
 
@@ -76,21 +104,68 @@ class ModelRunner:
         self.block_size = block_size
         self.device = device
         self.sampler = sampler
+        self.graphs: DecodeGraphs | None = None
+        #: (start, end) device events of every launched step, when a benchmark sets it to a list
+        self.timeline: list[tuple[Any, Any]] | None = None
+        self._prev_tokens: torch.Tensor | None = None  # the last launched step's samples
+        self._prev_rows: dict[str, int] = {}            # request id -> row of _prev_tokens
 
-    def prepare(self, out: SchedulerOutput) -> StepBatch:
-        seqs = []
+    def enable_graphs(self, graphs: DeviceGraphs, batch_sizes: Sequence[int], max_seq_len: int) -> None:
+        """Capture decode steps for these batch sizes (sequences up to ``max_seq_len`` tokens)."""
+        if not self.attention.supports_graphs:
+            raise ValueError(f"the attention plugin {self.attention.name!r} cannot run in device graphs; "
+                             "use one that can (triton) or turn graphs off (enforce_eager)")
+        g = DecodeGraphs(self.model, self.attention, self.kv_caches, graphs, self.device, self.block_size,
+                         batch_sizes, max_seq_len)
+        g.capture()
+        self.graphs = g
+
+    def _inputs(self, out: SchedulerOutput) -> tuple[list[tuple[list[int], int, list[int]]], bool]:
+        """Per request: tokens to compute (a placeholder as -(row+1) of the previous step's
+        samples), the first one's position, the block table; and whether any placeholder is in."""
+        seqs, pending = [], False
         for sch in out.scheduled:
             r, n = sch.request, sch.num_new_tokens
             drafts = out.draft_tokens.get(r.request_id, [])
             start = r.num_computed_tokens
-            seqs.append((r.all_token_ids[start:start + n - len(drafts)] + drafts, start, r.block_ids))
-        return build_step_batch(seqs, self.block_size, self.device)
+            tokens = r.all_token_ids[start:start + n - len(drafts)] + drafts
+            if tokens[-1] == PLACEHOLDER_TOKEN:
+                row = self._prev_rows.get(r.request_id)
+                if row is None:
+                    raise RuntimeError(f"request {r.request_id} waits for a token no launched step samples")
+                tokens[-1] = -(row + 1)
+                pending = True
+            seqs.append((tokens, start, r.block_ids))
+        return seqs, pending
+
+    def prepare(self, out: SchedulerOutput) -> StepBatch:
+        seqs, pending = self._inputs(out)
+        return build_step_batch(seqs, self.block_size, self.device, self._prev_tokens if pending else None)
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> RunnerOutput:
-        batch = self.prepare(out)
-        meta = self.attention.build_metadata(batch)
-        hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, meta)
+        """Run one step and wait for its results."""
+        return self.collect(self.launch(out))
+
+    @torch.inference_mode()
+    def launch(self, out: SchedulerOutput) -> StepInFlight:
+        """Queue one step on the device; the samples stay there (see ``collect``)."""
+        timing = None
+        if self.timeline is not None:
+            timing = (torch.Event(self.device, enable_timing=True), torch.Event(self.device, enable_timing=True))
+            timing[0].record()
+        seqs, pending = self._inputs(out)
+        prev = self._prev_tokens if pending else None
+        graph_size = None
+        if self.graphs is not None and not out.draft_tokens and all(len(t) == 1 for t, _, _ in seqs):
+            graph_size = self.graphs.size_for(len(seqs), max(start + 1 for _, start, _ in seqs))
+        if graph_size is not None:
+            hidden = self.graphs.run(graph_size, [t[0] for t, _, _ in seqs], [s for _, s, _ in seqs],
+                                     [b for _, _, b in seqs], prev)
+        else:
+            batch = build_step_batch(seqs, self.block_size, self.device, prev)
+            meta = self.attention.build_metadata(batch)
+            hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, meta)
         result = RunnerOutput()
         rows: list[int] = []
         sampling: list[Request] = []
@@ -110,14 +185,41 @@ class ModelRunner:
             else:
                 result.sampled[r.request_id] = []
             start = end
+        flight = StepInFlight(out, result, sampling, graph_size=graph_size,
+                              must_sync=bool(verifying) or not all(_overlappable(s.request) for s in out.scheduled))
         if verifying:
             self._verify(hidden, verifying, result)
         if sampling:
-            logits = self.model.compute_logits(hidden[rows])
-            tokens, logprobs = self.sampler(logits, sampling)
-            for r, t, lp in zip(sampling, tokens, logprobs, strict=True):
+            logits = self.model.compute_logits(hidden[rows] if len(rows) < hidden.shape[0] else hidden)
+            if flight.must_sync:
+                tokens, logprobs = self.sampler(logits, sampling)
+                for r, t, lp in zip(sampling, tokens, logprobs, strict=True):
+                    result.sampled[r.request_id] = [t]
+                    result.logprobs[r.request_id] = [lp]
+            else:
+                flight.tokens = self.sampler.sample_on_device(logits, sampling)
+                self._prev_tokens = flight.tokens
+                self._prev_rows = {r.request_id: i for i, r in enumerate(sampling)}
+                if self.device.type == "cpu":
+                    flight.host = flight.tokens
+                else:
+                    flight.host = torch.empty(flight.tokens.shape, dtype=torch.long, pin_memory=True)
+                    flight.host.copy_(flight.tokens, non_blocking=True)
+                    flight.ready = torch.Event(self.device)
+                    flight.ready.record()
+        if timing is not None:
+            timing[1].record()
+            self.timeline.append(timing)
+        return flight
+
+    def collect(self, flight: StepInFlight) -> RunnerOutput:
+        """Wait for a launched step's samples and return its whole result."""
+        result = flight.result
+        if flight.tokens is not None:
+            if flight.ready is not None:
+                flight.ready.synchronize()
+            for r, t in zip(flight.sampling, flight.host.tolist(), strict=True):
                 result.sampled[r.request_id] = [t]
-                result.logprobs[r.request_id] = [lp]
         return result
 
     def _verify(self, hidden: torch.Tensor, verifying, result: RunnerOutput) -> None:

@@ -10,6 +10,10 @@ import torch
 
 from deepinfer.core.sampling_params import SamplingParams
 
+#: the last token of a request whose next token is being sampled by a step still on the device
+#: (overlap scheduling); replaced by the real token when that step's results arrive
+PLACEHOLDER_TOKEN = -1
+
 
 class RequestStatus(enum.Enum):
     WAITING = "waiting"
@@ -74,6 +78,13 @@ class Request:
     @property
     def num_output_tokens(self) -> int:
         return len(self.all_token_ids) - len(self.prompt_token_ids)
+
+    @property
+    def length_capped(self) -> bool:
+        """Its tokens (placeholders included) reach max_tokens or the context: it ends with them."""
+        p = self.params
+        return ((p.max_tokens is not None and self.num_output_tokens >= p.max_tokens)
+                or self.num_tokens >= self.max_model_len)
 
     @property
     def finish_reason(self) -> str | None:

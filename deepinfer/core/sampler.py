@@ -65,6 +65,14 @@ class Sampler:
                     logprobs[i] = top_logprobs(raw_logprobs[i], tokens[i], r.params.logprobs)
         return tokens, logprobs
 
+    def sample_on_device(self, logits: torch.Tensor, requests: Sequence[Request]) -> torch.Tensor:
+        """The same tokens as ``__call__`` (requests without logprobs), as an int64 tensor on the
+        logits' device; greedy rows never leave it."""
+        if all(r.params.greedy and not _suppress_eos(r) for r in requests):
+            return logits.argmax(-1)
+        tokens = self(logits, requests)[0]
+        return torch.tensor(tokens, dtype=torch.long, device=logits.device)
+
     def _sample_row(self, row: torch.Tensor, req: Request) -> int:
         p = req.params
         if p.needs_penalties:

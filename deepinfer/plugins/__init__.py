@@ -10,6 +10,7 @@ from deepinfer.core.interfaces import (
     AttentionLayerSpec,
     CachePolicy,
     Device,
+    DeviceGraphs,
     Drafter,
     DraftProposal,
     NoOptions,
@@ -22,7 +23,7 @@ from deepinfer.core.interfaces import (
 from deepinfer.core.kv_manager import KVCacheManager
 from deepinfer.core.metrics import Metrics
 from deepinfer.core.model_runner import build_step_batch
-from deepinfer.core.request import Request, RequestStatus
+from deepinfer.core.request import PLACEHOLDER_TOKEN, Request, RequestStatus
 from deepinfer.core.sampler import filter_logits
 from deepinfer.core.sampling_params import SamplingParams
 from deepinfer.core.step import StepBatch
@@ -31,6 +32,7 @@ from deepinfer.plugins.groups import SLOTS, Slot
 from deepinfer.plugins.hookspecs import hookimpl
 
 __all__ = [
+    "PLACEHOLDER_TOKEN",
     "SLOTS",
     "AttentionBackend",
     "AttentionLayerSpec",
@@ -38,6 +40,7 @@ __all__ = [
     "BlockPool",
     "CachePolicy",
     "Device",
+    "DeviceGraphs",
     "DraftProposal",
     "Drafter",
     "EngineContext",

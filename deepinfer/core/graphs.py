@@ -1,0 +1,127 @@
+"""Decode steps replayed from device graphs: one capture per batch size of a ladder.
+
+A decode-only step of ``b`` sequences runs the graph of the smallest captured size ``B >= b``.
+The graphs read their inputs from static tensors that each step refills (rows ``b..B`` are
+padding: length 0, slot -1, so they write nothing and their output is ignored). Attention reads
+at most ``max_seq_len`` keys per sequence; a step with a longer sequence runs eagerly.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from deepinfer.core.interfaces import AttentionBackend, DeviceGraphs
+from deepinfer.core.model_registry import CausalLM
+from deepinfer.core.step import StepBatch
+
+
+def default_batch_sizes(max_num_seqs: int) -> list[int]:
+    """1, 2, 4, 8, then every multiple of 8 up to 256, capped at max_num_seqs (which is always in)."""
+    ladder = [1, 2, 4] + list(range(8, 257, 8))
+    sizes = sorted({s for s in ladder if s < max_num_seqs} | {min(max_num_seqs, 256)})
+    return sizes
+
+
+def resolve_placeholders(ids: torch.Tensor, prev_tokens: torch.Tensor) -> torch.Tensor:
+    """``ids`` with each negative entry -(r+1) replaced by ``prev_tokens[r]``, on the device."""
+    return torch.where(ids < 0, prev_tokens[(-ids - 1).clamp(min=0)], ids)
+
+
+class DecodeGraphs:
+    """Static input tensors, one captured forward per batch size, and the code that fills them."""
+
+    def __init__(self, model: CausalLM, attention: AttentionBackend, kv_caches: list[Any],
+                 graphs: DeviceGraphs, device: torch.device, block_size: int, batch_sizes: Sequence[int],
+                 max_seq_len: int) -> None:
+        if not batch_sizes or min(batch_sizes) < 1:
+            raise ValueError(f"graph batch sizes must be positive integers, got {list(batch_sizes)}")
+        self.model, self.attention, self.kv_caches = model, attention, kv_caches
+        self.api = graphs
+        self.device = device
+        self.block_size = block_size
+        self.sizes = sorted(set(batch_sizes))
+        self.max_batch = self.sizes[-1]
+        self.max_seq_len = max_seq_len
+        self.max_blocks = -(-max_seq_len // block_size)
+        n, dev = self.max_batch, device
+        self.input_ids = torch.zeros(n, dtype=torch.long, device=dev)
+        self.positions = torch.zeros(n, dtype=torch.long, device=dev)
+        self.slot_mapping = torch.full((n,), -1, dtype=torch.long, device=dev)
+        self.seq_lens = torch.zeros(n, dtype=torch.int32, device=dev)
+        self.context_lens = torch.zeros(n, dtype=torch.int32, device=dev)
+        self.query_start_loc = torch.arange(n + 1, dtype=torch.int32, device=dev)
+        self.block_tables = torch.zeros(n, self.max_blocks, dtype=torch.int32, device=dev)
+        # two sets of host staging buffers, used in turn: a step's copies may still be queued
+        # behind the step before it while the next step is being prepared
+        pin = dev.type != "cpu"
+        self._host = [self._host_buffers(n, pin) for _ in range(2)]
+        self._turn = 0
+        self._replays: dict[int, tuple[Callable[[], None], torch.Tensor]] = {}
+
+    def _host_buffers(self, n: int, pin: bool) -> dict[str, torch.Tensor]:
+        def empty(*shape, dtype):
+            return torch.zeros(*shape, dtype=dtype, pin_memory=pin)
+
+        return {"ids": empty(n, dtype=torch.long), "pos": empty(n, dtype=torch.long),
+                "slots": empty(n, dtype=torch.long), "lens": empty(n, dtype=torch.int32),
+                "tables": empty(n, self.max_blocks, dtype=torch.int32)}
+
+    def _batch(self, b: int) -> StepBatch:
+        return StepBatch(
+            input_ids=self.input_ids[:b], positions=self.positions[:b], slot_mapping=self.slot_mapping[:b],
+            query_start_loc=self.query_start_loc[:b + 1], seq_lens=self.seq_lens[:b],
+            context_lens=self.context_lens[:b], block_tables=self.block_tables[:b],
+            query_lens_cpu=(1,) * b, seq_lens_cpu=(self.max_seq_len,) * b, block_size=self.block_size,
+            max_query_len=1, max_seq_len=self.max_seq_len)
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        """Record the forward of every batch size, largest first (the captures share memory)."""
+        for b in reversed(self.sizes):
+            batch = self._batch(b)
+
+            def forward(batch=batch) -> torch.Tensor:
+                meta = self.attention.build_metadata(batch)
+                return self.model(batch.input_ids, batch.positions, self.kv_caches, meta)
+
+            self._replays[b] = self.api.capture(forward)
+
+    def size_for(self, num_seqs: int, max_seq_len: int) -> int | None:
+        """The captured batch size a decode step of this shape replays, or None (run it eagerly)."""
+        if num_seqs > self.max_batch or max_seq_len > self.max_seq_len or not self._replays:
+            return None
+        return next(s for s in self.sizes if s >= num_seqs)
+
+    def run(self, size: int, tokens: Sequence[int], starts: Sequence[int], tables: Sequence[Sequence[int]],
+            prev_tokens: torch.Tensor | None) -> torch.Tensor:
+        """Hidden states [len(tokens), hidden] of one decode step (token i at position starts[i] of
+        the sequence whose blocks are tables[i]); a negative token -(r+1) stands for row r of
+        ``prev_tokens`` (the previous step's samples, still on the device)."""
+        b, bs = len(tokens), self.block_size
+        host = self._host[self._turn]
+        self._turn ^= 1
+        ids, pos, slots = host["ids"].numpy(), host["pos"].numpy(), host["slots"].numpy()
+        lens, tab = host["lens"].numpy(), host["tables"].numpy()
+        ids[:b] = tokens
+        ids[b:size] = 0
+        pos[:b] = starts
+        pos[b:size] = 0
+        lens[:b] = pos[:b] + 1
+        lens[b:size] = 0
+        for i, blocks in enumerate(tables):
+            tab[i, :len(blocks)] = blocks
+        p = pos[:b]
+        slots[:b] = tab[np.arange(b), p // bs].astype(np.int64) * bs + p % bs
+        slots[b:size] = -1
+        for name, dst in (("ids", self.input_ids), ("pos", self.positions), ("slots", self.slot_mapping),
+                          ("lens", self.seq_lens), ("tables", self.block_tables)):
+            dst[:size].copy_(host[name][:size], non_blocking=True)
+        if prev_tokens is not None:
+            ids_dev = self.input_ids[:b]
+            ids_dev.copy_(resolve_placeholders(ids_dev, prev_tokens))
+        replay, out = self._replays[size]
+        replay()
+        return out[:b]
