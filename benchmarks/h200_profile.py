@@ -1,5 +1,4 @@
-"""H200: where a batch-1 and a batch-64 decode step spends its time (cProfile of the host, CUDA
-events for the device). Writes $OUT/profile_*.txt. Run after benchmarks/h200_setup.sh."""
+"""H200: where a batch-1 and a batch-64 decode step spends its time (cProfile of the host). Writes $OUT/profile_*.txt. Run after benchmarks/h200_setup.sh."""
 import cProfile
 import io
 import os
@@ -14,10 +13,10 @@ from deepinfer.bench.models import build_random_model
 
 out = os.environ.get("OUT", ".")
 shape = sys.argv[1] if len(sys.argv) > 1 else "llama-1b"
-attn = sys.argv[2] if len(sys.argv) > 2 else "torch"
+attn = sys.argv[2] if len(sys.argv) > 2 else "triton"
 model = build_random_model(shape, "bfloat16", "cuda")
-llm = LLM(model, device="sm90", dtype="bfloat16", plugins=[attn] if attn != "torch" else [],
-          kv_cache_memory_gb=20, max_num_seqs=256)
+llm = LLM(model, device="sm90", dtype="bfloat16", plugins=[attn], kv_cache_memory_gb=20, max_num_seqs=256,
+          progress=False)
 for batch in (1, 64):
     prompts = [{"prompt_token_ids": [(7 * i + j) % 1000 + 10 for j in range(512)]} for i in range(batch)]
     sp = SamplingParams(temperature=0, max_tokens=128, ignore_eos=True)

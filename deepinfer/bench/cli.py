@@ -7,7 +7,14 @@ import platform
 import time
 
 from deepinfer.bench import workloads
-from deepinfer.bench.runners import RunResult, load_hf, run_deepinfer, run_hf_generate, run_hf_generate_batch
+from deepinfer.bench.runners import (
+    RunResult,
+    gpu_idle,
+    load_hf,
+    run_deepinfer,
+    run_hf_generate,
+    run_hf_generate_batch,
+)
 
 
 def add_bench_parser(sub, add_engine_args, engine_overrides) -> None:
@@ -22,6 +29,10 @@ def add_bench_parser(sub, add_engine_args, engine_overrides) -> None:
         b.add_argument("--peer", choices=["hf"], default=None, help="run transformers on the same requests too")
         b.add_argument("--repeats", type=int, default=3)
         b.add_argument("--json", dest="json_out", default=None, help="write the results to this file")
+        b.add_argument("--plot", default=None, metavar="PNG", help="write a bar chart of the rates to this file")
+        b.add_argument("--gpu-idle", action="store_true",
+                       help="one more run timing every step with device events: the share of the decode "
+                            "phase when the device was idle")
         if name == "latency":
             b.add_argument("--batch", type=int, default=1)
             b.add_argument("--input-len", type=int, default=512)
@@ -30,6 +41,8 @@ def add_bench_parser(sub, add_engine_args, engine_overrides) -> None:
             b.add_argument("--num-requests", type=int, default=256)
             b.add_argument("--min-len", type=int, default=100)
             b.add_argument("--max-len", type=int, default=1024)
+            b.add_argument("--peer-requests", type=int, default=None,
+                           help="run the peer on only the first N requests (its rate is compared)")
         b.set_defaults(func=lambda a, _ov=engine_overrides: run_bench(a, _ov(a)))
     from deepinfer.bench.prefill import add_prefill_parser
     from deepinfer.bench.prefix import add_prefix_parser
@@ -49,6 +62,10 @@ def run_bench(args: argparse.Namespace, overrides: dict) -> int:
     from deepinfer.bench.models import bench_model
     from deepinfer.llm import LLM
 
+    if args.plot:
+        from deepinfer.bench.plot import require_matplotlib
+
+        require_matplotlib()  # before any work
     model, overrides = bench_model(args, overrides, "float32")
     llm = LLM(model, config_file=args.config_file, progress=False, **overrides)
     vocab = llm.engine.ctx.model_config["vocab_size"]
@@ -57,18 +74,37 @@ def run_bench(args: argparse.Namespace, overrides: dict) -> int:
     else:
         wl = workloads.uniform(args.num_requests, args.min_len, args.max_len, vocab)
     ours = run_deepinfer(llm, wl, args.repeats)
-    from deepinfer.bench.roofline import describe
+    from deepinfer.bench.roofline import bound_seconds, describe
 
     roof = describe(llm.engine, wl, ours.median_s, "decode")
+    bound = bound_seconds(llm.engine, wl, "decode")
+    if args.gpu_idle:
+        ours.extra.update(gpu_idle(llm, wl))
     results = [ours]
     if args.peer == "hf":
         del llm
         hf = load_hf(model or llm_model_path(), _device_type(overrides), _hf_dtype(overrides))
-        peer = run_hf_generate(hf, wl, args.repeats) if args.bench_command == "latency" \
-            else run_hf_generate_batch(hf, wl, args.repeats)
+        if args.bench_command == "latency":
+            peer = run_hf_generate(hf, wl, args.repeats)
+        else:
+            n = args.peer_requests or len(wl.prompts)
+            peer = run_hf_generate_batch(hf, wl.head(n), args.repeats)
+            if n < len(wl.prompts):
+                peer.name += f" ({n} requests)"
         results.append(peer)
     report(args, wl, results)
     print(roof)
+    if args.gpu_idle:
+        x = ours.extra
+        print(f"device idle: {100 * x['gpu_idle_fraction']:.2f}% of the decode phase ({x['decode_steps']} steps, "
+              f"{x['decode_phase_ms']:.1f} ms)")
+    if args.plot:
+        from deepinfer.bench.plot import write_chart
+
+        write_chart(args.plot, f"deepinfer bench {args.bench_command}: {len(wl.prompts)} requests",
+                    [(r.name, r.output_tok_s) for r in results], "output tokens/s",
+                    sum(wl.output_lens) / bound if bound else None)
+        print(f"chart written to {args.plot}")
     return 0
 
 

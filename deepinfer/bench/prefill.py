@@ -15,14 +15,19 @@ def add_prefill_parser(bsub, add_engine_args, engine_overrides) -> None:
     b.add_argument("--batch", type=int, default=4)
     b.add_argument("--input-len", type=int, default=4096)
     b.add_argument("--repeats", type=int, default=3)
+    b.add_argument("--plot", default=None, metavar="PNG", help="write a bar chart of the rate to this file")
     b.set_defaults(func=lambda a, _ov=engine_overrides: run_prefill(a, _ov(a)))
 
 
 def run_prefill(args, overrides: dict) -> int:
     from deepinfer.bench.models import bench_model
-    from deepinfer.bench.roofline import describe
+    from deepinfer.bench.roofline import bound_seconds, describe
     from deepinfer.llm import LLM
 
+    if args.plot:
+        from deepinfer.bench.plot import require_matplotlib
+
+        require_matplotlib()  # before any work
     model, overrides = bench_model(args, overrides, "bfloat16")
     overrides.setdefault("max_num_batched_tokens", args.batch * args.input_len)
     llm = LLM(model, config_file=args.config_file, progress=False, **overrides)
@@ -41,4 +46,12 @@ def run_prefill(args, overrides: dict) -> int:
     print(f"deepinfer bench prefill: {args.batch} x {args.input_len} tokens, median of {args.repeats}: "
           f"{s * 1e3:.1f} ms, {wl.num_prompt_tokens / s:,.0f} tok/s")
     print(describe(llm.engine, wl, s, "prefill"))
+    if args.plot:
+        from deepinfer.bench.plot import write_chart
+
+        bound = bound_seconds(llm.engine, wl, "prefill")
+        write_chart(args.plot, f"deepinfer bench prefill: {args.batch} x {args.input_len} tokens",
+                    [("deepinfer", wl.num_prompt_tokens / s)], "prompt tokens/s",
+                    wl.num_prompt_tokens / bound if bound else None)
+        print(f"chart written to {args.plot}")
     return 0

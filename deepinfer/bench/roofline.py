@@ -63,6 +63,17 @@ def prefill_flops(facts: ModelFacts, wl: Workload) -> float:
     return total
 
 
+def bound_seconds(engine, wl: Workload, kind: str) -> float | None:
+    """The roofline time of the workload on this device (None: no measured ceiling for it)."""
+    _, ceiling = device_ceiling(engine.runner.device)
+    if ceiling is None:
+        return None
+    facts = ModelFacts.of(engine)
+    if kind == "prefill":
+        return prefill_flops(facts, wl) / ceiling.bf16_flops
+    return decode_bytes(facts, wl) / ceiling.bandwidth
+
+
 def describe(engine, wl: Workload, measured_s: float, kind: str) -> str:
     """One line: the roofline time for this workload on this device and the share reached."""
     name, ceiling = device_ceiling(engine.runner.device)

@@ -104,3 +104,29 @@ def _sync(model) -> None:
 
     if model.device.type == "cuda":
         torch.cuda.synchronize()
+
+
+def gpu_idle(llm, wl: Workload) -> dict[str, float]:
+    """One more run with device events around every step: the share of the decode phase's wall
+    time (first decode-only step to the last step) when the device ran none of the steps."""
+    from deepinfer.core.sampling_params import SamplingParams
+
+    runner = llm.engine.runner
+    if runner.device.type == "cpu":
+        raise ValueError("--gpu-idle times steps with device events, which the CPU has none of; "
+                         "run it on a GPU (or NPU) device")
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in wl.output_lens]
+    runner.timeline = []
+    try:
+        llm.generate([{"prompt_token_ids": p} for p in wl.prompts], params, use_tqdm=False)
+        llm.engine.ctx.device.synchronize()
+        steps = runner.timeline
+    finally:
+        runner.timeline = None
+    first = next((i for i, (_, _, decode) in enumerate(steps) if decode), None)
+    if first is None:
+        raise ValueError("the workload ran no decode-only step, so there is no decode phase to measure")
+    phase = steps[first:]
+    span = phase[0][0].elapsed_time(phase[-1][1])
+    gaps = sum(max(0.0, a[1].elapsed_time(b[0])) for a, b in zip(phase, phase[1:]))
+    return {"gpu_idle_fraction": gaps / span, "decode_phase_ms": span, "decode_steps": len(phase)}

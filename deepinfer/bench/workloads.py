@@ -18,6 +18,12 @@ class Workload:
     def num_prompt_tokens(self) -> int:
         return sum(len(p) for p in self.prompts)
 
+    def head(self, n: int) -> Workload:
+        """The first n requests."""
+        if n < 1:
+            raise ValueError(f"a workload subset needs at least one request, got {n}")
+        return Workload(self.prompts[:n], self.output_lens[:n])
+
 
 def fixed(batch: int, input_len: int, output_len: int, vocab: int, seed: int = 0) -> Workload:
     rng = random.Random(seed)

@@ -96,10 +96,11 @@ class DecodeGraphs:
         return next(s for s in self.sizes if s >= num_seqs)
 
     def run(self, size: int, tokens: Sequence[int], starts: Sequence[int], tables: Sequence[Sequence[int]],
-            prev_tokens: torch.Tensor | None) -> torch.Tensor:
+            prev_tokens: torch.Tensor | None, on_device: Callable[[], None] | None = None) -> torch.Tensor:
         """Hidden states [len(tokens), hidden] of one decode step (token i at position starts[i] of
         the sequence whose blocks are tables[i]); a negative token -(r+1) stands for row r of
-        ``prev_tokens`` (the previous step's samples, still on the device)."""
+        ``prev_tokens`` (the previous step's samples, still on the device). ``on_device`` is called
+        once the host-side work is done, just before the first device work is queued."""
         b, bs = len(tokens), self.block_size
         host = self._host[self._turn]
         self._turn ^= 1
@@ -116,6 +117,8 @@ class DecodeGraphs:
         p = pos[:b]
         slots[:b] = tab[np.arange(b), p // bs].astype(np.int64) * bs + p % bs
         slots[b:size] = -1
+        if on_device is not None:
+            on_device()
         for name, dst in (("ids", self.input_ids), ("pos", self.positions), ("slots", self.slot_mapping),
                           ("lens", self.seq_lens), ("tables", self.block_tables)):
             dst[:size].copy_(host[name][:size], non_blocking=True)

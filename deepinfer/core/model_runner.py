@@ -105,8 +105,9 @@ class ModelRunner:
         self.device = device
         self.sampler = sampler
         self.graphs: DecodeGraphs | None = None
-        #: (start, end) device events of every launched step, when a benchmark sets it to a list
-        self.timeline: list[tuple[Any, Any]] | None = None
+        #: (start, end, decode_only) of every launched step, when a benchmark sets it to a list:
+        #: device events recorded just before the step's first device work and after its last
+        self.timeline: list[tuple[Any, Any, bool]] | None = None
         self._prev_tokens: torch.Tensor | None = None  # the last launched step's samples
         self._prev_rows: dict[str, int] = {}            # request id -> row of _prev_tokens
 
@@ -150,19 +151,23 @@ class ModelRunner:
     @torch.inference_mode()
     def launch(self, out: SchedulerOutput) -> StepInFlight:
         """Queue one step on the device; the samples stay there (see ``collect``)."""
-        timing = None
-        if self.timeline is not None:
-            timing = (torch.Event(self.device, enable_timing=True), torch.Event(self.device, enable_timing=True))
-            timing[0].record()
         seqs, pending = self._inputs(out)
         prev = self._prev_tokens if pending else None
+        decode_only = not out.draft_tokens and all(len(t) == 1 for t, _, _ in seqs)
+        timing = None
+        if self.timeline is not None:
+            timing = (torch.Event(self.device, enable_timing=True), torch.Event(self.device, enable_timing=True),
+                      decode_only)
+        mark = timing[0].record if timing is not None else None
         graph_size = None
-        if self.graphs is not None and not out.draft_tokens and all(len(t) == 1 for t, _, _ in seqs):
+        if self.graphs is not None and decode_only:
             graph_size = self.graphs.size_for(len(seqs), max(start + 1 for _, start, _ in seqs))
         if graph_size is not None:
             hidden = self.graphs.run(graph_size, [t[0] for t, _, _ in seqs], [s for _, s, _ in seqs],
-                                     [b for _, _, b in seqs], prev)
+                                     [b for _, _, b in seqs], prev, mark)
         else:
+            if mark is not None:
+                mark()
             batch = build_step_batch(seqs, self.block_size, self.device, prev)
             meta = self.attention.build_metadata(batch)
             hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, meta)

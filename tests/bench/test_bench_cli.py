@@ -1,0 +1,51 @@
+"""`deepinfer bench latency | throughput | prefill` end to end on a tiny random model (CPU): the
+report, --json, --plot and the peer subset. Speed itself is never asserted here."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def _bench(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "deepinfer.cli", "bench", *args, "--random-model", "llama-tiny",
+                           "--device", "cpu", "--repeats", "1"], capture_output=True, text=True, timeout=600)
+
+
+def test_latency_writes_json_and_a_chart(tmp_path):
+    import matplotlib.image
+
+    png, js = tmp_path / "lat.png", tmp_path / "lat.json"
+    res = _bench("latency", "--batch", "2", "--input-len", "16", "--output-len", "8", "--plot", str(png),
+                 "--json", str(js))
+    assert res.returncode == 0, res.stderr[-2000:]
+    got = json.loads(js.read_text())
+    assert got["results"][0]["output_tokens"] == 16
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert matplotlib.image.imread(str(png)).shape[:2] == (480, 840)  # 7 x 4 inches at 120 dpi
+    assert f"chart written to {png}" in res.stdout
+
+
+def test_throughput_peer_on_a_subset(tmp_path):
+    js = tmp_path / "tp.json"
+    res = _bench("throughput", "--num-requests", "5", "--min-len", "4", "--max-len", "12", "--peer", "hf",
+                 "--peer-requests", "2", "--json", str(js))
+    assert res.returncode == 0, res.stderr[-2000:]
+    ours, peer = json.loads(js.read_text())["results"]
+    from deepinfer.bench.workloads import uniform
+
+    wl = uniform(5, 4, 12, 8192)
+    assert ours["output_tokens"] == sum(wl.output_lens)
+    # transformers' generate_batch runs each of the two requests to the longest of their lengths
+    assert peer["name"].endswith("(2 requests)") and peer["output_tokens"] == 2 * max(wl.output_lens[:2])
+    assert "ratio deepinfer / peer" in res.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (("latency", "--gpu-idle", "--batch", "1", "--input-len", "4", "--output-len", "2"), "device events"),
+])
+def test_bad_requests_say_what_is_wrong(args, message):
+    res = _bench(*args)
+    assert res.returncode != 0 and message in res.stderr

@@ -1,0 +1,127 @@
+"""Decode steps replayed from device graphs give the eager engine's tokens: padded batches, the
+overlap path's placeholders resolved into the static inputs, and eager fallback for long sequences.
+
+On the CPU the graphs are stood in for by ``EagerGraphs``, which re-runs the captured function on
+the same static tensors at every replay (so a step that fills them wrongly fails), with the Triton
+backend in the interpreter (in a subprocess: TRITON_INTERPRET must be set before triton is
+imported). On a GPU the real CUDA graphs run.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+from deepinfer.plugins import DeviceGraphs
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class EagerGraphs(DeviceGraphs):
+    """A stand-in for CUDA graphs: replay re-runs the function and refills the captured output."""
+
+    def __init__(self) -> None:
+        self.captured = 0
+
+    def capture(self, fn):
+        self.captured += 1
+        out = fn().clone()
+        return (lambda: out.copy_(fn())), out
+
+
+def _prompts(lengths: list[int]) -> list[list[int]]:
+    return [[6 + (i * 11 + j * 7) % 300 for j in range(n)] for i, n in enumerate(lengths)]
+
+
+def run_both(model_dir: str, prompts, max_tokens: list[int], graphs_factory, sizes, max_seq_len: int, **engine) -> dict:
+    """Greedy tokens with graphs off and on, and the captured sizes the graph steps replayed."""
+    from deepinfer import LLM, SamplingParams
+    from deepinfer.core.graphs import DecodeGraphs
+
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in max_tokens]
+    replayed: Counter[int] = Counter()
+    run = DecodeGraphs.run
+
+    def counting(self, size, *args):
+        replayed[size] += 1
+        return run(self, size, *args)
+
+    out = {}
+    DecodeGraphs.run = counting
+    try:
+        for name in ("eager", "graphs"):
+            llm = LLM(model_dir, plugins=["triton"], progress=False, enforce_eager=True, **engine)
+            if name == "graphs":
+                llm.engine.runner.enable_graphs(graphs_factory(), sizes, max_seq_len)
+            res = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+            out[name] = [o.outputs[0].token_ids for o in res]
+            llm.engine.kv.pool.check_all_free()
+    finally:
+        DecodeGraphs.run = run
+    out["replayed"] = {str(k): v for k, v in replayed.items()}
+    return out
+
+
+def test_graph_steps_give_the_eager_tokens_in_the_interpreter(tmp_path):
+    from tests.tiny_models import hybrid, make_model
+
+    make_model(tmp_path, "qwen3", **hybrid(12))
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    res = subprocess.run([sys.executable, "-m", "tests.plugins.test_graphs", str(tmp_path)], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=600, check=False)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    assert got["graphs"] == got["eager"]
+    # three sequences pad to the captured 4, then two replay 2; the longest outgrows max_seq_len
+    # and the steps that hold it run eagerly
+    assert got["replayed"].get("4", 0) > 0 and got["replayed"].get("2", 0) > 0
+    assert sum(got["replayed"].values()) < got["decode_steps"]
+    assert got["captured"] == 3
+
+
+def test_graphs_need_an_attention_plugin_that_supports_them(tmp_path):
+    from deepinfer import LLM
+    from tests.tiny_models import make_model
+
+    make_model(tmp_path, "llama", with_tokenizer=False)
+    llm = LLM(str(tmp_path), progress=False)
+    with pytest.raises(ValueError, match="cannot run in device graphs"):
+        llm.engine.runner.enable_graphs(EagerGraphs(), [1, 2], 64)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("overlap", [True, False])
+def test_cuda_graphs_give_the_eager_tokens(tmp_path, overlap):
+    from deepinfer_builtin.cuda import CUDAGraphs
+    from tests.tiny_models import hybrid, make_model
+
+    make_model(tmp_path, "qwen3", **hybrid(24))
+    prompts = _prompts([5, 40, 130, 17, 260, 3, 77])
+    # the 260-token prompt outgrows the captured 256 and ends early; the rest then replay graphs
+    got = run_both(str(tmp_path), prompts, [40, 9, 33, 1, 12, 25, 20], lambda: CUDAGraphs(torch.device("cuda")), [1, 2, 4, 8], 256,
+                   device="sm90", dtype="float32", kv_cache_memory_gb=0.5, max_model_len=512,
+                   plugin_options={"fcfs": {"overlap": overlap}})
+    assert got["graphs"] == got["eager"]
+    assert sum(got["replayed"].values()) > 0
+
+
+def _main(model_dir: str) -> None:
+    factory = EagerGraphs()
+    # decodes: 3 sequences (until the first ends), then 2, then the long one alone past 36 tokens
+    max_tokens = [4, 14, 9]
+    got = run_both(model_dir, _prompts([3, 30, 9]), max_tokens, lambda: factory, [1, 2, 4], 36, device="cpu",
+                   dtype="float32", block_size=4, num_kv_blocks=64, max_model_len=64,
+                   plugin_options={"triton": {"split_size": 16}})
+    got["captured"] = factory.captured
+    got["decode_steps"] = max(max_tokens) - 1
+    print(json.dumps(got))
+
+
+if __name__ == "__main__":
+    _main(sys.argv[1])
