@@ -43,6 +43,7 @@ def add_bench_parser(sub, add_engine_args, engine_overrides) -> None:
             b.add_argument("--max-len", type=int, default=1024)
             b.add_argument("--peer-requests", type=int, default=None,
                            help="run the peer on only the first N requests (its rate is compared)")
+        b.add_argument("--peer-repeats", type=int, default=None, help="timed runs of the peer (default: --repeats)")
         b.set_defaults(func=lambda a, _ov=engine_overrides: run_bench(a, _ov(a)))
     from deepinfer.bench.prefill import add_prefill_parser
     from deepinfer.bench.prefix import add_prefix_parser
@@ -81,19 +82,21 @@ def run_bench(args: argparse.Namespace, overrides: dict) -> int:
     if args.gpu_idle:
         ours.extra.update(gpu_idle(llm, wl))
     results = [ours]
+    report(args, wl, results, header=True)  # printed now: the peer may take long
+    print(roof, flush=True)
     if args.peer == "hf":
         del llm
         hf = load_hf(model or llm_model_path(), _device_type(overrides), _hf_dtype(overrides))
+        reps = args.peer_repeats or args.repeats
         if args.bench_command == "latency":
-            peer = run_hf_generate(hf, wl, args.repeats)
+            peer = run_hf_generate(hf, wl, reps)
         else:
             n = args.peer_requests or len(wl.prompts)
-            peer = run_hf_generate_batch(hf, wl.head(n), args.repeats)
+            peer = run_hf_generate_batch(hf, wl.head(n), reps)
             if n < len(wl.prompts):
                 peer.name += f" ({n} requests)"
         results.append(peer)
-    report(args, wl, results)
-    print(roof)
+    report(args, wl, results, header=False)
     if args.gpu_idle:
         x = ours.extra
         print(f"device idle: {100 * x['gpu_idle_fraction']:.2f}% of the decode phase ({x['decode_steps']} steps, "
@@ -129,18 +132,28 @@ def _hf_dtype(overrides: dict) -> str:
     return overrides.get("dtype", "auto")
 
 
-def report(args: argparse.Namespace, wl: workloads.Workload, results: list[RunResult]) -> None:
+def report(args: argparse.Namespace, wl: workloads.Workload, results: list[RunResult], header: bool = True) -> None:
+    """The table (with ``header``: its title and deepinfer's row only; without: the rows after the
+    first, the ratio, and the JSON file)."""
     import torch
 
+    if not header:
+        for r in results[1:]:
+            print(f"{r.name:<32}{r.median_s:>10.3f}{r.output_tok_s:>15.1f}{r.total_tok_s:>14.1f}")
+        if len(results) == 2:
+            print(f"ratio deepinfer / peer (output tok/s): {results[0].output_tok_s / results[1].output_tok_s:.2f}x")
+        _write_json(args, results)
+        return
     print(f"deepinfer bench {args.bench_command}: {len(wl.prompts)} requests, "
           f"{wl.num_prompt_tokens} prompt + {wl.num_output_tokens} output tokens; "
           f"median of {args.repeats}; torch {torch.__version__}, {platform.processor() or platform.machine()}, "
           f"{torch.get_num_threads()} threads")
     print(f"{'engine':<32}{'seconds':>10}{'output tok/s':>15}{'total tok/s':>14}")
-    for r in results:
-        print(f"{r.name:<32}{r.median_s:>10.3f}{r.output_tok_s:>15.1f}{r.total_tok_s:>14.1f}")
-    if len(results) == 2:
-        print(f"ratio deepinfer / peer (output tok/s): {results[0].output_tok_s / results[1].output_tok_s:.2f}x")
+    r = results[0]
+    print(f"{r.name:<32}{r.median_s:>10.3f}{r.output_tok_s:>15.1f}{r.total_tok_s:>14.1f}", flush=True)
+
+
+def _write_json(args: argparse.Namespace, results: list[RunResult]) -> None:
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump({"command": args.bench_command, "date": time.strftime("%Y-%m-%d"),
