@@ -48,7 +48,7 @@ class _Checkpoint:
 class _State:
     next_checkpoint: int = 0
     pending_replay: int = -1  # tokens this admission replays, counted once computed
-    from_checkpoint: bool = False
+    outcome: str = "restores"  # which counter the admission counts in
     chain: list = field(default_factory=list)
 
 
@@ -81,9 +81,13 @@ class SwaReplay(CachePolicy):
         self.by_full_block: dict[int, set[tuple[int, bytes]]] = {}  # prefix block id -> checkpoints ending there
         m = ctx.metrics
         m.counter("deepinfer:swa_replay_tokens", "tokens recomputed only because sliding-window state was missing")
-        m.counter("deepinfer:swa_replay_restores", "prefix hits resumed from a sliding-window checkpoint")
-        m.counter("deepinfer:swa_replay_misses", "prefix hits with no checkpoint left: replayed from token 0")
-        m.gauge("deepinfer:swa_replay_max_restore_tokens", "most tokens one restore from a checkpoint replayed")
+        m.counter("deepinfer:swa_replay_restores", "prefix hits at P resumed from the nearest checkpoint, "
+                                                   "floor(P / R) * R: fewer than R tokens replayed")
+        m.counter("deepinfer:swa_replay_older_restores", "prefix hits whose nearest checkpoint was evicted, "
+                                                         "resumed from an older one")
+        m.counter("deepinfer:swa_replay_misses", "prefix hits whose checkpoints were all evicted: replayed from 0")
+        m.counter("deepinfer:swa_replay_dropped_checkpoints", "checkpoints evicted or found stale")
+        m.gauge("deepinfer:swa_replay_max_restore_tokens", "most tokens a restore from the nearest checkpoint replayed")
         m.gauge("deepinfer:swa_replay_checkpoints", "sliding-window checkpoints kept")
         m.gauge("deepinfer:swa_replay_kept_bytes", "bytes of sliding-window KV kept for checkpoints")
         m.gauge("deepinfer:swa_replay_kept_bytes_per_cached_token",
@@ -104,7 +108,7 @@ class SwaReplay(CachePolicy):
         st.pending_replay, st.chain = -1, []
         st.next_checkpoint = self.interval
         p = previous.num_tokens
-        if not p or previous.wait or previous.replay_until:
+        if not p or previous.replay_until:
             return previous
         c = p // self.interval * self.interval
         found = None
@@ -112,13 +116,15 @@ class SwaReplay(CachePolicy):
             found = self._usable(c, previous.blocks)
             if found is None:
                 c -= self.interval
-        st.pending_replay, st.from_checkpoint = p - c, found is not None
+        st.pending_replay = p - c
+        st.outcome = ("restores" if c == p // self.interval * self.interval
+                      else "older_restores" if found is not None else "misses")
         st.next_checkpoint = c + self.interval
         if found is None:
-            return PrefixMatch(previous.blocks, 0, False, (), p)
+            return PrefixMatch(previous.blocks, 0, previous.wait, (), p)
         self.checkpoints.move_to_end((c, previous.blocks[c // self.block_size - 1].block_hash))
         st.chain = found.chain[:c // self.block_size]  # this request's own, appended as it goes
-        return PrefixMatch(previous.blocks, c, False, found.blocks, p)
+        return PrefixMatch(previous.blocks, c, previous.wait, found.blocks, p)
 
     def _usable(self, c: int, blocks: list[Block]) -> _Checkpoint | None:
         n = c // self.block_size
@@ -137,12 +143,10 @@ class SwaReplay(CachePolicy):
         m = self.ctx.metrics
         if st.pending_replay >= 0:  # first step after admission
             m.inc("deepinfer:swa_replay_tokens", st.pending_replay)
-            if st.from_checkpoint:
-                m.inc("deepinfer:swa_replay_restores")
+            m.inc(f"deepinfer:swa_replay_{st.outcome}")
+            if st.outcome == "restores":
                 peak = m.gauges.get("deepinfer:swa_replay_max_restore_tokens", 0)
                 m.set("deepinfer:swa_replay_max_restore_tokens", max(peak, st.pending_replay))
-            else:
-                m.inc("deepinfer:swa_replay_misses")
             st.pending_replay = -1
         while st.next_checkpoint <= request.num_computed_tokens:
             self._keep(request, st, blocks, st.next_checkpoint)
@@ -178,6 +182,7 @@ class SwaReplay(CachePolicy):
         ck = self.checkpoints.pop(key, None)
         if ck is None:
             return
+        self.ctx.metrics.inc("deepinfer:swa_replay_dropped_checkpoints")
         for b in ck.blocks:
             users = self.users.get(b.block_id)
             if users is not None:
@@ -204,12 +209,6 @@ class SwaReplay(CachePolicy):
         st = request.policy_state.get(NAME)
         if st is not None:
             st.pending_replay, st.chain = -1, []
-
-    def clear(self) -> None:
-        """Forget every checkpoint (their blocks stay in the pool as plain free blocks)."""
-        for key in list(self.checkpoints):
-            self._drop(key)
-        self._update_gauges()
 
     def _update_gauges(self) -> None:
         m, kv = self.ctx.metrics, self.ctx.kv
