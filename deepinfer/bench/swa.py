@@ -108,13 +108,16 @@ def run_swa(args, overrides: dict) -> int:
     overrides.setdefault("dtype", "float32")
     overrides.setdefault("block_size", 16)
     overrides.setdefault("max_model_len", args.context + args.context // args.turns + args.output_len * args.turns)
-    if model is None:
-        import torch
+    import torch
 
-        on_gpu = overrides.get("device", "auto") != "cpu" and torch.cuda.is_available()
+    on_gpu = overrides.get("device", "auto") != "cpu" and torch.cuda.is_available()
+    if model is None:
         model = build_random_model(args.random_model, overrides["dtype"], "cuda" if on_gpu else "cpu",
                                    hybrid_window=args.window, max_position_embeddings=overrides["max_model_len"])
     bs = overrides["block_size"]
+    if not on_gpu and "kv_cache_memory_gb" not in overrides:
+        # room for every turn of every conversation: no eviction, and no 1 GiB pools to zero on a CPU
+        overrides.setdefault("num_kv_blocks", args.conversations * args.turns * -(-overrides["max_model_len"] // bs))
     intervals = [int(r) for r in args.intervals.split(",") if r]
     never = -(-overrides["max_model_len"] // bs) * bs + bs  # past every context: no checkpoint is ever taken
     configs = [("prefix-cache (baseline)", ["prefix-cache"], {})]
