@@ -32,6 +32,14 @@ def model_dir(request, tmp_path_factory) -> str:
     return str(path)
 
 
+@pytest.fixture(scope="module")
+def hybrid_dir(tmp_path_factory) -> str:
+    """Window 10 only, for the tests that need not run on both windows."""
+    path = tmp_path_factory.mktemp("qwen3swa-one")
+    make_model(path, "qwen3", with_tokenizer=False, **hybrid(10, LAYERS))
+    return str(path)
+
+
 def _swa(model_dir: str, interval: int = 8, sliding_blocks: int | None = None, **kw) -> LLM:
     opts = {"replay_interval": interval}
     if sliding_blocks is not None:
@@ -77,10 +85,10 @@ def assert_pools_exact(llm: LLM) -> None:
     assert all(key in swa.users[b.block_id] for key, ck in swa.checkpoints.items() for b in ck.blocks)
 
 
-def test_outputs_equal_no_cache_under_eviction_and_preemption(model_dir):
+def test_outputs_equal_no_cache_batched_and_turn_by_turn_under_eviction(model_dir):
     prompts = _conversations(0, 5, 5)
     ref = _reference(model_dir, prompts)
-    # small pools: both evict (prefix blocks and checkpoints); batches of many prompts preempt
+    # small pools: both evict (prefix blocks and checkpoints)
     llm = _swa(model_dir, sliding_blocks=24, num_kv_blocks=40, max_model_len=96, max_num_batched_tokens=16)
     got = [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p} for p in prompts], GREEDY,
                                                         use_tqdm=False)]
@@ -118,10 +126,10 @@ def test_each_hit_replays_the_distance_to_its_checkpoint(model_dir):
     assert_pools_exact(llm)
 
 
-def test_without_surviving_checkpoints_hits_replay_from_the_start(model_dir):
+def test_without_surviving_checkpoints_hits_replay_from_the_start(hybrid_dir):
     prompt = list(range(20, 70))
-    ref = _reference(model_dir, [prompt])
-    llm = _swa(model_dir, interval=8, sliding_blocks=9, max_num_batched_tokens=16, max_model_len=64)
+    ref = _reference(hybrid_dir, [prompt])
+    llm = _swa(hybrid_dir, interval=8, sliding_blocks=9, max_num_batched_tokens=16, max_model_len=64)
     assert llm.generate({"prompt_token_ids": prompt}, GREEDY, use_tqdm=False)[0].outputs[0].token_ids == ref[0]
     # an unrelated request fills the small sliding pool: every checkpoint of the first is evicted
     llm.generate({"prompt_token_ids": list(range(100, 150))}, GREEDY, use_tqdm=False)
@@ -175,16 +183,16 @@ def test_demo_model_outputs_equal_no_cache_with_eviction():
     assert_pools_exact(llm)
 
 
-def test_speculative_decoding_stays_lossless_with_replay(model_dir):
+def test_speculative_decoding_stays_lossless_with_replay(hybrid_dir):
     """The target as its own draft model: drafts are proposed every step and mostly accepted."""
     rng = random.Random(7)
     base = [rng.randrange(6, 320) for _ in range(44)]
     prompts = [base[:40], base[:30] + [9, 10]]
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
-    ref = _reference(model_dir, prompts, params)
-    llm = LLM(model_dir, dtype="float32", block_size=4, progress=False,
+    ref = _reference(hybrid_dir, prompts, params)
+    llm = LLM(hybrid_dir, dtype="float32", block_size=4, progress=False,
               plugins=["prefix-cache", "swa-replay", "draft-model"],
-              plugin_options={"swa-replay": {"replay_interval": 8}, "draft-model": {"model": model_dir}})
+              plugin_options={"swa-replay": {"replay_interval": 8}, "draft-model": {"model": hybrid_dir}})
     for p, r in zip(prompts, ref, strict=True):
         assert llm.generate({"prompt_token_ids": p}, params, use_tqdm=False)[0].outputs[0].token_ids == r
     m = llm.get_metrics()
@@ -193,13 +201,6 @@ def test_speculative_decoding_stays_lossless_with_replay(model_dir):
 
 
 # ---------------------------------------------------------------------------------------- refusals
-@pytest.fixture(scope="module")
-def hybrid_dir(tmp_path_factory) -> str:
-    path = tmp_path_factory.mktemp("qwen3swa-refuse")
-    make_model(path, "qwen3", with_tokenizer=False, **hybrid(10))
-    return str(path)
-
-
 def test_without_prefix_cache_is_refused_naming_both(hybrid_dir):
     with pytest.raises(PluginError, match=r"'swa-replay' needs plugin 'prefix-cache'.*prefix-cache,swa-replay"):
         LLM(hybrid_dir, plugins=["swa-replay"], progress=False)
