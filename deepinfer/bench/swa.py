@@ -125,20 +125,23 @@ def run_swa(args, overrides: dict) -> int:
                 for r in intervals]
     configs.append(("swa-replay, no checkpoints", ["prefix-cache", "swa-replay"],
                     {"swa-replay": {"replay_interval": never}}))
-    vocab = _vocab(model)
+    vocab, args.window = _model_facts(model)
     rows = []
     for label, plugins, options in configs:
         rows.append(_run(model, label, extra + plugins, options, args, vocab, overrides))
         _release_memory()
+    args.dtype_used = overrides["dtype"]
     report(args, rows)
     return 0
 
 
-def _vocab(model: str) -> int:
+def _model_facts(model: str) -> tuple[int, int | None]:
+    """Vocabulary size and sliding window of a model directory."""
     import json
     from pathlib import Path
 
-    return int(json.loads((Path(model) / "config.json").read_text())["vocab_size"])
+    cfg = json.loads((Path(model) / "config.json").read_text())
+    return int(cfg["vocab_size"]), cfg.get("sliding_window")
 
 
 def report(args, rows: list[Row]) -> None:
@@ -147,7 +150,8 @@ def report(args, rows: list[Row]) -> None:
     import torch
 
     print(f"deepinfer bench swa: {args.conversations} conversations x {args.turns} turns to {args.context} tokens, "
-          f"branch {args.branch:.0%}, window {args.window}, {args.output_len} output tokens; torch {torch.__version__}, "
+          f"branch {args.branch:.0%}, window {args.window}, {args.output_len} output tokens, {args.dtype_used}; "
+          f"torch {torch.__version__}, "
           f"{platform.processor() or platform.machine()}")
     print(f"{'':<28}{'replayed/hit':>13}{'prefill/req':>13}{'kept SWA MiB':>14}{'B/cached tok':>14}{'seconds':>9}")
     for r in rows:
