@@ -15,7 +15,6 @@ position is evicted, and is checked on every hit against the blocks the prefix c
 """
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -76,7 +75,7 @@ class SwaReplay(CachePolicy):
             raise PluginError(f"plugin {NAME!r} stacks on 'prefix-cache': list prefix-cache first "
                               f"(--plugins prefix-cache,{NAME})")
         self.window = max(windows)
-        self.checkpoints: OrderedDict[tuple[int, bytes], _Checkpoint] = OrderedDict()
+        self.checkpoints: dict[tuple[int, bytes], _Checkpoint] = {}  # (c, prefix key of the block ending at c)
         self.users: dict[int, set[tuple[int, bytes]]] = {}  # sliding block id -> checkpoints using it
         self.by_full_block: dict[int, set[tuple[int, bytes]]] = {}  # prefix block id -> checkpoints ending there
         m = ctx.metrics
@@ -122,14 +121,13 @@ class SwaReplay(CachePolicy):
         st.next_checkpoint = c + self.interval
         if found is None:
             return PrefixMatch(previous.blocks, 0, previous.wait, (), p)
-        self.checkpoints.move_to_end((c, previous.blocks[c // self.block_size - 1].block_hash))
         st.chain = found.chain[:c // self.block_size]  # this request's own, appended as it goes
         return PrefixMatch(previous.blocks, c, previous.wait, found.blocks, p)
 
     def _usable(self, c: int, blocks: list[Block]) -> _Checkpoint | None:
         n = c // self.block_size
         ck = self.checkpoints.get((c, blocks[n - 1].block_hash))
-        if ck is None or ck.position != c:
+        if ck is None:
             return None
         # the prefix cache compared each matched block's tokens with the request's; these being the
         # very blocks (and contents) the checkpoint was taken over makes the two prefixes equal
