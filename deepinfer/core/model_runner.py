@@ -25,8 +25,8 @@ class RunnerOutput:
     num_verified: dict[str, int] = field(default_factory=dict)
 
 
-def _tables(block_ids: list[list[int]], pad: int = 0) -> np.ndarray:
-    tables = np.full((len(block_ids), max([1, *map(len, block_ids)])), pad, dtype=np.int32)
+def _tables(block_ids: list[list[int]]) -> np.ndarray:
+    tables = np.zeros((len(block_ids), max([1, *map(len, block_ids)])), dtype=np.int32)
     for i, ids in enumerate(block_ids):
         tables[i, :len(ids)] = ids
     return tables
