@@ -30,6 +30,8 @@ def add_swa_parser(bsub, add_engine_args, engine_overrides) -> None:
     b.add_argument("--conversations", type=int, default=4)
     b.add_argument("--branch", type=float, default=0.3, help="chance a turn branches off mid-context")
     b.add_argument("--output-len", type=int, default=8)
+    b.add_argument("--sliding-pool-blocks", type=int, default=None,
+                   help="swa-replay's sliding-window pool size (default: as many blocks as the full pool)")
     b.set_defaults(func=lambda a, _ov=engine_overrides: run_swa(a, _ov(a)))
 
 
@@ -67,6 +69,7 @@ class Row:
     computed: float
     kept_bytes: float
     cached_tokens: float
+    outcomes: str  # hits resumed from the nearest checkpoint / an older one / token 0
 
 
 def _run(model: str, label: str, plugins: list[str], options: dict, args, vocab: int, overrides: dict) -> Row:
@@ -87,14 +90,15 @@ def _run(model: str, label: str, plugins: list[str], options: dict, args, vocab:
     cached_tokens = m.get("deepinfer:prefix_cache_cached_blocks", 0) * eng.config.block_size
     if "swa-replay" in plugins:
         kept = m["deepinfer:swa_replay_kept_bytes"]
-        hits = sum(m[f"deepinfer:swa_replay_{k}"] for k in ("restores", "older_restores", "misses"))
+        counts = [int(m[f"deepinfer:swa_replay_{k}"]) for k in ("restores", "older_restores", "misses")]
+        hits, outcomes = sum(counts), "/".join(map(str, counts))
     else:  # prefix-cache alone keeps the sliding-window layers' KV of every cached token
         sliding = [s for s in eng.ctx.layers if s.sliding_window is not None]
         per_block = eng.runner.attention.kv_cache_bytes_per_block(sliding, eng.config.block_size, eng.ctx.dtype)
         kept = cached_tokens / eng.config.block_size * per_block
-        hits = args.conversations * (args.turns - 1)
+        hits, outcomes = args.conversations * (args.turns - 1), "-"
     return Row(label, seconds, requests, int(hits), m.get("deepinfer:swa_replay_tokens", 0),
-               m["deepinfer:prompt_tokens_computed"], kept, cached_tokens)
+               m["deepinfer:prompt_tokens_computed"], kept, cached_tokens, outcomes)
 
 
 def run_swa(args, overrides: dict) -> int:
@@ -121,10 +125,11 @@ def run_swa(args, overrides: dict) -> int:
     intervals = [int(r) for r in args.intervals.split(",") if r]
     never = -(-overrides["max_model_len"] // bs) * bs + bs  # past every context: no checkpoint is ever taken
     configs = [("prefix-cache (baseline)", ["prefix-cache"], {})]
-    configs += [(f"swa-replay R={r}", ["prefix-cache", "swa-replay"], {"swa-replay": {"replay_interval": r}})
+    pool = {} if args.sliding_pool_blocks is None else {"sliding_pool_blocks": args.sliding_pool_blocks}
+    configs += [(f"swa-replay R={r}", ["prefix-cache", "swa-replay"], {"swa-replay": {"replay_interval": r, **pool}})
                 for r in intervals]
     configs.append(("swa-replay, no checkpoints", ["prefix-cache", "swa-replay"],
-                    {"swa-replay": {"replay_interval": never}}))
+                    {"swa-replay": {"replay_interval": never, **pool}}))
     vocab, args.window = _model_facts(model)
     rows = []
     for label, plugins, options in configs:
@@ -153,9 +158,12 @@ def report(args, rows: list[Row]) -> None:
           f"branch {args.branch:.0%}, window {args.window}, {args.output_len} output tokens, {args.dtype_used}; "
           f"torch {torch.__version__}, "
           f"{platform.processor() or platform.machine()}")
-    print(f"{'':<28}{'replayed/hit':>13}{'prefill/req':>13}{'kept SWA MiB':>14}{'B/cached tok':>14}{'seconds':>9}")
+    pool = "" if args.sliding_pool_blocks is None else f"; sliding pool {args.sliding_pool_blocks} blocks"
+    print(f"hits resumed from the nearest checkpoint / an older one / token 0 in 'near/old/0'{pool}")
+    print(f"{'':<28}{'replayed/hit':>13}{'prefill/req':>13}{'kept SWA MiB':>14}{'B/cached tok':>14}{'seconds':>9}"
+          f"{'near/old/0':>12}")
     for r in rows:
         per_hit = r.replayed / r.hits if r.hits else 0.0
         per_tok = r.kept_bytes / r.cached_tokens if r.cached_tokens else 0.0
         print(f"{r.label:<28}{per_hit:>13.1f}{r.computed / r.requests:>13.1f}{r.kept_bytes / 2**20:>14.2f}"
-              f"{per_tok:>14.1f}{r.seconds:>9.2f}")
+              f"{per_tok:>14.1f}{r.seconds:>9.2f}{r.outcomes:>12}")

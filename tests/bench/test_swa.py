@@ -33,7 +33,7 @@ def test_bench_swa_reports_every_configuration(capsys):
     rc = main(["bench", "swa", "--window", "32", "--context", "192", "--turns", "3", "--conversations", "2",
                "--intervals", "32,64", "--output-len", "2", "--device", "cpu", "--num-kv-blocks", "96"])
     assert rc == 0
-    rows = {line[:28].strip(): line[28:].split() for line in capsys.readouterr().out.splitlines()[2:]}
+    rows = {line[:28].strip(): line[28:].split() for line in capsys.readouterr().out.splitlines()[3:]}
     assert list(rows) == ["prefix-cache (baseline)", "swa-replay R=32", "swa-replay R=64",
                           "swa-replay, no checkpoints"]
     replayed = {k: float(v[0]) for k, v in rows.items()}
