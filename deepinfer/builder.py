@@ -117,7 +117,8 @@ def _check_sliding_pool(attention, sliding_layers: list, num_blocks: int, bs: in
     if num_blocks < need:
         raise ValueError(f"the sliding-window KV pool has {num_blocks} blocks of {bs} tokens; one request "
                          f"needs {need} (its window of {window} plus one step of up to "
-                         f"{config.max_num_batched_tokens} tokens); give it more blocks")
+                         f"{config.max_num_batched_tokens} tokens); give it more blocks (the cache policy's "
+                         "sliding_pool_blocks option, for swa-replay) or lower max_num_batched_tokens")
 
 
 def build_engine(config: EngineConfig, progress: bool = True) -> LLMEngine:
