@@ -13,15 +13,15 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from deepinfer.plugins import AttentionBackend, AttentionLayerSpec, StepBatch
+from deepinfer.plugins import AttentionBackend, AttentionLayerSpec, KVGroupBatch, StepBatch
 
 
 @dataclass(frozen=True, slots=True)
 class TorchAttentionMetadata:
-    slot_mapping: torch.Tensor     # [T]
+    writes: tuple[tuple[torch.Tensor, torch.Tensor | None], ...]  # per KV group: slots to write, rows of T
     q_index: torch.Tensor | None   # [B, max_q] into the T tokens (None: decode, one token each)
     out_index: torch.Tensor | None  # [T] into the flattened [B * max_q] rows
-    kv_slots: dict[int | None, torch.Tensor]  # window -> [B, n_kv] cache slots of the keys to read
+    kv_slots: dict[tuple[int, int | None], torch.Tensor]  # (group, window) -> [B, n_kv] slots of keys to read
     masks: dict[int | None, torch.Tensor | None]  # window -> [B, 1, max_q, n_kv] (True: attend)
 
 
@@ -29,6 +29,7 @@ class TorchAttention(AttentionBackend):
     """Reference paged attention: prefill, extend and decode; full and sliding-window layers."""
 
     name = "torch"
+    supports_kv_groups = True
 
     def kv_cache_bytes_per_block(self, layers: Sequence[AttentionLayerSpec], block_size: int,
                                  dtype: torch.dtype) -> int:
@@ -36,7 +37,7 @@ class TorchAttention(AttentionBackend):
         return sum(2 * block_size * spec.num_kv_heads * spec.head_dim * size for spec in layers)
 
     def allocate_kv_cache(self, layers, num_blocks, block_size, dtype, device):
-        self._layer_windows = {s.sliding_window for s in layers if s.sliding_window is not None}
+        self._layer_keys = getattr(self, "_layer_keys", set()) | {(s.kv_group, s.sliding_window) for s in layers}
         # [2, num_blocks * block_size, kv_heads, head_dim]: slot s holds token s % block_size of
         # block s // block_size
         return [torch.zeros(2, num_blocks * block_size, s.num_kv_heads, s.head_dim, dtype=dtype,
@@ -58,31 +59,38 @@ class TorchAttention(AttentionBackend):
             q_index = torch.where(valid_q, starts[:, None] + offs[None, :], torch.zeros_like(q_pos))
             out_index = valid_q.flatten().nonzero().squeeze(1)
         n_blocks = -(-max_kv // bs)
-        tables = batch.block_tables[:, :n_blocks].to(torch.long)
-        kv_slots = (tables[:, :, None] * bs + torch.arange(bs, device=dev)).reshape(b, -1)[:, :max_kv]
-        windows = self._windows
+        groups = batch.kv_groups or (KVGroupBatch(batch.slot_mapping, batch.block_tables, None),)
+        writes = tuple((g.slot_mapping if g.write_rows is None else g.slot_mapping[g.write_rows], g.write_rows)
+                       for g in groups)
+        group_slots = {}
+        for g, grp in enumerate(groups):
+            tables = grp.block_tables[:, :n_blocks].to(torch.long)
+            group_slots[g] = (tables[:, :, None] * bs + torch.arange(bs, device=dev)).reshape(b, -1)[:, :max_kv]
+        keys = self._keys | {(0, None)}
+        windows = {w for _, w in keys if w is not None}
         if max_q == 1 and min(batch.seq_lens_cpu) == max_kv:
             # decodes of equal length need no mask: read exactly each window's keys (a masked
             # attention costs a fixed ~0.1 ms per layer on CPU, the cost of a whole small layer)
-            slots = {w: kv_slots[:, max(0, max_kv - w):] for w in windows}
-            return TorchAttentionMetadata(batch.slot_mapping, None, None, {None: kv_slots, **slots},
-                                          {w: None for w in (None, *windows)})
+            slots = {(g, w): group_slots[g][:, max(0, max_kv - w) if w else 0:] for g, w in keys}
+            return TorchAttentionMetadata(writes, None, None, slots, {w: None for w in (None, *windows)})
         kv_pos = torch.arange(max_kv, device=dev)
         base = (kv_pos[None, None, :] <= q_pos[:, :, None]) & (kv_pos[None, None, :] < seq_lens[:, None, None])
         masks: dict[int | None, torch.Tensor | None] = {None: base[:, None]}
         for w in windows:
             masks[w] = (base & (q_pos[:, :, None] - kv_pos[None, None, :] < w))[:, None]
-        return TorchAttentionMetadata(batch.slot_mapping, q_index, out_index,
-                                      dict.fromkeys((None, *windows), kv_slots), masks)
+        return TorchAttentionMetadata(writes, q_index, out_index, {(g, w): group_slots[g] for g, w in keys}, masks)
 
     @property
-    def _windows(self) -> set[int]:
-        return getattr(self, "_layer_windows", set())
+    def _keys(self) -> set[tuple[int, int | None]]:
+        return getattr(self, "_layer_keys", set())
 
     def forward(self, layer, q, k, v, kv_cache, metadata: TorchAttentionMetadata):
-        kv_cache[0].index_copy_(0, metadata.slot_mapping, k.to(kv_cache.dtype))
-        kv_cache[1].index_copy_(0, metadata.slot_mapping, v.to(kv_cache.dtype))
-        slots = metadata.kv_slots[layer.sliding_window]
+        write_slots, rows = metadata.writes[layer.kv_group]
+        if rows is not None:  # tokens whose KV is cached already are not rewritten
+            k, v = k[rows], v[rows]
+        kv_cache[0].index_copy_(0, write_slots, k.to(kv_cache.dtype))
+        kv_cache[1].index_copy_(0, write_slots, v.to(kv_cache.dtype))
+        slots = metadata.kv_slots[layer.kv_group, layer.sliding_window]
         shape = (*slots.shape, layer.num_kv_heads, layer.head_dim)
         # index_select over flat slots is several times faster on CPU than advanced indexing
         keys = kv_cache[0].index_select(0, slots.flatten()).view(shape)     # [B, n_kv, kvh, D]

@@ -65,6 +65,12 @@ class TritonAttentionMetadata:
     decode_tables: torch.Tensor | None = None       # [Bd, max_blocks] int32
     decode_seq_lens: torch.Tensor | None = None     # [Bd] int32
     decode_max_seq_len: int = 0
+    #: KV groups after the first (sliding-window layers in a pool of their own): slots, tables,
+    #: and the one-token runs' tables
+    extra_groups: tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None], ...] = ()
+
+    def group(self, g: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        return (self.slot_mapping, self.block_tables, self.decode_tables) if g == 0 else self.extra_groups[g - 1]
 
 
 class TritonAttention(AttentionBackend):
@@ -73,6 +79,7 @@ class TritonAttention(AttentionBackend):
     name = "triton"
     Options = TritonAttentionOptions
     supports_graphs = True  # the decode path reads only device tensors; max_seq_len sizes its grid
+    supports_kv_groups = True
 
     @classmethod
     def unavailable_reason(cls) -> str | None:
@@ -117,13 +124,15 @@ class TritonAttention(AttentionBackend):
                   "seq_lens": batch.seq_lens, "context_lens": batch.context_lens,
                   "block_tables": batch.block_tables, "block_size": batch.block_size,
                   "max_query_len": batch.max_query_len, "max_seq_len": batch.max_seq_len}
+        singles = [] if batch.is_decode_only else [i for i, n in enumerate(batch.query_lens_cpu) if n == 1]
+        idx = torch.tensor(singles, dtype=torch.long, device=batch.seq_lens.device) if singles else None
+        common["extra_groups"] = tuple((g.slot_mapping, g.block_tables,
+                                        None if idx is None else g.block_tables[idx].contiguous())
+                                       for g in batch.kv_groups[1:])
         if batch.is_decode_only:
             return TritonAttentionMetadata(decode_only=True, **common)
-        singles = [i for i, n in enumerate(batch.query_lens_cpu) if n == 1]
-        if not singles:
+        if idx is None:
             return TritonAttentionMetadata(decode_only=False, **common)
-        dev = batch.seq_lens.device
-        idx = torch.tensor(singles, dtype=torch.long, device=dev)
         return TritonAttentionMetadata(
             decode_only=False, decode_rows=batch.query_start_loc.to(torch.long)[idx],
             decode_tables=batch.block_tables[idx].contiguous(), decode_seq_lens=batch.seq_lens[idx].contiguous(),
@@ -133,16 +142,17 @@ class TritonAttention(AttentionBackend):
                 kv_cache: torch.Tensor, metadata: TritonAttentionMetadata) -> torch.Tensor:
         kern, m = self.kernels, metadata
         k_cache, v_cache = kv_cache[0], kv_cache[1]
-        kern.write_kv_cache(k, v, k_cache, v_cache, m.slot_mapping)
+        slots, tables, decode_tables = m.group(layer.kv_group)
+        kern.write_kv_cache(k, v, k_cache, v_cache, slots)  # negative slots are skipped
         split = self.options.split_size
         if m.decode_only:
-            return kern.paged_decode_attention(q, k_cache, v_cache, m.block_tables, m.seq_lens, m.block_size,
+            return kern.paged_decode_attention(q, k_cache, v_cache, tables, m.seq_lens, m.block_size,
                                                layer.scale, layer.sliding_window, m.max_seq_len, split)
         out = kern.paged_prefill_attention(q, k_cache, v_cache, m.query_start_loc, m.seq_lens, m.context_lens,
-                                           m.block_tables, m.block_size, layer.scale, layer.sliding_window,
+                                           tables, m.block_size, layer.scale, layer.sliding_window,
                                            m.max_query_len, skip_single=m.decode_rows is not None)
         if m.decode_rows is not None:
             out[m.decode_rows] = kern.paged_decode_attention(
-                q[m.decode_rows], k_cache, v_cache, m.decode_tables, m.decode_seq_lens, m.block_size,
+                q[m.decode_rows], k_cache, v_cache, decode_tables, m.decode_seq_lens, m.block_size,
                 layer.scale, layer.sliding_window, m.decode_max_seq_len, split)
         return out

@@ -48,10 +48,12 @@ def add_bench_parser(sub, add_engine_args, engine_overrides) -> None:
     from deepinfer.bench.prefill import add_prefill_parser
     from deepinfer.bench.prefix import add_prefix_parser
     from deepinfer.bench.spec import add_spec_parser
+    from deepinfer.bench.swa import add_swa_parser
 
     add_prefill_parser(bsub, add_engine_args, engine_overrides)
     add_prefix_parser(bsub, add_engine_args, engine_overrides)
     add_spec_parser(bsub, add_engine_args, engine_overrides)
+    add_swa_parser(bsub, add_engine_args, engine_overrides)
     try:
         from deepinfer.serve.bench import add_bench_serve_parser
     except ImportError:

@@ -16,6 +16,10 @@ SHAPES = {
                                              "high_freq_factor": 4.0,
                                              "original_max_position_embeddings": 8192},
                                rope_theta=500000.0)),
+    # a CPU-sized Qwen3, for `bench swa`'s default run
+    "qwen3-tiny": ("qwen3", dict(hidden_size=256, intermediate_size=688, num_hidden_layers=4,
+                                 num_attention_heads=4, num_key_value_heads=2, head_dim=64, vocab_size=8192,
+                                 tie_word_embeddings=True, max_position_embeddings=4096)),
     "qwen3-0.6b": ("qwen3", dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
                                  num_attention_heads=16, num_key_value_heads=8, head_dim=128, vocab_size=151936,
                                  tie_word_embeddings=True, max_position_embeddings=40960,
@@ -23,14 +27,25 @@ SHAPES = {
 }
 
 
-def build_random_model(shape: str, dtype: str = "float32", device: str = "cpu", out: str | None = None) -> str:
-    """Save a random model of a named shape and return its directory (needs transformers)."""
+def build_random_model(shape: str, dtype: str = "float32", device: str = "cpu", out: str | None = None,
+                       hybrid_window: int | None = None, **overrides) -> str:
+    """Save a random model of a named shape and return its directory (needs transformers).
+
+    ``hybrid_window``: make it a hybrid Qwen3, 3 sliding-window layers (of that window) to 1
+    full-attention layer; ``overrides`` replace config fields."""
     import torch
     import transformers as tf
 
     if shape not in SHAPES:
         raise ValueError(f"unknown model shape {shape!r}; known: {', '.join(SHAPES)}")
     arch, cfg = SHAPES[shape]
+    cfg = {**cfg, **overrides}
+    if hybrid_window is not None:
+        if arch != "qwen3":
+            raise ValueError(f"a hybrid sliding-window model needs a qwen3 shape, not {shape!r}")
+        n = cfg["num_hidden_layers"]
+        cfg.update(use_sliding_window=True, sliding_window=hybrid_window, max_window_layers=0,
+                   layer_types=["full_attention" if i % 4 == 3 else "sliding_attention" for i in range(n)])
     cfg_cls, model_cls = {"llama": (tf.LlamaConfig, tf.LlamaForCausalLM),
                           "qwen3": (tf.Qwen3Config, tf.Qwen3ForCausalLM)}[arch]
     path = Path(out or tempfile.mkdtemp(prefix=f"deepinfer-{shape}-"))

@@ -22,7 +22,7 @@ class EngineContext:
     layers: list[AttentionLayerSpec] = field(default_factory=list)
     model_config: dict[str, Any] = field(default_factory=dict)
     model_path: str | None = None
-    kv: KVCacheManager | None = None
+    kv: KVCacheManager | None = None  # set after the cache policies are built (they may size it)
     dtype: Any = None  # the target model's torch dtype
     #: (model directory, attention backend) -> a loaded model on the engine's device and dtype;
     #: lets a plugin run a second model (a drafter's) without reaching into the core

@@ -98,6 +98,9 @@ class AttentionLayerSpec:
     head_dim: int
     sliding_window: int | None = None  # a token attends to itself and the W-1 before it
     scale: float = 1.0
+    #: which KV pool and block table the layer uses: 0, or 1 for sliding-window layers when a
+    #: cache policy keeps them apart (CachePolicy.sliding_pool_blocks)
+    kv_group: int = 0
 
 
 class AttentionBackend(Plugin, ABC):
@@ -108,6 +111,9 @@ class AttentionBackend(Plugin, ABC):
     #: (a sequence of length 0 is padding: its output is ignored and a negative slot is never
     #: written) and take ``max_seq_len`` as an upper bound, never as the exact maximum
     supports_graphs: ClassVar[bool] = False
+    #: reads each layer's block table and slots from ``StepBatch.kv_groups[layer.kv_group]`` and
+    #: skips negative slots, so sliding-window layers may keep a KV pool of their own
+    supports_kv_groups: ClassVar[bool] = False
 
     @abstractmethod
     def kv_cache_bytes_per_block(self, layers: Sequence[AttentionLayerSpec], block_size: int,
@@ -131,12 +137,19 @@ class AttentionBackend(Plugin, ABC):
 
 # ----------------------------------------------------------------------------------- cache policy
 class PrefixMatch(NamedTuple):
-    """Blocks a request can start from and how many of its tokens they cover. ``wait``: another
-    running request is computing the blocks that come next, so admitting this one later reuses them."""
+    """Blocks a request can start from and how many of its tokens need no computing. ``wait``: another
+    running request is computing the blocks that come next, so admitting this one later reuses them.
+
+    With sliding-window layers in a KV pool of their own, ``window_blocks`` are that pool's blocks
+    holding the window before ``num_tokens`` (the last ends there), and ``replay_until`` > num_tokens
+    says ``blocks`` hold full-attention KV up to it: tokens num_tokens..replay_until run through the
+    model again (a replay) without rewriting that KV."""
 
     blocks: list[Block]
     num_tokens: int
     wait: bool = False
+    window_blocks: tuple[Block, ...] = ()
+    replay_until: int = 0
 
 
 class CachePolicy(Plugin, ABC):
@@ -154,6 +167,11 @@ class CachePolicy(Plugin, ABC):
 
     def on_evict(self, block: Block) -> None:
         """The pool is reusing a block that still carried this policy's hash."""
+
+    def sliding_pool_blocks(self, shared_blocks: int) -> int | None:
+        """Blocks of a KV pool of its own for the sliding-window layers (KV group 1), or None to keep
+        every layer in one pool; ``shared_blocks`` is what one pool of every layer would hold."""
+        return None
 
 
 # ---------------------------------------------------------------------------------------- drafter

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -36,6 +37,14 @@ class CausalLM(nn.Module, ABC):
         for module in self.modules():
             if hasattr(module, "fused_ops"):
                 module.fused_ops = ops
+
+    def assign_kv_groups(self, groups: dict[int, int]) -> list[AttentionLayerSpec]:
+        """Give layer i the KV group ``groups[i]`` (missing: 0); returns the new layer specs."""
+        for module in self.modules():
+            spec = getattr(module, "spec", None)
+            if isinstance(spec, AttentionLayerSpec):
+                module.spec = replace(spec, kv_group=groups.get(spec.layer_idx, 0))
+        return self.attention_layers()
 
     @abstractmethod
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:

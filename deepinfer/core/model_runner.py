@@ -13,7 +13,7 @@ from deepinfer.core.interfaces import AttentionBackend, DeviceGraphs, SchedulerO
 from deepinfer.core.model_registry import CausalLM
 from deepinfer.core.request import PLACEHOLDER_TOKEN, Request
 from deepinfer.core.sampler import Sampler
-from deepinfer.core.step import StepBatch
+from deepinfer.core.step import KVGroupBatch, StepBatch
 
 
 @dataclass(slots=True)
@@ -27,29 +27,50 @@ class RunnerOutput:
     num_verified: dict[str, int] = field(default_factory=dict)
 
 
+def _tables(block_ids: list[list[int]]) -> np.ndarray:
+    tables = np.zeros((len(block_ids), max([1, *map(len, block_ids)])), dtype=np.int32)
+    for i, ids in enumerate(block_ids):
+        tables[i, :len(ids)] = ids
+    return tables
+
+
+def _group(slots: np.ndarray, tables: np.ndarray, device: torch.device) -> KVGroupBatch:
+    skip = slots < 0
+    rows = torch.from_numpy(np.flatnonzero(~skip)).to(device) if skip.any() else None
+    return KVGroupBatch(torch.from_numpy(slots).to(device), torch.from_numpy(tables).to(device), rows)
+
+
 def build_step_batch(seqs: list[tuple[list[int], int, list[int]]], block_size: int,
-                     device: torch.device, prev_tokens: torch.Tensor | None = None) -> StepBatch:
+                     device: torch.device, sliding: list[tuple[list[int], int]] | None = None,
+                     prev_tokens: torch.Tensor | None = None) -> StepBatch:
     """A StepBatch from (token ids to compute, position of the first, block table) per sequence.
-    A negative token id -(r+1) stands for ``prev_tokens[r]`` (a sample still on the device)."""
+
+    ``sliding``, when sliding-window layers keep a KV pool of their own: per sequence, that pool's
+    block table and ``replay_until`` (positions before it get no full-attention KV write). A
+    negative token id -(r+1) stands for ``prev_tokens[r]`` (a sample still on the device)."""
     bs = block_size
     ids: list[int] = []
-    pos_parts, slot_parts = [], []
+    pos_parts, slot_parts, sliding_parts = [], [], []
     q_lens, seq_lens, ctx_lens = [], [], []
-    max_blocks = 1
-    for tokens, start, block_ids in seqs:
+    for i, (tokens, start, block_ids) in enumerate(seqs):
         n = len(tokens)
         ids.extend(tokens)
         pos = np.arange(start, start + n, dtype=np.int64)
-        table = np.asarray(block_ids, dtype=np.int64)
+        slots = np.asarray(block_ids, dtype=np.int64)[pos // bs] * bs + pos % bs
+        if sliding is not None:
+            table, replay_until = sliding[i]
+            slots[pos < replay_until] = -1  # full-attention KV of a replay is cached already
+            sliding_parts.append(np.asarray(table, dtype=np.int64)[pos // bs] * bs + pos % bs)
         pos_parts.append(pos)
-        slot_parts.append(table[pos // bs] * bs + pos % bs)
+        slot_parts.append(slots)
         q_lens.append(n)
         seq_lens.append(start + n)
         ctx_lens.append(start)
-        max_blocks = max(max_blocks, len(block_ids))
-    tables = np.zeros((len(seqs), max_blocks), dtype=np.int32)
-    for i, (_, _, block_ids) in enumerate(seqs):
-        tables[i, :len(block_ids)] = block_ids
+    tables = _tables([b for _, _, b in seqs])
+    slot_mapping = np.concatenate(slot_parts)
+    groups = (_group(slot_mapping, tables, device),)
+    if sliding is not None:
+        groups += (_group(np.concatenate(sliding_parts), _tables([t for t, _ in sliding]), device),)
     qsl = np.zeros(len(q_lens) + 1, dtype=np.int32)
     np.cumsum(q_lens, out=qsl[1:])
     input_ids = torch.tensor(ids, dtype=torch.long, device=device)
@@ -58,16 +79,17 @@ def build_step_batch(seqs: list[tuple[list[int], int, list[int]]], block_size: i
     return StepBatch(
         input_ids=input_ids,
         positions=torch.from_numpy(np.concatenate(pos_parts)).to(device),
-        slot_mapping=torch.from_numpy(np.concatenate(slot_parts)).to(device),
+        slot_mapping=groups[0].slot_mapping,
         query_start_loc=torch.from_numpy(qsl).to(device),
         seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
         context_lens=torch.tensor(ctx_lens, dtype=torch.int32, device=device),
-        block_tables=torch.from_numpy(tables).to(device),
+        block_tables=groups[0].block_tables,
         query_lens_cpu=tuple(q_lens),
         seq_lens_cpu=tuple(seq_lens),
         block_size=bs,
         max_query_len=max(q_lens),
         max_seq_len=max(seq_lens),
+        kv_groups=groups,
     )
 
 
@@ -97,7 +119,7 @@ class ModelRunner:
     """Owns the model, its KV caches and the sampler; executes one step at a time."""
 
     def __init__(self, model: CausalLM, attention: AttentionBackend, kv_caches: list[Any],
-                 block_size: int, device: torch.device, sampler: Sampler) -> None:
+                 block_size: int, device: torch.device, sampler: Sampler, kv_groups: int = 1) -> None:
         self.model = model
         self.attention = attention
         self.kv_caches = kv_caches
@@ -110,9 +132,13 @@ class ModelRunner:
         self.timeline: list[tuple[Any, Any, bool]] | None = None
         self._prev_tokens: torch.Tensor | None = None  # the last launched step's samples
         self._prev_rows: dict[str, int] = {}            # request id -> row of _prev_tokens
+        self.kv_groups = kv_groups
 
     def enable_graphs(self, graphs: DeviceGraphs, batch_sizes: Sequence[int], max_seq_len: int) -> None:
         """Capture decode steps for these batch sizes (sequences up to ``max_seq_len`` tokens)."""
+        if self.kv_groups > 1:
+            raise ValueError("device graphs replay steps with one KV group; sliding-window layers with a pool "
+                             "of their own (swa-replay) run eagerly")
         if not self.attention.supports_graphs:
             raise ValueError(f"the attention plugin {self.attention.name!r} cannot run in device graphs; "
                              "use one that can (triton) or turn graphs off (enforce_eager)")
@@ -139,9 +165,16 @@ class ModelRunner:
             seqs.append((tokens, start, r.block_ids))
         return seqs, pending
 
+    def _sliding(self, out: SchedulerOutput) -> list[tuple[list[int], int]] | None:
+        """Per request, the sliding-window pool's block table and replay_until (one KV group: None)."""
+        if self.kv_groups == 1:
+            return None
+        return [(s.request.sliding_block_ids, s.request.replay_until) for s in out.scheduled]
+
     def prepare(self, out: SchedulerOutput) -> StepBatch:
         seqs, pending = self._inputs(out)
-        return build_step_batch(seqs, self.block_size, self.device, self._prev_tokens if pending else None)
+        return build_step_batch(seqs, self.block_size, self.device, self._sliding(out),
+                                self._prev_tokens if pending else None)
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> RunnerOutput:
@@ -168,7 +201,7 @@ class ModelRunner:
         else:
             if mark is not None:
                 mark()
-            batch = build_step_batch(seqs, self.block_size, self.device, prev)
+            batch = build_step_batch(seqs, self.block_size, self.device, self._sliding(out), prev)
             meta = self.attention.build_metadata(batch)
             hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, meta)
         result = RunnerOutput()

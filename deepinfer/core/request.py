@@ -47,6 +47,12 @@ class Request:
     num_computed_tokens: int = 0
     num_cached_tokens: int = -1  # prompt tokens found in the cache at first schedule
     block_ids: list[int] = field(default_factory=list)
+    #: sliding-window layers' block table when they keep a KV pool of their own (out-of-window
+    #: entries hold the pool's null block)
+    sliding_block_ids: list[int] = field(default_factory=list)
+    #: full-attention KV is cached up to this position: computing tokens before it (a replay)
+    #: writes only the sliding-window layers' KV
+    replay_until: int = 0
     status: RequestStatus = RequestStatus.WAITING
     stop_reason: int | str | None = None
     generator: torch.Generator | None = None

@@ -7,12 +7,23 @@ import torch
 
 
 @dataclass(frozen=True, slots=True)
+class KVGroupBatch:
+    """One KV group's view of a step: where each token's KV goes (negative: not written, it is
+    cached already) and each sequence's block table in that group's pool."""
+
+    slot_mapping: torch.Tensor          # [T] int64
+    block_tables: torch.Tensor          # [B, max_blocks] int32
+    write_rows: torch.Tensor | None     # [W] int64 rows of T with a slot >= 0 (None: every row)
+
+
+@dataclass(frozen=True, slots=True)
 class StepBatch:
     """Flattened tokens of one step and the paged-cache facts attention needs.
 
     Sequence ``i`` contributes tokens ``query_start_loc[i]:query_start_loc[i+1]`` of ``input_ids``;
     they sit at positions ``context_lens[i] ..< seq_lens[i]`` of that sequence, whose KV lives in
-    the blocks ``block_tables[i]`` (padded with 0).
+    the blocks ``block_tables[i]`` (padded with 0). ``kv_groups[g]`` is KV group g's slots and tables
+    (group 0's are ``slot_mapping`` and ``block_tables``); layers pick theirs by ``kv_group``.
     """
 
     input_ids: torch.Tensor        # [T] int64
@@ -27,6 +38,7 @@ class StepBatch:
     block_size: int
     max_query_len: int
     max_seq_len: int
+    kv_groups: tuple[KVGroupBatch, ...] = ()
 
     @property
     def num_seqs(self) -> int:

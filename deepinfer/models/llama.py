@@ -80,19 +80,19 @@ class LlamaForCausalLM(CausalLM):
     def __init__(self, config: ModelConfig, attention: AttentionBackend) -> None:
         super().__init__(config, attention)
         bias = config.attention_bias if self.qkv_bias is None else self.qkv_bias
-        self._specs = [
+        specs = [
             AttentionLayerSpec(i, config.num_attention_heads, config.num_key_value_heads,
                                config.head_dim, config.layer_window(i), config.head_dim ** -0.5)
             for i in range(config.num_hidden_layers)
         ]
-        self.model = Decoder(config, self._specs, bias, self.qk_norm)
+        self.model = Decoder(config, specs, bias, self.qk_norm)
         self.lm_head = None if config.tie_word_embeddings else nn.Linear(
             config.hidden_size, config.vocab_size, bias=False)
         self.rotary = RotaryEmbedding(config.head_dim, config.max_position_embeddings,
                                       config.rope_theta, config.rope_scaling)
 
     def attention_layers(self) -> list[AttentionLayerSpec]:
-        return list(self._specs)
+        return [layer.self_attn.spec for layer in self.model.layers]
 
     def forward(self, input_ids, positions, kv_caches: list[Any], attn_metadata: Any) -> torch.Tensor:
         x = self.model.embed_tokens(input_ids)

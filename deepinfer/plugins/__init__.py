@@ -20,13 +20,13 @@ from deepinfer.core.interfaces import (
     Scheduler,
     SchedulerOutput,
 )
-from deepinfer.core.kv_manager import KVCacheManager
+from deepinfer.core.kv_manager import KVCacheManager, SlidingKV
 from deepinfer.core.metrics import Metrics
 from deepinfer.core.model_runner import build_step_batch
 from deepinfer.core.request import PLACEHOLDER_TOKEN, Request, RequestStatus
 from deepinfer.core.sampler import filter_logits
 from deepinfer.core.sampling_params import SamplingParams
-from deepinfer.core.step import StepBatch
+from deepinfer.core.step import KVGroupBatch, StepBatch
 from deepinfer.plugins.discovery import PluginError, PluginInfo, discover, load
 from deepinfer.plugins.groups import SLOTS, Slot
 from deepinfer.plugins.hookspecs import hookimpl
@@ -45,6 +45,7 @@ __all__ = [
     "Drafter",
     "EngineContext",
     "KVCacheManager",
+    "KVGroupBatch",
     "Metrics",
     "NoFreeBlocksError",
     "NoOptions",
@@ -58,6 +59,7 @@ __all__ = [
     "ScheduledRequest",
     "Scheduler",
     "SchedulerOutput",
+    "SlidingKV",
     "Slot",
     "StepBatch",
     "build_step_batch",

@@ -101,3 +101,11 @@ def test_dtypes_and_head_dims_the_kernel_cannot_take_are_refused(qwen3_swa, monk
         LLM(qwen3_swa, device="cpu", dtype="bfloat16", plugins=["ascend-standin"], block_size=128, progress=False)
     with pytest.raises(ValueError, match="runs in float16, bfloat16, not float32.*--dtype bfloat16"):
         TORCH_NPU_LIMITS.check_layer(128, __import__("torch").float32)
+
+
+def test_swa_replay_is_refused_it_needs_per_group_block_tables(qwen3_swa):
+    from deepinfer.plugins import PluginError
+
+    with pytest.raises(PluginError, match="attention plugin 'ascend-standin' cannot keep the sliding-window"):
+        LLM(qwen3_swa, device="cpu", dtype="float32", plugins=["ascend-standin", "prefix-cache", "swa-replay"],
+            block_size=128, kv_cache_memory_gb=0.01, progress=False)
