@@ -26,6 +26,7 @@ class CPUDevice(Device):
     specificity = 0
     default_attention = "torch"
     dist_backend = "gloo"
+    asynchronous = False  # a step has finished when its Python call returns
 
     @property
     def torch_device(self) -> torch.device:

@@ -58,9 +58,11 @@ class LLMEngine:
         #: sparing a copy of every running request's tokens per step
         self.emit_unfinished = True
         self._seq_owner: dict[str, RequestState] = {}
-        #: plan step N+1 while step N runs (the scheduler's choice; never with a drafter, which
-        #: needs every token on the host)
-        self.overlap = scheduler.overlap and drafter is None
+        #: plan step N+1 while step N runs: the scheduler's choice, on a device that runs queued
+        #: work asynchronously, without a drafter (which needs every token on the host); tests set
+        #: it to exercise the overlapped path on the CPU
+        device = ctx.device
+        self.overlap = scheduler.overlap and drafter is None and (device is None or device.asynchronous)
         self._in_flight: StepInFlight | None = None
         for name in ("prompt_tokens", "prompt_tokens_computed", "generation_tokens", "num_preemptions",
                      "request_success", "request_aborted", "request_sampling_steps"):

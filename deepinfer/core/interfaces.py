@@ -48,6 +48,9 @@ class Device(Plugin, ABC):
     #: the attention plugin used when the config names none
     default_attention: ClassVar[str] = "torch"
     dist_backend: ClassVar[str] = "gloo"
+    #: queued work runs on while the host goes on (accelerators); where it does not (the CPU),
+    #: the engine does not overlap scheduling with execution, which could only add bookkeeping
+    asynchronous: ClassVar[bool] = True
 
     @property
     @abstractmethod

@@ -1,5 +1,8 @@
 """Overlap scheduling (plan step N+1 while step N runs) must not change any output: the same
-tokens, stops, logprobs, cache hits and pool accounting as with overlap off."""
+tokens, stops, logprobs, cache hits and pool accounting as with overlap off.
+
+The CPU runs a step synchronously, so the engine does not overlap there by default; these tests
+switch the overlapped path on (``engine.overlap``) to check its bookkeeping."""
 from __future__ import annotations
 
 import random
@@ -48,7 +51,8 @@ def _workload(seed: int = 0):
 def _run(model_dir: str, overlap: bool, **engine):
     llm = LLM(model_dir, dtype="float32", block_size=4, progress=False,
               plugin_options={"fcfs": {"overlap": overlap}}, **engine)
-    assert llm.engine.overlap is overlap
+    assert llm.engine.overlap is False  # the CPU device runs steps synchronously
+    llm.engine.overlap = overlap
     deferred = 0
     begin = llm.engine._begin_deferred
 
@@ -90,6 +94,7 @@ def test_overlap_gives_the_same_outputs_as_overlap_off(model_dir, engine):
 
 def test_overlap_never_schedules_past_a_length_limit(model_dir):
     llm = LLM(model_dir, dtype="float32", block_size=4, progress=False)
+    llm.engine.overlap = True
     steps = []
     execute = llm.engine.runner.launch
 
@@ -108,6 +113,7 @@ def test_overlap_never_schedules_past_a_length_limit(model_dir):
 def test_abort_while_a_step_is_in_flight_frees_everything(model_dir):
     llm = LLM(model_dir, dtype="float32", block_size=4, progress=False)
     eng = llm.engine
+    eng.overlap = True
     params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
     eng.add_request("a", list(range(10, 40)), params)
     eng.add_request("b", list(range(50, 62)), params)
@@ -118,9 +124,23 @@ def test_abort_while_a_step_is_in_flight_frees_everything(model_dir):
     outs = []
     while eng.has_unfinished_requests():
         outs += eng.step()
-    alone = LLM(model_dir, dtype="float32", block_size=4, progress=False,
-                plugin_options={"fcfs": {"overlap": False}})
+    alone = LLM(model_dir, dtype="float32", block_size=4, progress=False)
     ref = alone.generate({"prompt_token_ids": list(range(50, 62))}, params, use_tqdm=False)[0]
     assert [o.request_id for o in outs] == ["b"]
     assert outs[0].outputs[0].token_ids == ref.outputs[0].token_ids
     eng.kv.pool.check_all_free()
+
+
+def test_overlap_follows_the_scheduler_option_and_the_device(model_dir):
+    from deepinfer_builtin.cpu import CPUDevice
+
+    assert LLM(model_dir, progress=False).engine.overlap is False  # synchronous CPU
+    try:
+        CPUDevice.asynchronous = True  # as an accelerator would say
+        assert LLM(model_dir, progress=False).engine.overlap is True
+        off = LLM(model_dir, progress=False, plugin_options={"fcfs": {"overlap": False}})
+        assert off.engine.overlap is False
+        drafting = LLM(model_dir, progress=False, plugins=["ngram"])
+        assert drafting.engine.overlap is False  # a drafter needs every token on the host
+    finally:
+        CPUDevice.asynchronous = False

@@ -39,8 +39,10 @@ def _prompts(lengths: list[int]) -> list[list[int]]:
     return [[6 + (i * 11 + j * 7) % 300 for j in range(n)] for i, n in enumerate(lengths)]
 
 
-def run_both(model_dir: str, prompts, max_tokens: list[int], graphs_factory, sizes, max_seq_len: int, **engine) -> dict:
-    """Greedy tokens with graphs off and on, and the captured sizes the graph steps replayed."""
+def run_both(model_dir: str, prompts, max_tokens: list[int], graphs_factory, sizes, max_seq_len: int,
+             overlap: bool | None = None, **engine) -> dict:
+    """Greedy tokens with graphs off and on, and the captured sizes the graph steps replayed
+    (``overlap``: force the engine's overlapped path on or off; None: its own choice)."""
     from deepinfer import LLM, SamplingParams
     from deepinfer.core.graphs import DecodeGraphs
 
@@ -57,6 +59,8 @@ def run_both(model_dir: str, prompts, max_tokens: list[int], graphs_factory, siz
     try:
         for name in ("eager", "graphs"):
             llm = LLM(model_dir, plugins=["triton"], progress=False, enforce_eager=True, **engine)
+            if overlap is not None:
+                llm.engine.overlap = overlap
             if name == "graphs":
                 llm.engine.runner.enable_graphs(graphs_factory(), sizes, max_seq_len)
             res = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
@@ -115,7 +119,9 @@ def _main(model_dir: str) -> None:
     factory = EagerGraphs()
     # decodes: 3 sequences (until the first ends), then 2, then the long one alone past 36 tokens
     max_tokens = [4, 14, 9]
-    got = run_both(model_dir, _prompts([3, 30, 9]), max_tokens, lambda: factory, [1, 2, 4], 36, device="cpu",
+    # overlapped: placeholders of the step in flight are resolved into the graphs' static inputs
+    got = run_both(model_dir, _prompts([3, 30, 9]), max_tokens, lambda: factory, [1, 2, 4], 36, overlap=True,
+                   device="cpu",
                    dtype="float32", block_size=4, num_kv_blocks=64, max_model_len=64,
                    plugin_options={"triton": {"split_size": 16}})
     got["captured"] = factory.captured
