@@ -23,6 +23,8 @@ class DeepSparkOptions(DraftModelOptions):
                              description="verify draft j while the estimated chance that drafts 1..j "
                                          "are all accepted is at least this")
     verify_budget: int = Field(0, ge=0, description="draft tokens verified per step over the batch (0: no cap)")
+    early_stop: bool = Field(True, description="stop drafting a request once its latest draft falls below "
+                                               "min_value: no later draft of it could be verified")
     buckets: int = Field(10, ge=1, le=100)
     prior_strength: float = Field(4.0, gt=0.0)
 
@@ -68,8 +70,14 @@ class DeepSparkDrafter(DraftModelDrafter):
             chain.append(p)
         return buckets, chain
 
+    def worth_going_on(self, request: Request, confidence: list[float]) -> bool:
+        """Whether the latest draft would be verified (P_j >= min_value); P only shrinks along j,
+        so when it would not, no later draft would either."""
+        return self.value_chain(confidence)[1][-1] >= self.options.min_value
+
     def propose(self, requests: list[Request]) -> dict[str, DraftProposal]:
-        drafts = self.runner.propose(list(requests), self.k)
+        go_on = self.worth_going_on if self.options.early_stop else None
+        drafts = self.runner.propose(list(requests), self.k, go_on)
         chains = {rid: self.value_chain(d.confidence) for rid, d in drafts.items()}
         n_verify = {rid: sum(1 for v in chain if v >= self.options.min_value) for rid, (_, chain) in chains.items()}
         budget = self.options.verify_budget

@@ -1,6 +1,7 @@
 """A small model with its own paged KV cache, run inside the engine to draft tokens."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -66,7 +67,10 @@ class DraftRunner:
         return True
 
     @torch.inference_mode()
-    def propose(self, requests: list[Request], k: int) -> dict[str, Draft]:
+    def propose(self, requests: list[Request], k: int,
+                go_on: Callable[[Request, list[float]], bool] | None = None) -> dict[str, Draft]:
+        """Up to k draft tokens per request; after each, ``go_on(request, confidences so far)``
+        may end a request's drafting early (its later drafts would be of no use)."""
         live: list[tuple[Request, _DraftSeq]] = []
         feeds = []
         for req in requests:
@@ -87,6 +91,7 @@ class DraftRunner:
         drafted: list[list[int]] = [[] for _ in live]
         probs: list[list[torch.Tensor]] = [[] for _ in live]
         conf: list[list[float]] = [[] for _ in live]
+        active = list(range(len(live)))  # rows of live still drafting, in feed order
         for step in range(k):
             batch = build_step_batch(feeds, self.block_size, self.device)
             meta = self.attention.build_metadata(batch)
@@ -96,19 +101,24 @@ class DraftRunner:
             # greedy rows need only the argmax and its probability: one batched softmax for all
             best_p, best = logits.softmax(-1).max(-1)
             best_p, best = best_p.tolist(), best.tolist()
-            feeds = []
-            for i, (req, seq) in enumerate(live):
+            feeds, still = [], []
+            for row, i in enumerate(active):
+                req, seq = live[i]
                 if req.params.greedy:
-                    token, confidence = best[i], best_p[i]
+                    token, confidence = best[row], best_p[row]
                 else:
-                    token, q = self._sample(logits[i], req, seq)
+                    token, q = self._sample(logits[row], req, seq)
                     confidence = float(q[token])
                     probs[i].append(q)
                 drafted[i].append(token)
                 conf[i].append(confidence)
-                if step < k - 1:
+                if step < k - 1 and (go_on is None or go_on(req, conf[i])):
                     feeds.append(([token], len(seq.tokens), [b.block_id for b in seq.blocks]))
                     seq.tokens.append(token)
+                    still.append(i)
+            active = still
+            if not active:
+                break
         out = {}
         for i, (req, _) in enumerate(live):
             stacked = None if req.params.greedy else torch.stack(probs[i])

@@ -137,6 +137,28 @@ def test_deepspark_table_learns_and_budget_keeps_prefixes():
     assert buckets == [0, 3, 3] and chain == sorted(chain, reverse=True)
 
 
+def test_deepspark_stops_drafting_what_it_would_not_verify(demo_reference):
+    """Early stop spares the draft steps of drafts below min_value and changes nothing else: the
+    same greedy tokens, the same drafts verified and accepted. (With sampling, fewer draft
+    samples leave the draft's generator elsewhere, so sampled drafts differ; outputs stay samples
+    of the target's distribution, which test_rejection_sampler_... checks.)"""
+    runs = {}
+    prompts = DEMO_PROMPTS
+    params = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
+    for early in (True, False):
+        llm = LLM(progress=False, dtype="float32", plugins=["deepspark"],
+                  plugin_options={"deepspark": {"early_stop": early, "min_value": 0.4}})
+        outs = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+        runs[early] = outs, llm.get_metrics()
+        _assert_pools_free(llm)
+    (early_out, early_m), (full_out, full_m) = runs[True], runs[False]
+    assert early_out == full_out == demo_reference
+    for key in ("num_drafts", "num_verified_tokens", "num_accepted_tokens"):
+        assert early_m[f"deepinfer:spec_decode_{key}"] == full_m[f"deepinfer:spec_decode_{key}"], key
+    assert full_m["deepinfer:spec_decode_num_draft_tokens"] == 5 * full_m["deepinfer:spec_decode_num_drafts"]
+    assert early_m["deepinfer:spec_decode_num_draft_tokens"] < full_m["deepinfer:spec_decode_num_draft_tokens"]
+
+
 def test_drafts_with_the_prefix_cache_stay_lossless(demo_reference):
     """Rejected drafts' KV must never reach a cached block: repeat the prompts to hit the cache."""
     llm = LLM(progress=False, dtype="float32", plugins=["prefix-cache", "deepspark"], block_size=4)
