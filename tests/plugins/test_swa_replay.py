@@ -85,11 +85,13 @@ def assert_pools_exact(llm: LLM) -> None:
     assert all(key in swa.users[b.block_id] for key, ck in swa.checkpoints.items() for b in ck.blocks)
 
 
-def test_outputs_equal_no_cache_batched_and_turn_by_turn_under_eviction(model_dir):
+@pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])
+def test_outputs_equal_no_cache_batched_and_turn_by_turn_under_eviction(model_dir, overlap):
     prompts = _conversations(0, 5, 5)
     ref = _reference(model_dir, prompts)
     # small pools: both evict (prefix blocks and checkpoints)
     llm = _swa(model_dir, sliding_blocks=24, num_kv_blocks=40, max_model_len=96, max_num_batched_tokens=16)
+    llm.engine.overlap = overlap  # as on a GPU: window release and checkpoints while a step is in flight
     got = [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p} for p in prompts], GREEDY,
                                                         use_tqdm=False)]
     assert got == ref
