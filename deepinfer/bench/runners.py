@@ -1,6 +1,7 @@
 """Timed runs of one workload on deepinfer and on the transformers peer."""
 from __future__ import annotations
 
+import itertools
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -128,5 +129,5 @@ def gpu_idle(llm, wl: Workload) -> dict[str, float]:
         raise ValueError("the workload ran no decode-only step, so there is no decode phase to measure")
     phase = steps[first:]
     span = phase[0][0].elapsed_time(phase[-1][1])
-    gaps = sum(max(0.0, a[1].elapsed_time(b[0])) for a, b in zip(phase, phase[1:]))
+    gaps = sum(max(0.0, a[1].elapsed_time(b[0])) for a, b in itertools.pairwise(phase))
     return {"gpu_idle_fraction": gaps / span, "decode_phase_ms": span, "decode_steps": len(phase)}

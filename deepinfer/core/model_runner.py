@@ -112,7 +112,6 @@ class StepInFlight:
     ready: Any = None                    # an event recorded after the copy (None: already there)
     #: the engine must collect this step before planning the next (drafts, logprobs, penalties)
     must_sync: bool = False
-    graph_size: int | None = None        # the captured batch size it replayed, if any
 
 
 class ModelRunner:
@@ -171,11 +170,6 @@ class ModelRunner:
             return None
         return [(s.request.sliding_block_ids, s.request.replay_until) for s in out.scheduled]
 
-    def prepare(self, out: SchedulerOutput) -> StepBatch:
-        seqs, pending = self._inputs(out)
-        return build_step_batch(seqs, self.block_size, self.device, self._sliding(out),
-                                self._prev_tokens if pending else None)
-
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> RunnerOutput:
         """Run one step and wait for its results."""
@@ -223,7 +217,7 @@ class ModelRunner:
             else:
                 result.sampled[r.request_id] = []
             start = end
-        flight = StepInFlight(out, result, sampling, graph_size=graph_size,
+        flight = StepInFlight(out, result, sampling,
                               must_sync=bool(verifying) or not all(_overlappable(s.request) for s in out.scheduled))
         if verifying:
             self._verify(hidden, verifying, result)

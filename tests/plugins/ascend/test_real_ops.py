@@ -30,7 +30,7 @@ def torch_npu():
 
 
 def _step(q_lens: list[int], ctx_lens: list[int], block_size: int, device: str) -> StepBatch:
-    """A step like ModelRunner.prepare builds: sequence i owns blocks 1 + i * n .. (n each), shuffled."""
+    """A step like the model runner builds: sequence i owns blocks 1 + i * n .. (n each), shuffled."""
     seq_lens = [q + c for q, c in zip(q_lens, ctx_lens, strict=True)]
     n = max(math.ceil(s / block_size) for s in seq_lens)
     perm = torch.randperm(len(q_lens) * n, generator=torch.Generator().manual_seed(0)) + 1
