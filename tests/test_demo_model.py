@@ -106,10 +106,10 @@ def test_wheel_carries_the_model_files_and_installs_with_them(tmp_path):
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(wheel)],
                    check=True, capture_output=True)
     code = ("import deepinfer, pathlib; from deepinfer import LLM, SamplingParams; "
-            "assert deepinfer.DEMO_MODEL.startswith(%r); "
+            f"assert deepinfer.DEMO_MODEL.startswith({str(site)!r}); "
             "print(LLM(progress=False).generate('import os', SamplingParams(max_tokens=3, temperature=0), "
-            "use_tqdm=False)[0].outputs[0].token_ids)" % str(site))
+            "use_tqdm=False)[0].outputs[0].token_ids)")
     res = subprocess.run([sys.executable, "-c", code], env={"PYTHONPATH": str(site), "PATH": ""},
-                         capture_output=True, text=True, timeout=300, cwd=tmp_path)
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path, check=False)
     assert res.returncode == 0, res.stderr
     assert len(json.loads(res.stdout.strip().splitlines()[-1])) == 3

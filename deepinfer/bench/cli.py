@@ -84,7 +84,8 @@ def run_bench(args: argparse.Namespace, overrides: dict) -> int:
     if args.gpu_idle:
         ours.extra.update(gpu_idle(llm, wl))
     results = [ours]
-    report(args, wl, results, header=True)  # printed now: the peer may take long
+    print_head(args, wl)
+    print_row(ours)  # printed now: the peer may take long
     print(roof, flush=True)
     if args.peer == "hf":
         del llm
@@ -98,7 +99,9 @@ def run_bench(args: argparse.Namespace, overrides: dict) -> int:
             if n < len(wl.prompts):
                 peer.name += f" ({n} requests)"
         results.append(peer)
-    report(args, wl, results, header=False)
+        print_row(peer)
+        print(f"ratio deepinfer / peer (output tok/s): {ours.output_tok_s / peer.output_tok_s:.2f}x")
+    _write_json(args, results)
     if args.gpu_idle:
         x = ours.extra
         print(f"device idle: {100 * x['gpu_idle_fraction']:.2f}% of the decode phase ({x['decode_steps']} steps, "
@@ -134,24 +137,17 @@ def _hf_dtype(overrides: dict) -> str:
     return overrides.get("dtype", "auto")
 
 
-def report(args: argparse.Namespace, wl: workloads.Workload, results: list[RunResult], header: bool = True) -> None:
-    """The table (with ``header``: its title and deepinfer's row only; without: the rows after the
-    first, the ratio, and the JSON file)."""
+def print_head(args: argparse.Namespace, wl: workloads.Workload) -> None:
     import torch
 
-    if not header:
-        for r in results[1:]:
-            print(f"{r.name:<32}{r.median_s:>10.3f}{r.output_tok_s:>15.1f}{r.total_tok_s:>14.1f}")
-        if len(results) == 2:
-            print(f"ratio deepinfer / peer (output tok/s): {results[0].output_tok_s / results[1].output_tok_s:.2f}x")
-        _write_json(args, results)
-        return
     print(f"deepinfer bench {args.bench_command}: {len(wl.prompts)} requests, "
           f"{wl.num_prompt_tokens} prompt + {wl.num_output_tokens} output tokens; "
           f"median of {args.repeats}; torch {torch.__version__}, {platform.processor() or platform.machine()}, "
           f"{torch.get_num_threads()} threads")
     print(f"{'engine':<32}{'seconds':>10}{'output tok/s':>15}{'total tok/s':>14}")
-    r = results[0]
+
+
+def print_row(r: RunResult) -> None:
     print(f"{r.name:<32}{r.median_s:>10.3f}{r.output_tok_s:>15.1f}{r.total_tok_s:>14.1f}", flush=True)
 
 

@@ -178,7 +178,7 @@ class LLMEngine:
         sched = flight.sched
         live = self._live(sched)
         self._account(live, result)
-        finished = self._deliver(live, result, touched)
+        finished = self._deliver([s.request for s in live.scheduled], result, touched)
         self.scheduler.update_after_step(live, result.num_rejected)
         self._finish(finished)
 
@@ -204,11 +204,9 @@ class LLMEngine:
             return sched
         return replace(sched, scheduled=tuple(s for s in sched.scheduled if not s.request.status.finished))
 
-    def _deliver(self, reqs: Sequence[Request] | SchedulerOutput, result: RunnerOutput, touched: dict[str, RequestState]) -> list[Request]:
+    def _deliver(self, reqs: Sequence[Request], result: RunnerOutput, touched: dict[str, RequestState]) -> list[Request]:
         now = time.monotonic()
         finished: list[Request] = []
-        if isinstance(reqs, SchedulerOutput):
-            reqs = [s.request for s in reqs.scheduled]
         for req in reqs:
             tokens = result.sampled.get(req.request_id) or []
             if tokens:

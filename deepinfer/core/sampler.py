@@ -54,7 +54,7 @@ class Sampler:
         logits = logits.float()
         want_logprobs = any(r.params.logprobs is not None for r in requests)
         raw_logprobs = logits.log_softmax(-1) if want_logprobs else None
-        if all(r.params.greedy and not r.params.needs_penalties and not _suppress_eos(r) for r in requests):
+        if _plain_greedy(requests):
             tokens = logits.argmax(-1).tolist()
         else:
             tokens = [self._sample_row(logits[i].clone(), r) for i, r in enumerate(requests)]
@@ -68,7 +68,7 @@ class Sampler:
     def sample_on_device(self, logits: torch.Tensor, requests: Sequence[Request]) -> torch.Tensor:
         """The same tokens as ``__call__`` (requests without logprobs), as an int64 tensor on the
         logits' device; greedy rows never leave it."""
-        if all(r.params.greedy and not _suppress_eos(r) for r in requests):
+        if _plain_greedy(requests):
             return logits.argmax(-1)
         tokens = self(logits, requests)[0]
         return torch.tensor(tokens, dtype=torch.long, device=logits.device)
@@ -87,6 +87,11 @@ class Sampler:
         # exponential race: argmax(p / E) with E ~ Exp(1) draws from p, one generator per request
         noise = torch.empty_like(probs).exponential_(generator=req.generator or self.generator)
         return int((probs / noise).argmax())
+
+
+def _plain_greedy(requests: Sequence[Request]) -> bool:
+    """Every row's token is its argmax: greedy, no penalties, no EOS held back."""
+    return all(r.params.greedy and not r.params.needs_penalties and not _suppress_eos(r) for r in requests)
 
 
 def _suppress_eos(req: Request) -> bool:

@@ -80,8 +80,7 @@ async def create_chat_completion(serving: Serving, req: ChatCompletionRequest, r
         choices=[ChatChoice(index=c.index, message=AssistantMessage(content=c.text),
                             logprobs=_logprobs(serving, c.logprobs, k), finish_reason=c.finish_reason,
                             stop_reason=c.stop_reason) for c in choices],
-        usage=Usage(prompt_tokens=len(ids), completion_tokens=completion, total_tokens=len(ids) + completion,
-                    prompt_tokens_details={"cached_tokens": cached}))
+        usage=Usage.of(len(ids), completion, cached))
     return Response(resp.model_dump_json(), media_type="application/json")
 
 
@@ -104,9 +103,8 @@ async def _stream(serving: Serving, sub: Submission, rid: str, model: str, n: in
                                       finish_reason=c.finish_reason, stop_reason=c.stop_reason)])
 
     def usage_event(completion: int) -> str:
-        usage = Usage(prompt_tokens=num_prompt_tokens, completion_tokens=completion,
-                      total_tokens=num_prompt_tokens + completion)
-        return sse(ChatCompletionChunk(id=rid, created=created, model=model, choices=[], usage=usage))
+        return sse(ChatCompletionChunk(id=rid, created=created, model=model, choices=[],
+                                       usage=Usage.of(num_prompt_tokens, completion)))
 
     async for event in stream_events(sub, n, render, usage_event if include_usage else None):
         yield event

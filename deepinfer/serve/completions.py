@@ -71,8 +71,7 @@ async def create_completion(serving: Serving, req: CompletionRequest, raw: Reque
         id=rid, model=model,
         choices=[CompletionChoice(index=c.index, text=c.text, logprobs=_logprobs(serving, c.logprobs, 0),
                                   finish_reason=c.finish_reason, stop_reason=c.stop_reason) for c in choices],
-        usage=Usage(prompt_tokens=num_prompt, completion_tokens=completion, total_tokens=num_prompt + completion,
-                    prompt_tokens_details={"cached_tokens": cached}))
+        usage=Usage.of(num_prompt, completion, cached))
     return Response(resp.model_dump_json(), media_type="application/json")
 
 
@@ -91,9 +90,8 @@ async def _stream(serving: Serving, sub: Submission, rid: str, model: str, n: in
         return sse(CompletionResponse(id=rid, created=created, model=model, choices=[choice]))
 
     def usage_event(completion: int) -> str:
-        usage = Usage(prompt_tokens=num_prompt_tokens, completion_tokens=completion,
-                      total_tokens=num_prompt_tokens + completion)
-        return sse(CompletionResponse(id=rid, created=created, model=model, choices=[], usage=usage))
+        return sse(CompletionResponse(id=rid, created=created, model=model, choices=[],
+                                      usage=Usage.of(num_prompt_tokens, completion)))
 
     async for event in stream_events(sub, n, render, usage_event if include_usage else None):
         yield event

@@ -160,6 +160,12 @@ class Usage(BaseModel):
     total_tokens: int
     prompt_tokens_details: dict[str, int] | None = None
 
+    @classmethod
+    def of(cls, prompt: int, completion: int, cached: int | None = None) -> Usage:
+        """Token counts of one response (``cached``: prompt tokens found in the prefix cache)."""
+        return cls(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
+                   prompt_tokens_details=None if cached is None else {"cached_tokens": cached})
+
 
 class CompletionLogprobs(BaseModel):
     tokens: list[str] = Field(default_factory=list)
