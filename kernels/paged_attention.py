@@ -1,15 +1,18 @@
 """Paged decode attention: one query token per sequence, keys and values read from the paged cache.
 
-Split-KV in two passes. Pass 1 gives each (sequence, kv head, split) its own program; a split is a
+Split-KV in two passes. Pass 1 computes each (sequence, kv head, split) on its own; a split is a
 FIXED run of ``split_size`` key positions aligned to absolute positions (0..S-1, S..2S-1, ...), so
-how a sequence is split depends on its own length only. Each program handles every query head of
+how a sequence is split depends on its own length only. The grid has up to one program per split;
+past ``max_programs`` in all, a program takes several splits in turn (each computed alone, as
+before), so a grid sized for the longest possible sequence (CUDA graphs) costs no idle programs
+at large batch sizes. Each program handles every query head of
 its kv head (GQA: the group shares one read of K and V) and writes a partial output and its
 log-sum-exp. Pass 2 merges a sequence's splits in order, one at a time. No sum ever runs across a
 sequence boundary or over a batch-sized extent, so a sequence's output is bit-identical whatever
 else is in the batch (batch invariance).
 
 Sliding window W: the query at position p attends keys p-W+1 .. p; splits wholly before the
-window are not launched.
+window are not computed.
 """
 from __future__ import annotations
 
@@ -21,6 +24,10 @@ from deepinfer_kernels._launch import kernel, next_pow2
 
 LOG2E = 1.4426950408889634
 DEFAULT_SPLIT = 256  # key positions per split; a multiple of every BLOCK_N used below
+#: pass 1 launches at most about this many programs; beyond it a program takes several splits in turn
+#: (a CUDA graph sizes its grid for the longest sequence it may see, which would otherwise launch
+#: mostly empty programs at large batch sizes)
+DEFAULT_MAX_PROGRAMS = 4096
 
 
 @kernel(do_not_specialize=["window", "stride_qb", "stride_bt", "stride_pb", "stride_lb"])
@@ -33,14 +40,11 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_
                          WINDOWED: tl.constexpr, IEEE: tl.constexpr):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
-    j = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + b)
     lo = 0
     if WINDOWED:
         lo = tl.maximum(seq_len - window, 0)
-    start = (lo // SPLIT + j) * SPLIT
-    end = tl.minimum(start + SPLIT, seq_len)
-    first_tile = tl.maximum(start, (lo // BLOCK_N) * BLOCK_N)
+    num_splits = tl.where(seq_len > 0, (seq_len - 1) // SPLIT - lo // SPLIT + 1, 0)
 
     g = tl.arange(0, BLOCK_G)
     d = tl.arange(0, BLOCK_D)
@@ -50,41 +54,47 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_
     dot_ty = k_cache_ptr.dtype.element_ty  # dot operands stay in the cache's dtype, products sum in fp32
     q = q.to(dot_ty)
 
-    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_G], tl.float32)
-    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    for n0 in range(first_tile, end, BLOCK_N):
-        pos = n0 + tl.arange(0, BLOCK_N)
-        valid = (pos >= lo) & (pos < end)
-        blk = tl.load(block_tables_ptr + b * stride_bt + pos // BLOCK_SIZE, mask=valid, other=0)
-        slot = blk.to(tl.int64) * BLOCK_SIZE + pos % BLOCK_SIZE
-        kv_off = slot[:, None] * stride_cs + kvh * stride_ch + d[None, :]
-        kv_mask = valid[:, None] & (d[None, :] < HEAD_DIM)
-        k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0)
-        v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0)
-        if IEEE:  # float32 caches: full-precision products, not TF32
-            s = tl.dot(q, tl.trans(k), input_precision="ieee")
-        else:
-            s = tl.dot(q, tl.trans(k))
-        s = tl.where(valid[None, :], s * scale_log2, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_safe)
-        p = tl.exp2(s - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        if IEEE:
-            pv = tl.dot(p, v, input_precision="ieee")
-        else:
-            pv = tl.dot(p.to(dot_ty), v)
-        acc = acc * alpha[:, None] + pv
-        m_i = m_new
+    # This program takes splits j, j + programs, j + 2 * programs, ... of its sequence. A split is
+    # computed the same way whichever program takes it, so the grid's size never changes a number.
+    for j in range(tl.program_id(2), num_splits, tl.num_programs(2)):
+        start = (lo // SPLIT + j) * SPLIT
+        end = tl.minimum(start + SPLIT, seq_len)
+        first_tile = tl.maximum(start, (lo // BLOCK_N) * BLOCK_N)
+        m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_G], tl.float32)
+        acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+        for n0 in range(first_tile, end, BLOCK_N):
+            pos = n0 + tl.arange(0, BLOCK_N)
+            valid = (pos >= lo) & (pos < end)
+            blk = tl.load(block_tables_ptr + b * stride_bt + pos // BLOCK_SIZE, mask=valid, other=0)
+            slot = blk.to(tl.int64) * BLOCK_SIZE + pos % BLOCK_SIZE
+            kv_off = slot[:, None] * stride_cs + kvh * stride_ch + d[None, :]
+            kv_mask = valid[:, None] & (d[None, :] < HEAD_DIM)
+            k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0)
+            v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0)
+            if IEEE:  # float32 caches: full-precision products, not TF32
+                s = tl.dot(q, tl.trans(k), input_precision="ieee")
+            else:
+                s = tl.dot(q, tl.trans(k))
+            s = tl.where(valid[None, :], s * scale_log2, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp2(m_i - m_safe)
+            p = tl.exp2(s - m_safe[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            if IEEE:
+                pv = tl.dot(p, v, input_precision="ieee")
+            else:
+                pv = tl.dot(p.to(dot_ty), v)
+            acc = acc * alpha[:, None] + pv
+            m_i = m_new
 
-    has_keys = l_i > 0.0
-    out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
-    lse = tl.where(has_keys, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
-    tl.store(part_out_ptr + b * stride_pb + heads[:, None] * stride_ph + j * stride_ps + d[None, :],
-             out, mask=q_mask)
-    tl.store(part_lse_ptr + b * stride_lb + heads * stride_lh + j, lse, mask=g < GROUP)
+        has_keys = l_i > 0.0
+        out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
+        lse = tl.where(has_keys, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
+        tl.store(part_out_ptr + b * stride_pb + heads[:, None] * stride_ph + j * stride_ps + d[None, :],
+                 out, mask=q_mask)
+        tl.store(part_lse_ptr + b * stride_lb + heads * stride_lh + j, lse, mask=g < GROUP)
 
 
 @kernel(do_not_specialize=["window", "stride_pb", "stride_lb", "stride_ob"])
@@ -101,8 +111,8 @@ def _decode_reduce_kernel(part_out_ptr, part_lse_ptr, seq_lens_ptr, out_ptr, win
     num_splits = tl.where(seq_len > 0, (seq_len - 1) // SPLIT - lo // SPLIT + 1, 0)
     lse_base = part_lse_ptr + b * stride_lb + h * stride_lh
     d = tl.arange(0, BLOCK_D)
-    m = tl.load(lse_base)
-    for j in range(1, num_splits):
+    m = tl.full([], float("-inf"), tl.float32)
+    for j in range(num_splits):
         m = tl.maximum(m, tl.load(lse_base + j))
     m = tl.where(m == float("-inf"), 0.0, m)
     acc = tl.zeros([BLOCK_D], tl.float32)
@@ -127,10 +137,16 @@ def num_decode_splits(max_seq_len: int, split_size: int, sliding_window: int | N
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, seq_lens: torch.Tensor, block_size: int, scale: float,
                            sliding_window: int | None = None, max_seq_len: int | None = None,
-                           split_size: int = DEFAULT_SPLIT) -> torch.Tensor:
+                           split_size: int = DEFAULT_SPLIT, max_programs: int = DEFAULT_MAX_PROGRAMS,
+                           block_n: int | None = None, num_warps: int = 4, num_stages: int | None = 2
+                           ) -> torch.Tensor:
     """Attention of q [B, H, D] (the token at position seq_len-1 of each sequence) over the cached
     keys/values [num_slots, kv_heads, D]; block_tables [B, max_blocks] int32, seq_lens [B] int32.
-    Returns [B, H, D] in q's dtype. ``max_seq_len`` saves a device sync when the caller knows it."""
+    Returns [B, H, D] in q's dtype. ``max_seq_len`` saves a device sync when the caller knows it.
+    ``max_programs`` caps pass 1's grid (at least one program per sequence and kv head remains);
+    it changes the speed only, never the result. ``block_n`` (keys per tile, dividing split_size;
+    default the largest of 128, 64, 32, 16 that does), ``num_warps`` and ``num_stages`` (None:
+    Triton's default) tune pass 1; the defaults were the fastest on an H200."""
     b, h, d = q.shape
     kvh = k_cache.shape[1]
     _check_shapes(q, k_cache, v_cache, block_tables, seq_lens, split_size)
@@ -145,15 +161,20 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     if q.stride(-1) != 1:
         q = q.contiguous()
     group = h // kvh
-    block_n = 64 if split_size % 64 == 0 else 32 if split_size % 32 == 0 else 16
+    if block_n is None:  # the largest tile that divides the split (128: fastest on an H200, run M)
+        block_n = next(n for n in (128, 64, 32, 16) if split_size % n == 0)
+    elif block_n < 16 or split_size % block_n or block_n & (block_n - 1):
+        raise ValueError(f"block_n {block_n} must be a power of two of at least 16 dividing split_size {split_size}")
+    tuning = {"num_warps": num_warps} if num_stages is None else {"num_warps": num_warps, "num_stages": num_stages}
     window = sliding_window or 0
-    _decode_split_kernel[(b, kvh, splits)](
+    programs = max(1, min(splits, max_programs // (b * kvh)))
+    _decode_split_kernel[(b, kvh, programs)](
         q, k_cache, v_cache, block_tables, seq_lens, part_out, part_lse, scale * LOG2E, window,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), block_tables.stride(0),
         part_out.stride(0), part_out.stride(1), part_out.stride(2), part_lse.stride(0), part_lse.stride(1),
         GROUP=group, HEAD_DIM=d, BLOCK_SIZE=block_size, BLOCK_G=max(16, next_pow2(group)),
         BLOCK_D=max(16, next_pow2(d)), BLOCK_N=block_n, SPLIT=split_size, WINDOWED=sliding_window is not None,
-        IEEE=k_cache.dtype == torch.float32, num_warps=4)
+        IEEE=k_cache.dtype == torch.float32, **tuning)
     _decode_reduce_kernel[(b, h)](
         part_out, part_lse, seq_lens, out, window,
         part_out.stride(0), part_out.stride(1), part_out.stride(2), part_lse.stride(0), part_lse.stride(1),

@@ -48,6 +48,21 @@ def test_decode_of_a_sequence_is_bit_identical_alone_and_in_any_batch(window, dt
     assert torch.equal(run([1, 0])[1], alone[0])
 
 
+@pytest.mark.parametrize("window", [None, 21])
+def test_capped_grid_gives_the_same_bits_as_one_program_per_split(window, device):
+    # a graph's grid is sized for the longest sequence it may see; padding rows have length 0
+    lens = [70, 0, 5, 33]
+    k_cache, v_cache, tables = random_paged_kv(lens, 4, 2, 16, torch.float32, device)
+    q = randn(len(lens), 4, 16, dtype=torch.float32, device=device)
+    args = (q, k_cache, v_cache, tables, i32(lens, device), 4, 0.25, window, 200, 16)
+    full = paged_decode_attention(*args)  # 13 programs per sequence and kv head, most of them idle
+    for cap in (1, 8, 20):  # one program per sequence and kv head, then 1 and 2 per (20 // 8)
+        assert torch.equal(paged_decode_attention(*args, max_programs=cap), full)
+    ref = paged_decode_attention_ref(*args[:8])
+    torch.testing.assert_close(full[[0, 2, 3]], ref[[0, 2, 3]], atol=TOL[torch.float32], rtol=TOL[torch.float32])
+    assert torch.equal(full[1], torch.zeros_like(full[1]))  # no keys: zeros, never stale partials
+
+
 def test_decode_with_no_sequences_returns_empty(device):
     k_cache, v_cache, tables = random_paged_kv([4], 4, 1, 16, torch.float32, device)
     q = torch.empty(0, 2, 16, device=device)
