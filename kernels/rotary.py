@@ -14,43 +14,61 @@ from deepinfer_kernels._launch import kernel, next_pow2
 
 
 @kernel
-def _rotary_kernel(x_ptr, out_ptr, cos_ptr, sin_ptr, pos_ptr, stride_xt, stride_xh, stride_cp,
-                   NUM_HEADS: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr):
+def _rotary_kernel(q_ptr, k_ptr, q_out_ptr, k_out_ptr, cos_ptr, sin_ptr, pos_ptr, qw_ptr, kw_ptr, eps,
+                   stride_qt, stride_qh, stride_kt, stride_kh, stride_cp,
+                   Q_HEADS: tl.constexpr, K_HEADS: tl.constexpr, HALF: tl.constexpr,
+                   BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, NORM: tl.constexpr):
+    """One program per token rotates all of its q heads and k heads (one launch for both); with
+    NORM, each head is RMS-normalised first (Qwen3's q_norm / k_norm)."""
     t = tl.program_id(0)
     p = tl.load(pos_ptr + t).to(tl.int64)
     hh = tl.arange(0, BLOCK_H)[:, None]
     j = tl.arange(0, BLOCK_HALF)[None, :]
-    mask = (hh < NUM_HEADS) & (j < HALF)
-    ty = out_ptr.dtype.element_ty
+    ty = q_out_ptr.dtype.element_ty
     c1 = tl.load(cos_ptr + p * stride_cp + j, mask=j < HALF, other=0.0).to(tl.float32)
     c2 = tl.load(cos_ptr + p * stride_cp + HALF + j, mask=j < HALF, other=0.0).to(tl.float32)
     s1 = tl.load(sin_ptr + p * stride_cp + j, mask=j < HALF, other=0.0).to(tl.float32)
     s2 = tl.load(sin_ptr + p * stride_cp + HALF + j, mask=j < HALF, other=0.0).to(tl.float32)
-    src = x_ptr + t.to(tl.int64) * stride_xt + hh * stride_xh + j
+    t64 = t.to(tl.int64)
+    # q heads, then k heads: the same arithmetic, on the two tensors
+    mask = (hh < Q_HEADS) & (j < HALF)
+    src = q_ptr + t64 * stride_qt + hh * stride_qh + j
     x1 = tl.load(src, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(src + HALF, mask=mask, other=0.0).to(tl.float32)
+    if NORM:  # the eager RMSNorm's rounding: normalised in float32, rounded, times the weight, rounded
+        inv = tl.rsqrt((tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / (2 * HALF) + eps)[:, None]
+        w1 = tl.load(qw_ptr + j, mask=j < HALF, other=0.0).to(tl.float32)
+        w2 = tl.load(qw_ptr + HALF + j, mask=j < HALF, other=0.0).to(tl.float32)
+        x1 = ((x1 * inv).to(ty).to(tl.float32) * w1).to(ty).to(tl.float32)
+        x2 = ((x2 * inv).to(ty).to(tl.float32) * w2).to(ty).to(tl.float32)
     o1 = (x1 * c1).to(ty).to(tl.float32) + (-x2 * s1).to(ty).to(tl.float32)
     o2 = (x2 * c2).to(ty).to(tl.float32) + (x1 * s2).to(ty).to(tl.float32)
-    dst = out_ptr + (t.to(tl.int64) * NUM_HEADS + hh) * (2 * HALF) + j
+    dst = q_out_ptr + (t64 * Q_HEADS + hh) * (2 * HALF) + j
+    tl.store(dst, o1.to(ty), mask=mask)
+    tl.store(dst + HALF, o2.to(ty), mask=mask)
+    mask = (hh < K_HEADS) & (j < HALF)
+    src = k_ptr + t64 * stride_kt + hh * stride_kh + j
+    x1 = tl.load(src, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(src + HALF, mask=mask, other=0.0).to(tl.float32)
+    if NORM:
+        inv = tl.rsqrt((tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / (2 * HALF) + eps)[:, None]
+        w1 = tl.load(kw_ptr + j, mask=j < HALF, other=0.0).to(tl.float32)
+        w2 = tl.load(kw_ptr + HALF + j, mask=j < HALF, other=0.0).to(tl.float32)
+        x1 = ((x1 * inv).to(ty).to(tl.float32) * w1).to(ty).to(tl.float32)
+        x2 = ((x2 * inv).to(ty).to(tl.float32) * w2).to(ty).to(tl.float32)
+    o1 = (x1 * c1).to(ty).to(tl.float32) + (-x2 * s1).to(ty).to(tl.float32)
+    o2 = (x2 * c2).to(ty).to(tl.float32) + (x1 * s2).to(ty).to(tl.float32)
+    dst = k_out_ptr + (t64 * K_HEADS + hh) * (2 * HALF) + j
     tl.store(dst, o1.to(ty), mask=mask)
     tl.store(dst + HALF, o2.to(ty), mask=mask)
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    t, h, d = x.shape
-    if x.stride(-1) != 1:
-        x = x.contiguous()
-    out = torch.empty((t, h, d), dtype=x.dtype, device=x.device)
-    if t and h:
-        _rotary_kernel[(t,)](x, out, cos, sin, positions, x.stride(0), x.stride(1), cos.stride(0),
-                             NUM_HEADS=h, HALF=d // 2, BLOCK_H=next_pow2(h), BLOCK_HALF=next_pow2(d // 2),
-                             num_warps=4)
-    return out
-
-
 def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                 positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotated copies of q [T, H, D] and k [T, kv_heads, D] (contiguous, same dtypes)."""
+                 positions: torch.Tensor, q_norm: torch.Tensor | None = None, k_norm: torch.Tensor | None = None,
+                 eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotated copies of q [T, H, D] and k [T, kv_heads, D] (contiguous, same dtypes). With
+    ``q_norm`` and ``k_norm`` (weights [D]), every head is first RMS-normalised with them (eps),
+    as Qwen3 does before its rotary embedding: one kernel for all four steps."""
     d = q.shape[-1]
     if q.dim() != 3 or k.dim() != 3 or k.shape[-1] != d or d % 2:
         raise ValueError(f"apply_rotary takes q [T, H, D] and k [T, kv_heads, D] with an even D; "
@@ -60,12 +78,37 @@ def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch
                          f"{tuple(sin.shape)}")
     if positions.shape != (q.shape[0],) or k.shape[0] != q.shape[0]:
         raise ValueError(f"positions {tuple(positions.shape)} must give one position per token of q and k")
-    return _rotate(q, cos, sin, positions), _rotate(k, cos, sin, positions)
+    if (q_norm is None) != (k_norm is None) or (q_norm is not None and (q_norm.shape != (d,) or k_norm.shape != (d,))):
+        raise ValueError(f"q_norm and k_norm must both be given, as weights [{d}], or both be None")
+    if q.dtype != k.dtype:
+        raise ValueError(f"q and k must share a dtype; got {q.dtype} and {k.dtype}")
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    if k.stride(-1) != 1:
+        k = k.contiguous()
+    t, h, _ = q.shape
+    kvh = k.shape[1]
+    q_out = torch.empty((t, h, d), dtype=q.dtype, device=q.device)
+    k_out = torch.empty((t, kvh, d), dtype=k.dtype, device=k.device)
+    if t:
+        norm = q_norm is not None
+        _rotary_kernel[(t,)](q, k, q_out, k_out, cos, sin, positions, q_norm if norm else cos,
+                             k_norm if norm else cos, eps, q.stride(0), q.stride(1),
+                             k.stride(0), k.stride(1), cos.stride(0), Q_HEADS=h, K_HEADS=kvh, HALF=d // 2,
+                             BLOCK_H=next_pow2(max(h, kvh)), BLOCK_HALF=next_pow2(d // 2), NORM=norm,
+                             num_warps=4)
+    return q_out, k_out
 
 
-def apply_rotary_ref(q, k, cos, sin, positions):
-    """Torch reference of :func:`apply_rotary` (the eager layer's arithmetic)."""
+def apply_rotary_ref(q, k, cos, sin, positions, q_norm=None, k_norm=None, eps=1e-6):
+    """Torch reference of :func:`apply_rotary` (the eager layers' arithmetic)."""
     c, s = cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)
+    if q_norm is not None:
+        def norm(x, w):
+            h = x.float()
+            return w * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+        q, k = norm(q, q_norm), norm(k, k_norm)
 
     def rot(x):
         half = x.shape[-1] // 2

@@ -65,8 +65,9 @@ class Device(Plugin, ABC):
 
     def fused_ops(self) -> Any | None:
         """Fused kernels the models should use here: an object with ``rms_norm(x, weight, eps,
-        residual=None)``, ``apply_rotary(q, k, cos, sin, positions)`` and ``silu_and_mul(x)``
-        (deepinfer_kernels' signatures), or None for plain torch."""
+        residual=None)``, ``apply_rotary(q, k, cos, sin, positions, q_norm=None, k_norm=None,
+        eps=1e-6)`` (with per-head RMSNorm weights, q and k are normalised first) and
+        ``silu_and_mul(x)`` (deepinfer_kernels' signatures), or None for plain torch."""
         return None
 
     @property

@@ -76,9 +76,16 @@ class RotaryEmbedding(nn.Module):
         self.cos = emb.cos().to(device=device, dtype=dtype)
         self.sin = emb.sin().to(device=device, dtype=dtype)
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                q_norm: RMSNorm | None = None, k_norm: RMSNorm | None = None):
+        """Rotated q and k; with ``q_norm`` and ``k_norm``, each head is normalised first."""
         if self.fused_ops is not None:
-            return self.fused_ops.apply_rotary(q, k, self.cos, self.sin, positions)
+            if q_norm is None:
+                return self.fused_ops.apply_rotary(q, k, self.cos, self.sin, positions)
+            return self.fused_ops.apply_rotary(q, k, self.cos, self.sin, positions, q_norm.weight, k_norm.weight,
+                                               q_norm.eps)
+        if q_norm is not None:
+            q, k = q_norm(q), k_norm(k)
         cos = self.cos[positions].unsqueeze(1)
         sin = self.sin[positions].unsqueeze(1)
         return _rotate(q, cos, sin), _rotate(k, cos, sin)

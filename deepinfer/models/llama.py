@@ -34,9 +34,7 @@ class Attention(nn.Module):
         q = q.view(-1, s.num_heads, s.head_dim)
         k = k.view(-1, s.num_kv_heads, s.head_dim)
         v = v.view(-1, s.num_kv_heads, s.head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rotary(positions, q, k)
+        q, k = rotary(positions, q, k, self.q_norm, self.k_norm)  # q/k norms (Qwen3) fused in where possible
         out = backend.forward(s, q, k, v, kv_cache, meta)
         return self.o_proj(out.reshape(-1, self.q_size))
 

@@ -80,6 +80,8 @@ def _all_calls(dtype: torch.dtype, attention_only: bool) -> None:
     K.rms_norm(q[:, 0], torch.zeros(128, dtype=dtype), 1e-6, q[:, 1])
     K.rms_norm(q, torch.zeros(128, dtype=dtype), 1e-6)
     K.apply_rotary(q, q[:, :2], cache[:, 0], cache[:, 0], torch.zeros(3, dtype=torch.int64))
+    K.apply_rotary(q, q[:, :2], cache[:, 0], cache[:, 0], torch.zeros(3, dtype=torch.int64),
+                   torch.zeros(128, dtype=dtype), torch.zeros(128, dtype=dtype), 1e-6)
     K.silu_and_mul(q[:, :2].reshape(3, 256))
 
 
