@@ -1,0 +1,78 @@
+"""H200, session 3: decode attention tile sweep (keys per tile, warps, pipeline stages) at the
+throughput workload's shape (Qwen3-0.6B: 16/8 heads, D=128, bf16), with a CUDA graph's grid (sized
+for 8,192 tokens). Each variant is timed as a CUDA-graph replay of 20 calls, so host launch time
+is not counted."""
+import itertools
+from functools import partial
+
+import torch
+
+import deepinfer_kernels as K
+
+
+def paged(lens, bs, kvh, d, g):
+    per = [-(-n // bs) for n in lens]
+    total = sum(per) + 1
+    ids = torch.randperm(total, generator=g, device="cuda").to(torch.int32)
+    tables = torch.zeros(len(lens), max(per), dtype=torch.int32, device="cuda")
+    at = 0
+    for i, n in enumerate(per):
+        tables[i, :n] = ids[at:at + n]
+        at += n
+    k = torch.randn(total * bs, kvh, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    return k, torch.randn_like(k), tables
+
+
+def graph_us(fn, calls=20, reps=20):
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        graph.replay()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b) * 1e3 / calls)
+    return sorted(times)[len(times) // 2]
+
+
+g = torch.Generator(device="cuda").manual_seed(0)
+h, kvh, d = 16, 8, 128
+for b, lo, hi in ((256, 300, 1500), (64, 500, 2000), (16, 800, 2000), (1, 530, 531)):
+    lens = torch.randint(lo, hi, (b,), generator=g, device="cuda").tolist()
+    k, v, tables = paged(lens, 16, kvh, d, g)
+    q = torch.randn(b, h, d, device="cuda", dtype=torch.bfloat16)
+    seq = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    nbytes = sum(lens) * kvh * d * 4
+    ref = K.paged_decode_attention(q, k, v, tables, seq, 16, d ** -0.5, None, 8192)
+    rows = []
+    for split, bn, warps, stages in itertools.product((256, 128), (32, 64, 128), (2, 4, 8), (1, 2, 3, 4)):
+        if split % bn:
+            continue
+        fn = partial(K.paged_decode_attention, q, k, v, tables, seq, 16, d ** -0.5, None, 8192, split,
+                     block_n=bn, num_warps=warps, num_stages=stages)
+        try:
+            out = fn()
+            ok = (out.float() - ref.float()).abs().max().item() < 2e-2
+            us = graph_us(fn)
+        except Exception as exc:  # noqa: BLE001  (a variant that does not fit the shared memory)
+            print(f"B={b} split {split} block_n {bn} warps {warps} stages {stages}: {type(exc).__name__}")
+            continue
+        rows.append((us, split, bn, warps, stages, ok))
+    rows.sort()
+    default = next(r for r in rows if r[1:5] == (256, 64, 4, 3))
+    print(f"B={b} lens {lo}-{hi}: default (split 256, block_n 64, 4 warps, 3 stages) {default[0]:.1f} us "
+          f"{nbytes / default[0] / 1e6:.2f} TB/s")
+    for us, split, bn, warps, stages, ok in rows[:8]:
+        print(f"  split {split} block_n {bn} warps {warps} stages {stages}: {us:.1f} us "
+              f"{nbytes / us / 1e6:.2f} TB/s {'ok' if ok else 'WRONG'}", flush=True)
