@@ -30,9 +30,9 @@ DEFAULT_SPLIT = 256  # key positions per split; a multiple of every BLOCK_N used
 DEFAULT_MAX_PROGRAMS = 4096
 
 
-@kernel(do_not_specialize=["window", "stride_qb", "stride_bt", "stride_pb", "stride_lb"])
+@kernel(do_not_specialize=["window", "max_splits", "stride_qb", "stride_bt", "stride_pb", "stride_lb"])
 def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
-                         part_out_ptr, part_lse_ptr, scale_log2, window,
+                         part_out_ptr, part_lse_ptr, scale_log2, window, max_splits,
                          stride_qb, stride_qh, stride_cs, stride_ch, stride_bt,
                          stride_pb, stride_ph, stride_ps, stride_lb, stride_lh,
                          GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
@@ -44,7 +44,8 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_
     lo = 0
     if WINDOWED:
         lo = tl.maximum(seq_len - window, 0)
-    num_splits = tl.where(seq_len > 0, (seq_len - 1) // SPLIT - lo // SPLIT + 1, 0)
+    # never past the partials' buffer, even if the caller's max_seq_len was too small
+    num_splits = tl.minimum(tl.where(seq_len > 0, (seq_len - 1) // SPLIT - lo // SPLIT + 1, 0), max_splits)
 
     g = tl.arange(0, BLOCK_G)
     d = tl.arange(0, BLOCK_D)
@@ -97,8 +98,8 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_
         tl.store(part_lse_ptr + b * stride_lb + heads * stride_lh + j, lse, mask=g < GROUP)
 
 
-@kernel(do_not_specialize=["window", "stride_pb", "stride_lb", "stride_ob"])
-def _decode_reduce_kernel(part_out_ptr, part_lse_ptr, seq_lens_ptr, out_ptr, window,
+@kernel(do_not_specialize=["window", "max_splits", "stride_pb", "stride_lb", "stride_ob"])
+def _decode_reduce_kernel(part_out_ptr, part_lse_ptr, seq_lens_ptr, out_ptr, window, max_splits,
                           stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ob, stride_oh,
                           HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SPLIT: tl.constexpr,
                           WINDOWED: tl.constexpr):
@@ -108,7 +109,7 @@ def _decode_reduce_kernel(part_out_ptr, part_lse_ptr, seq_lens_ptr, out_ptr, win
     lo = 0
     if WINDOWED:
         lo = tl.maximum(seq_len - window, 0)
-    num_splits = tl.where(seq_len > 0, (seq_len - 1) // SPLIT - lo // SPLIT + 1, 0)
+    num_splits = tl.minimum(tl.where(seq_len > 0, (seq_len - 1) // SPLIT - lo // SPLIT + 1, 0), max_splits)
     lse_base = part_lse_ptr + b * stride_lb + h * stride_lh
     d = tl.arange(0, BLOCK_D)
     m = tl.full([], float("-inf"), tl.float32)
@@ -127,7 +128,7 @@ def _decode_reduce_kernel(part_out_ptr, part_lse_ptr, seq_lens_ptr, out_ptr, win
 
 
 def num_decode_splits(max_seq_len: int, split_size: int, sliding_window: int | None) -> int:
-    """Splits to launch per sequence: enough for the longest sequence (or one window)."""
+    """Splits of the longest sequence (or of one window): the partials' buffer holds this many."""
     n = triton.cdiv(max(max_seq_len, 1), split_size)
     if sliding_window is not None:
         n = min(n, triton.cdiv(sliding_window - 1, split_size) + 1)
@@ -145,8 +146,10 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     Returns [B, H, D] in q's dtype. ``max_seq_len`` saves a device sync when the caller knows it.
     ``max_programs`` caps pass 1's grid (at least one program per sequence and kv head remains);
     it changes the speed only, never the result. ``block_n`` (keys per tile, dividing split_size;
-    default the largest of 128, 64, 32, 16 that does), ``num_warps`` and ``num_stages`` (None:
-    Triton's default) tune pass 1; the defaults were the fastest on an H200."""
+    default the largest of 128, 64, 32, 16 that does, at most 64 for float32 or head_dim > 128),
+    ``num_warps`` and ``num_stages`` (None: Triton's default) tune pass 1; the defaults were the
+    fastest on an H200. The tiles fix the order of the sums, so they may change the last bits
+    (never batch invariance: they do not depend on the batch)."""
     b, h, d = q.shape
     kvh = k_cache.shape[1]
     _check_shapes(q, k_cache, v_cache, block_tables, seq_lens, split_size)
@@ -161,22 +164,24 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     if q.stride(-1) != 1:
         q = q.contiguous()
     group = h // kvh
-    if block_n is None:  # the largest tile that divides the split (128: fastest on an H200, run M)
-        block_n = next(n for n in (128, 64, 32, 16) if split_size % n == 0)
+    if block_n is None:  # the largest tile that divides the split (128: fastest on an H200, run M),
+        # but at most 64 keys of float32 or of heads over 128 wide (128 would overflow shared memory)
+        widest = 64 if k_cache.dtype == torch.float32 or d > 128 else 128
+        block_n = next(n for n in (128, 64, 32, 16) if n <= widest and split_size % n == 0)
     elif block_n < 16 or split_size % block_n or block_n & (block_n - 1):
         raise ValueError(f"block_n {block_n} must be a power of two of at least 16 dividing split_size {split_size}")
     tuning = {"num_warps": num_warps} if num_stages is None else {"num_warps": num_warps, "num_stages": num_stages}
     window = sliding_window or 0
     programs = max(1, min(splits, max_programs // (b * kvh)))
     _decode_split_kernel[(b, kvh, programs)](
-        q, k_cache, v_cache, block_tables, seq_lens, part_out, part_lse, scale * LOG2E, window,
+        q, k_cache, v_cache, block_tables, seq_lens, part_out, part_lse, scale * LOG2E, window, splits,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), block_tables.stride(0),
         part_out.stride(0), part_out.stride(1), part_out.stride(2), part_lse.stride(0), part_lse.stride(1),
         GROUP=group, HEAD_DIM=d, BLOCK_SIZE=block_size, BLOCK_G=max(16, next_pow2(group)),
         BLOCK_D=max(16, next_pow2(d)), BLOCK_N=block_n, SPLIT=split_size, WINDOWED=sliding_window is not None,
         IEEE=k_cache.dtype == torch.float32, **tuning)
     _decode_reduce_kernel[(b, h)](
-        part_out, part_lse, seq_lens, out, window,
+        part_out, part_lse, seq_lens, out, window, splits,
         part_out.stride(0), part_out.stride(1), part_out.stride(2), part_lse.stride(0), part_lse.stride(1),
         out.stride(0), out.stride(1),
         HEAD_DIM=d, BLOCK_D=next_pow2(d), SPLIT=split_size, WINDOWED=sliding_window is not None, num_warps=1)

@@ -80,6 +80,9 @@ def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch
         raise ValueError(f"positions {tuple(positions.shape)} must give one position per token of q and k")
     if (q_norm is None) != (k_norm is None) or (q_norm is not None and (q_norm.shape != (d,) or k_norm.shape != (d,))):
         raise ValueError(f"q_norm and k_norm must both be given, as weights [{d}], or both be None")
+    if q_norm is not None and any(w.dtype != q.dtype or w.device != q.device for w in (q_norm, k_norm)):
+        raise ValueError(f"q_norm and k_norm must be {q.dtype} on {q.device}, as q; got {q_norm.dtype} on "
+                         f"{q_norm.device} and {k_norm.dtype} on {k_norm.device}")
     if q.dtype != k.dtype:
         raise ValueError(f"q and k must share a dtype; got {q.dtype} and {k.dtype}")
     if q.stride(-1) != 1:

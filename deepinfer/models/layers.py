@@ -79,13 +79,14 @@ class RotaryEmbedding(nn.Module):
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                 q_norm: RMSNorm | None = None, k_norm: RMSNorm | None = None):
         """Rotated q and k; with ``q_norm`` and ``k_norm``, each head is normalised first."""
+        if q_norm is not None and (self.fused_ops is None or q_norm.eps != k_norm.eps):
+            q, k = q_norm(q), k_norm(k)  # the fused kernel takes one eps for both
+            q_norm = k_norm = None
         if self.fused_ops is not None:
             if q_norm is None:
                 return self.fused_ops.apply_rotary(q, k, self.cos, self.sin, positions)
             return self.fused_ops.apply_rotary(q, k, self.cos, self.sin, positions, q_norm.weight, k_norm.weight,
                                                q_norm.eps)
-        if q_norm is not None:
-            q, k = q_norm(q), k_norm(k)
         cos = self.cos[positions].unsqueeze(1)
         sin = self.sin[positions].unsqueeze(1)
         return _rotate(q, cos, sin), _rotate(k, cos, sin)

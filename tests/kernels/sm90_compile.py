@@ -74,7 +74,10 @@ def _all_calls(dtype: torch.dtype, attention_only: bool) -> None:
     K.paged_decode_attention(q, cache, cache, tables, lens, 16, 0.1, sliding_window=20, max_seq_len=40)
     K.paged_prefill_attention(q, cache, cache, torch.tensor([0, 1, 2, 3], dtype=i32), lens, lens * 0, tables,
                               16, 0.1, sliding_window=20, max_query_len=1, block_m=64, block_n=64)
-    if attention_only:
+    if attention_only:  # float32 also at head_dim 256 (the widest tiles must still fit)
+        wide = torch.zeros(3, 8, 256, dtype=dtype)
+        K.paged_decode_attention(wide, torch.zeros(64, 2, 256, dtype=dtype), torch.zeros(64, 2, 256, dtype=dtype),
+                                 tables, lens, 16, 0.1, max_seq_len=40)
         return
     K.write_kv_cache(q[:, :2], q[:, :2], cache, cache, torch.zeros(3, dtype=torch.int64))
     K.rms_norm(q[:, 0], torch.zeros(128, dtype=dtype), 1e-6, q[:, 1])

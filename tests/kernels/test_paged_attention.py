@@ -55,12 +55,24 @@ def test_capped_grid_gives_the_same_bits_as_one_program_per_split(window, device
     k_cache, v_cache, tables = random_paged_kv(lens, 4, 2, 16, torch.float32, device)
     q = randn(len(lens), 4, 16, dtype=torch.float32, device=device)
     args = (q, k_cache, v_cache, tables, i32(lens, device), 4, 0.25, window, 200, 16)
-    full = paged_decode_attention(*args)  # 13 programs per sequence and kv head, most of them idle
-    for cap in (1, 8, 20):  # one program per sequence and kv head, then 1 and 2 per (20 // 8)
+    # max_seq_len 200: 13 splits (3 with the window), one program each, most of them idle
+    full = paged_decode_attention(*args)
+    for cap in (8, 16, 24):  # 8 (sequence, kv head) pairs: 1, 2, then 3 programs per pair
         assert torch.equal(paged_decode_attention(*args, max_programs=cap), full)
     ref = paged_decode_attention_ref(*args[:8])
     torch.testing.assert_close(full[[0, 2, 3]], ref[[0, 2, 3]], atol=TOL[torch.float32], rtol=TOL[torch.float32])
     assert torch.equal(full[1], torch.zeros_like(full[1]))  # no keys: zeros, never stale partials
+
+
+def test_decode_never_writes_past_the_splits_of_max_seq_len(device):
+    # a caller's max_seq_len below a sequence's length: that sequence is cut to the launched
+    # splits (its keys past them ignored), and nothing is written outside the buffers
+    lens = [40, 10]
+    k_cache, v_cache, tables = random_paged_kv(lens, 4, 1, 16, torch.float32, device)
+    q = randn(2, 2, 16, dtype=torch.float32, device=device)
+    out = paged_decode_attention(q, k_cache, v_cache, tables, i32(lens, device), 4, 0.25, None, 16, 16)
+    ref = paged_decode_attention_ref(q, k_cache, v_cache, tables, i32([16, 10], device), 4, 0.25)
+    torch.testing.assert_close(out, ref, atol=TOL[torch.float32], rtol=TOL[torch.float32])
 
 
 def test_decode_with_no_sequences_returns_empty(device):

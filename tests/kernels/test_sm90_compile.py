@@ -17,4 +17,4 @@ def test_every_kernel_compiles_for_sm90_within_shared_memory():
     res = subprocess.run([sys.executable, "-m", "tests.kernels.sm90_compile"], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=300, check=False)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
-    assert res.stdout.count("compiled ") >= 12  # one per launch in _all_calls
+    assert res.stdout.count("compiled ") >= 14  # one per launch in _all_calls
