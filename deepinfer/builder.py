@@ -185,8 +185,11 @@ def build_engine(config: EngineConfig, progress: bool = True) -> LLMEngine:
     graphs = None if config.enforce_eager or kv.sliding is not None else device.graphs()
     if graphs is not None and attention.supports_graphs:
         sizes = config.cuda_graph_sizes or default_batch_sizes(config.max_num_seqs)
-        runner.enable_graphs(graphs, [s for s in sizes if s <= config.max_num_seqs] or [min(sizes)],
-                             min(config.max_seq_len_to_capture, max_model_len))
+        sizes = [s for s in sizes if s <= config.max_num_seqs] or [min(sizes)]
+        max_len = min(config.max_seq_len_to_capture, max_model_len)
+        if drafter is not None:
+            drafter.enable_graphs(device.graphs, sizes, max_len)
+        runner.enable_graphs(graphs, sizes, max_len)
     eos = list(mcfg.eos_token_ids)
     if tokenizer is not None and tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos:
         eos.append(tokenizer.eos_token_id)

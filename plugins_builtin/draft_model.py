@@ -54,6 +54,9 @@ class DraftModelDrafter(Drafter):
         self.runner = DraftRunner(ctx, model, options.num_blocks or draft_blocks(ctx))
         self.k = options.num_speculative_tokens
 
+    def enable_graphs(self, new_graphs, batch_sizes, max_seq_len) -> None:
+        self.runner.enable_graphs(new_graphs(), batch_sizes, max_seq_len)
+
     def propose(self, requests: list[Request]) -> dict[str, DraftProposal]:
         drafts = self.runner.propose(list(requests), self.k)
         return {rid: DraftProposal(d.tokens, d.probs) for rid, d in drafts.items()}

@@ -6,7 +6,16 @@ from dataclasses import dataclass, field
 
 import torch
 
-from deepinfer.plugins import Block, BlockPool, EngineContext, Request, build_step_batch, filter_logits
+from deepinfer.plugins import (
+    Block,
+    BlockPool,
+    DecodeGraphs,
+    DeviceGraphs,
+    EngineContext,
+    Request,
+    build_step_batch,
+    filter_logits,
+)
 
 
 @dataclass(slots=True)
@@ -39,10 +48,35 @@ class DraftRunner:
         self.pool = BlockPool(num_blocks, self.block_size)
         self.seqs: dict[str, _DraftSeq] = {}
         self.vocab_size = self.model.config.vocab_size
+        self.graphs: DecodeGraphs | None = None
         target_vocab = ctx.model_config.get("vocab_size")
         if target_vocab is not None and target_vocab != self.vocab_size:
             raise ValueError(f"the draft model {model_dir!r} has vocabulary {self.vocab_size}, the target "
                              f"{target_vocab}: a draft must share the target's tokenizer")
+
+    def enable_graphs(self, graphs: DeviceGraphs, batch_sizes: list[int], max_seq_len: int) -> None:
+        """Replay the draft's one-token steps (every draft step after a round's first) from graphs
+        captured for these batch sizes; steps they do not cover run eagerly."""
+        if not self.attention.supports_graphs:
+            return  # an attention backend that cannot be captured: the draft runs eagerly
+        g = DecodeGraphs(self.model, self.attention, self.kv_caches, graphs, self.device, self.block_size,
+                         batch_sizes, max_seq_len)
+        g.capture()
+        self.graphs = g
+
+    def _forward_last(self, feeds: list[tuple[list[int], int, list[int]]]) -> torch.Tensor:
+        """Logits (float32) of each feed's last token, after computing the feeds' tokens."""
+        if self.graphs is not None and all(len(t) == 1 for t, _, _ in feeds):
+            size = self.graphs.size_for(len(feeds), max(start + 1 for _, start, _ in feeds))
+            if size is not None:
+                hidden = self.graphs.run(size, [t[0] for t, _, _ in feeds], [s for _, s, _ in feeds],
+                                         [b for _, _, b in feeds], None)
+                return self.model.compute_logits(hidden).float()
+        batch = build_step_batch(feeds, self.block_size, self.device)
+        meta = self.attention.build_metadata(batch)
+        hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, meta)
+        last = batch.query_start_loc[1:].long() - 1
+        return self.model.compute_logits(hidden[last]).float()
 
     def release(self, request_id: str) -> None:
         seq = self.seqs.pop(request_id, None)
@@ -93,11 +127,7 @@ class DraftRunner:
         conf: list[list[float]] = [[] for _ in live]
         active = list(range(len(live)))  # rows of live still drafting, in feed order
         for step in range(k):
-            batch = build_step_batch(feeds, self.block_size, self.device)
-            meta = self.attention.build_metadata(batch)
-            hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, meta)
-            last = batch.query_start_loc[1:].long() - 1
-            logits = self.model.compute_logits(hidden[last]).float()
+            logits = self._forward_last(feeds)
             # greedy rows need only the argmax and its probability: one batched softmax for all
             best_p, best = logits.softmax(-1).max(-1)
             best_p, best = best_p.tolist(), best.tolist()

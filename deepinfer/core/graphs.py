@@ -113,7 +113,8 @@ class DecodeGraphs:
         lens[:b] = pos[:b] + 1
         lens[b:size] = 0
         for i, blocks in enumerate(tables):
-            tab[i, :len(blocks)] = blocks
+            n = min(len(blocks), self.max_blocks)  # blocks reserved past max_seq_len are never read
+            tab[i, :n] = blocks[:n]
         p = pos[:b]
         slots[:b] = tab[np.arange(b), p // bs].astype(np.int64) * bs + p % bs
         slots[b:size] = -1

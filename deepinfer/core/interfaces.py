@@ -208,6 +208,12 @@ class Drafter(Plugin, ABC):
     def release(self, request: Request) -> None:
         """The request finished or was preempted: drop any state kept for it."""
 
+    def enable_graphs(self, new_graphs: Callable[[], DeviceGraphs], batch_sizes: Sequence[int],
+                      max_seq_len: int) -> None:
+        """The engine replays its decode steps from device graphs (these batch sizes, sequences up
+        to ``max_seq_len`` tokens); a drafter running a model of its own may capture that model's
+        one-token steps too, each in a ``new_graphs()`` of its own. Default: nothing."""
+
 
 # -------------------------------------------------------------------------------------- scheduler
 @dataclass(frozen=True, slots=True)

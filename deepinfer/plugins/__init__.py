@@ -5,6 +5,7 @@ it takes options, and is registered as an entry point in its slot's group (see `
 """
 from deepinfer.core.block_pool import Block, BlockPool, NoFreeBlocksError
 from deepinfer.core.context import EngineContext
+from deepinfer.core.graphs import DecodeGraphs
 from deepinfer.core.interfaces import (
     AttentionBackend,
     AttentionLayerSpec,
@@ -39,6 +40,7 @@ __all__ = [
     "Block",
     "BlockPool",
     "CachePolicy",
+    "DecodeGraphs",
     "Device",
     "DeviceGraphs",
     "DraftProposal",

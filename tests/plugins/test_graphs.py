@@ -89,6 +89,17 @@ def test_graph_steps_give_the_eager_tokens_in_the_interpreter(tmp_path):
     assert got["captured"] == 3
 
 
+def test_draft_steps_from_graphs_propose_the_eager_drafts_in_the_interpreter(tmp_path):
+    from tests.tiny_models import hybrid, make_model
+
+    make_model(tmp_path, "qwen3", **hybrid(12))
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    res = subprocess.run([sys.executable, "-m", "tests.plugins.test_graphs", str(tmp_path), "draft"], cwd=ROOT,
+                         env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    check_draft_graphs(json.loads(res.stdout.strip().splitlines()[-1]))
+
+
 def test_graphs_need_an_attention_plugin_that_supports_them(tmp_path):
     from deepinfer import LLM
     from tests.tiny_models import make_model
@@ -115,6 +126,16 @@ def test_cuda_graphs_give_the_eager_tokens(tmp_path, overlap):
     assert sum(got["replayed"].values()) > 0
 
 
+@pytest.mark.gpu
+def test_cuda_graphs_of_draft_steps_propose_the_eager_drafts(tmp_path):
+    from deepinfer_builtin.cuda import CUDAGraphs
+    from tests.tiny_models import hybrid, make_model
+
+    make_model(tmp_path, "qwen3", **hybrid(12))
+    check_draft_graphs(draft_both(str(tmp_path), lambda: CUDAGraphs(torch.device("cuda")), device="sm90",
+                                  dtype="float32", block_size=4, num_kv_blocks=96, max_model_len=64))
+
+
 def _main(model_dir: str) -> None:
     factory = EagerGraphs()
     # decodes: 3 sequences (until the first ends), then 2, then the long one alone past 36 tokens
@@ -129,5 +150,70 @@ def _main(model_dir: str) -> None:
     print(json.dumps(got))
 
 
+def draft_both(model_dir: str, graphs_factory, **engine) -> dict:
+    """The draft-model drafter (its draft: the target itself) with and without draft-step graphs
+    (the target's own steps eager), and the target alone: tokens, proposals, replayed sizes."""
+    from deepinfer import LLM, SamplingParams
+    from deepinfer.core.graphs import DecodeGraphs
+    from deepinfer_builtin.draft_runner import DraftRunner
+
+    prompts = [{"prompt_token_ids": p} for p in _prompts([3, 30, 9])]
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (6, 16, 11)]
+    triton = {"triton": {"split_size": 16}}
+    base = LLM(model_dir, plugins=["triton"], progress=False, enforce_eager=True, plugin_options=triton, **engine)
+    out = {"reference": [o.outputs[0].token_ids for o in base.generate(prompts, params, use_tqdm=False)]}
+    del base
+    replayed: Counter[int] = Counter()
+    proposals: list = []
+    run, propose = DecodeGraphs.run, DraftRunner.propose
+
+    def counting(self, size, *args):
+        replayed[size] += 1
+        return run(self, size, *args)
+
+    def recording(self, requests, k, go_on=None):
+        drafts = propose(self, requests, k, go_on)
+        proposals.append(sorted((rid, d.tokens) for rid, d in drafts.items()))
+        return drafts
+
+    DecodeGraphs.run, DraftRunner.propose = counting, recording
+    try:
+        for name in ("eager", "graphs"):
+            replayed.clear()
+            proposals.clear()
+            llm = LLM(model_dir, plugins=["triton", "draft-model"], progress=False, enforce_eager=True,
+                      plugin_options={**triton, "draft-model": {"model": model_dir}}, **engine)
+            if name == "graphs":  # the target's own steps stay eager: only the draft's replay
+                llm.engine.drafter.enable_graphs(graphs_factory, [1, 2, 4], 48)
+            res = llm.generate(prompts, params, use_tqdm=False)
+            llm.engine.kv.pool.check_all_free()
+            llm.engine.drafter.runner.pool.check_all_free()
+            out[name] = {"tokens": [o.outputs[0].token_ids for o in res], "proposals": proposals[:],
+                         "replayed": {str(k): v for k, v in replayed.items()},
+                         "accepted": llm.get_metrics()["deepinfer:spec_decode_num_accepted_tokens"]}
+            del llm
+    finally:
+        DecodeGraphs.run, DraftRunner.propose = run, propose
+    return out
+
+
+def check_draft_graphs(got: dict) -> None:
+    assert got["graphs"]["proposals"] == got["eager"]["proposals"]  # draft for draft, the same tokens
+    assert got["graphs"]["tokens"] == got["eager"]["tokens"] == got["reference"]
+    # every draft step after a round's first is one token per sequence: those replay graphs,
+    # padded from 3 sequences to 4, then 1 alone
+    assert got["graphs"]["replayed"].get("4", 0) > 0 and got["graphs"]["replayed"].get("1", 0) > 0
+    assert got["eager"]["replayed"] == {}
+    assert got["graphs"]["accepted"] > 0  # the draft is the target itself: drafts are accepted
+
+
+def _main_draft(model_dir: str) -> None:
+    print(json.dumps(draft_both(model_dir, EagerGraphs, device="cpu", dtype="float32", block_size=4,
+                                num_kv_blocks=96, max_model_len=64)))
+
+
 if __name__ == "__main__":
-    _main(sys.argv[1])
+    if sys.argv[2:] == ["draft"]:
+        _main_draft(sys.argv[1])
+    else:
+        _main(sys.argv[1])
