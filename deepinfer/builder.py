@@ -190,6 +190,8 @@ def build_engine(config: EngineConfig, progress: bool = True) -> LLMEngine:
         if drafter is not None:
             drafter.enable_graphs(device.graphs, sizes, max_len)
         runner.enable_graphs(graphs, sizes, max_len)
+        if drafter is not None and drafter.max_draft_tokens:  # verification: last token + drafts
+            runner.enable_verify_graphs(device.graphs(), sizes, max_len, drafter.max_draft_tokens + 1)
     eos = list(mcfg.eos_token_ids)
     if tokenizer is not None and tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos:
         eos.append(tokenizer.eos_token_id)

@@ -54,6 +54,10 @@ class DraftModelDrafter(Drafter):
         self.runner = DraftRunner(ctx, model, options.num_blocks or draft_blocks(ctx))
         self.k = options.num_speculative_tokens
 
+    @property
+    def max_draft_tokens(self) -> int:
+        return self.k
+
     def enable_graphs(self, new_graphs, batch_sizes, max_seq_len) -> None:
         self.runner.enable_graphs(new_graphs(), batch_sizes, max_seq_len)
 

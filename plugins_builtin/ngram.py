@@ -39,6 +39,10 @@ class NgramDrafter(Drafter):
     name = "ngram"
     Options = NgramOptions
 
+    @property
+    def max_draft_tokens(self) -> int:
+        return self.options.num_speculative_tokens
+
     def propose(self, requests: list[Request]) -> dict[str, DraftProposal]:
         o = self.options
         out = {}

@@ -1,9 +1,14 @@
-"""Decode steps replayed from device graphs: one capture per batch size of a ladder.
+"""Steps replayed from device graphs: one capture per batch size of a ladder.
 
 A decode-only step of ``b`` sequences runs the graph of the smallest captured size ``B >= b``.
 The graphs read their inputs from static tensors that each step refills (rows ``b..B`` are
 padding: length 0, slot -1, so they write nothing and their output is ignored). Attention reads
 at most ``max_seq_len`` keys per sequence; a step with a longer sequence runs eagerly.
+
+With ``query_len`` Q > 1 (verification steps of speculative decoding: a request's last token and
+its drafts) every sequence gets Q query rows, rows ``i*Q .. i*Q+Q-1`` of the output; a sequence
+with fewer tokens is padded at its end with rows that write no KV (slot -1) and whose outputs are
+ignored. Causal attention keeps the real rows from seeing the padding.
 """
 from __future__ import annotations
 
@@ -35,9 +40,11 @@ class DecodeGraphs:
 
     def __init__(self, model: CausalLM, attention: AttentionBackend, kv_caches: list[Any],
                  graphs: DeviceGraphs, device: torch.device, block_size: int, batch_sizes: Sequence[int],
-                 max_seq_len: int) -> None:
+                 max_seq_len: int, query_len: int = 1) -> None:
         if not batch_sizes or min(batch_sizes) < 1:
             raise ValueError(f"graph batch sizes must be positive integers, got {list(batch_sizes)}")
+        if query_len < 1:
+            raise ValueError(f"query_len must be at least 1, got {query_len}")
         self.model, self.attention, self.kv_caches = model, attention, kv_caches
         self.api = graphs
         self.device = device
@@ -46,13 +53,14 @@ class DecodeGraphs:
         self.max_batch = self.sizes[-1]
         self.max_seq_len = max_seq_len
         self.max_blocks = -(-max_seq_len // block_size)
+        self.query_len = q = query_len
         n, dev = self.max_batch, device
-        self.input_ids = torch.zeros(n, dtype=torch.long, device=dev)
-        self.positions = torch.zeros(n, dtype=torch.long, device=dev)
-        self.slot_mapping = torch.full((n,), -1, dtype=torch.long, device=dev)
+        self.input_ids = torch.zeros(n * q, dtype=torch.long, device=dev)
+        self.positions = torch.zeros(n * q, dtype=torch.long, device=dev)
+        self.slot_mapping = torch.full((n * q,), -1, dtype=torch.long, device=dev)
         self.seq_lens = torch.zeros(n, dtype=torch.int32, device=dev)
         self.context_lens = torch.zeros(n, dtype=torch.int32, device=dev)
-        self.query_start_loc = torch.arange(n + 1, dtype=torch.int32, device=dev)
+        self.query_start_loc = torch.arange(n + 1, dtype=torch.int32, device=dev) * q
         self.block_tables = torch.zeros(n, self.max_blocks, dtype=torch.int32, device=dev)
         # two sets of host staging buffers, used in turn: a step's copies may still be queued
         # behind the step before it while the next step is being prepared
@@ -65,17 +73,19 @@ class DecodeGraphs:
         def empty(*shape, dtype):
             return torch.zeros(*shape, dtype=dtype, pin_memory=pin)
 
-        return {"ids": empty(n, dtype=torch.long), "pos": empty(n, dtype=torch.long),
-                "slots": empty(n, dtype=torch.long), "lens": empty(n, dtype=torch.int32),
-                "tables": empty(n, self.max_blocks, dtype=torch.int32)}
+        q = self.query_len
+        return {"ids": empty(n * q, dtype=torch.long), "pos": empty(n * q, dtype=torch.long),
+                "slots": empty(n * q, dtype=torch.long), "lens": empty(n, dtype=torch.int32),
+                "ctx": empty(n, dtype=torch.int32), "tables": empty(n, self.max_blocks, dtype=torch.int32)}
 
     def _batch(self, b: int) -> StepBatch:
+        t, q = b * self.query_len, self.query_len
         return StepBatch(
-            input_ids=self.input_ids[:b], positions=self.positions[:b], slot_mapping=self.slot_mapping[:b],
+            input_ids=self.input_ids[:t], positions=self.positions[:t], slot_mapping=self.slot_mapping[:t],
             query_start_loc=self.query_start_loc[:b + 1], seq_lens=self.seq_lens[:b],
             context_lens=self.context_lens[:b], block_tables=self.block_tables[:b],
-            query_lens_cpu=(1,) * b, seq_lens_cpu=(self.max_seq_len,) * b, block_size=self.block_size,
-            max_query_len=1, max_seq_len=self.max_seq_len)
+            query_lens_cpu=(q,) * b, seq_lens_cpu=(self.max_seq_len,) * b, block_size=self.block_size,
+            max_query_len=q, max_seq_len=self.max_seq_len)
 
     @torch.inference_mode()
     def capture(self) -> None:
@@ -90,17 +100,59 @@ class DecodeGraphs:
             self._replays[b] = self.api.capture(forward)
 
     def size_for(self, num_seqs: int, max_seq_len: int) -> int | None:
-        """The captured batch size a decode step of this shape replays, or None (run it eagerly)."""
+        """The captured batch size a step of this shape replays, or None (run it eagerly).
+        ``max_seq_len``: the longest sequence once this step's tokens (padding included) are in."""
         if num_seqs > self.max_batch or max_seq_len > self.max_seq_len or not self._replays:
             return None
         return next(s for s in self.sizes if s >= num_seqs)
+
+    def run_padded(self, size: int, tokens: Sequence[Sequence[int]], starts: Sequence[int],
+                   tables: Sequence[Sequence[int]]) -> torch.Tensor:
+        """Hidden states [size * query_len, hidden] of one step in which sequence i computes
+        ``tokens[i]`` (1 to query_len of them) from position starts[i]; its rows are
+        i*query_len .. i*query_len + len(tokens[i]) - 1."""
+        q, bs = self.query_len, self.block_size
+        host = self._host[self._turn]
+        self._turn ^= 1
+        ids, pos, slots = host["ids"].numpy(), host["pos"].numpy(), host["slots"].numpy()
+        lens, ctx, tab = host["lens"].numpy(), host["ctx"].numpy(), host["tables"].numpy()
+        ids[:size * q] = 0
+        pos[:size * q] = 0
+        slots[:size * q] = -1
+        lens[:size] = 0
+        ctx[:size] = 0
+        offsets = np.arange(q)
+        for i, (toks, start, blocks) in enumerate(zip(tokens, starts, tables, strict=True)):
+            n = len(toks)
+            if not 1 <= n <= q:
+                raise ValueError(f"a sequence of this step has {n} tokens; these graphs take 1 to {q}")
+            nb = min(len(blocks), self.max_blocks)
+            tab[i, :nb] = blocks[:nb]
+            row = i * q
+            ids[row:row + n] = toks
+            p = start + np.minimum(offsets, n - 1)  # padding rows repeat the last position (rotary stays in range)
+            pos[row:row + q] = p
+            slots[row:row + n] = tab[i, p[:n] // bs].astype(np.int64) * bs + p[:n] % bs
+            lens[i] = start + q
+            ctx[i] = start
+        for name, dst in (("ids", self.input_ids), ("pos", self.positions), ("slots", self.slot_mapping)):
+            dst[:size * q].copy_(host[name][:size * q], non_blocking=True)
+        for name, dst in (("lens", self.seq_lens), ("ctx", self.context_lens), ("tables", self.block_tables)):
+            dst[:size].copy_(host[name][:size], non_blocking=True)
+        replay, out = self._replays[size]
+        replay()
+        return out[:size * q]
 
     def run(self, size: int, tokens: Sequence[int], starts: Sequence[int], tables: Sequence[Sequence[int]],
             prev_tokens: torch.Tensor | None, on_device: Callable[[], None] | None = None) -> torch.Tensor:
         """Hidden states [len(tokens), hidden] of one decode step (token i at position starts[i] of
         the sequence whose blocks are tables[i]); a negative token -(r+1) stands for row r of
         ``prev_tokens`` (the previous step's samples, still on the device). ``on_device`` is called
-        once the host-side work is done, just before the first device work is queued."""
+        once the host-side work is done, just before the first device work is queued. One-token
+        graphs only (query_len 1); see ``run_padded`` for more."""
+        if self.query_len != 1:
+            raise ValueError(f"run() replays one-token steps; these graphs take {self.query_len} tokens a "
+                             "sequence (use run_padded)")
         b, bs = len(tokens), self.block_size
         host = self._host[self._turn]
         self._turn ^= 1

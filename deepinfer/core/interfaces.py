@@ -208,6 +208,13 @@ class Drafter(Plugin, ABC):
     def release(self, request: Request) -> None:
         """The request finished or was preempted: drop any state kept for it."""
 
+    @property
+    def max_draft_tokens(self) -> int | None:
+        """The most drafts it proposes for one request in a step, when there is such a bound: the
+        engine then replays verification steps (up to this many drafts plus the last token per
+        request) from device graphs too. None: verification runs eagerly."""
+        return None
+
     def enable_graphs(self, new_graphs: Callable[[], DeviceGraphs], batch_sizes: Sequence[int],
                       max_seq_len: int) -> None:
         """The engine replays its decode steps from device graphs (these batch sizes, sequences up

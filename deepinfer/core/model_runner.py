@@ -126,6 +126,7 @@ class ModelRunner:
         self.device = device
         self.sampler = sampler
         self.graphs: DecodeGraphs | None = None
+        self.verify_graphs: DecodeGraphs | None = None  # steps of up to query_len tokens a sequence
         #: (start, end, decode_only) of every launched step, when a benchmark sets it to a list:
         #: device events recorded just before the step's first device work and after its last
         self.timeline: list[tuple[Any, Any, bool]] | None = None
@@ -145,6 +146,17 @@ class ModelRunner:
                          batch_sizes, max_seq_len)
         g.capture()
         self.graphs = g
+
+    def enable_verify_graphs(self, graphs: DeviceGraphs, batch_sizes: Sequence[int], max_seq_len: int,
+                             query_len: int) -> None:
+        """Also capture steps of up to ``query_len`` tokens per sequence (speculative decoding's
+        verification: the last token and up to query_len - 1 drafts), in graphs of their own."""
+        if self.graphs is None:
+            raise ValueError("enable decode graphs first (enable_graphs)")
+        g = DecodeGraphs(self.model, self.attention, self.kv_caches, graphs, self.device, self.block_size,
+                         batch_sizes, max_seq_len, query_len)
+        g.capture()
+        self.verify_graphs = g
 
     def _inputs(self, out: SchedulerOutput) -> tuple[list[tuple[list[int], int, list[int]]], bool]:
         """Per request: tokens to compute (a placeholder as -(row+1) of the previous step's
@@ -186,12 +198,21 @@ class ModelRunner:
             timing = (torch.Event(self.device, enable_timing=True), torch.Event(self.device, enable_timing=True),
                       decode_only)
         mark = timing[0].record if timing is not None else None
-        graph_size = None
+        graph_size = padded_size = None
         if self.graphs is not None and decode_only:
             graph_size = self.graphs.size_for(len(seqs), max(start + 1 for _, start, _ in seqs))
+        elif self.verify_graphs is not None and not pending and out.draft_tokens:
+            q = self.verify_graphs.query_len
+            if all(len(t) <= q for t, _, _ in seqs):
+                padded_size = self.verify_graphs.size_for(len(seqs), max(start + q for _, start, _ in seqs))
         if graph_size is not None:
             hidden = self.graphs.run(graph_size, [t[0] for t, _, _ in seqs], [s for _, s, _ in seqs],
                                      [b for _, _, b in seqs], prev, mark)
+        elif padded_size is not None:  # sequence i's rows start at i * query_len
+            if mark is not None:
+                mark()
+            hidden = self.verify_graphs.run_padded(padded_size, [t for t, _, _ in seqs], [s for _, s, _ in seqs],
+                                                   [b for _, _, b in seqs])
         else:
             if mark is not None:
                 mark()
@@ -203,8 +224,10 @@ class ModelRunner:
         sampling: list[Request] = []
         verifying: list[tuple[Request, list[int], int]] = []  # request, drafts, first logits row
         start = 0
-        for s in out.scheduled:
+        for i, s in enumerate(out.scheduled):
             r, n = s.request, s.num_new_tokens
+            if padded_size is not None:
+                start = i * self.verify_graphs.query_len
             end = start + n
             drafts = out.draft_tokens.get(r.request_id, [])
             if r.params.prompt_logprobs is not None and r.num_computed_tokens < r.num_prompt_tokens:

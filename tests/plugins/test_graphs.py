@@ -89,13 +89,14 @@ def test_graph_steps_give_the_eager_tokens_in_the_interpreter(tmp_path):
     assert got["captured"] == 3
 
 
-def test_draft_steps_from_graphs_propose_the_eager_drafts_in_the_interpreter(tmp_path):
+@pytest.mark.parametrize("drafter", ["draft-model", "deepspark"])
+def test_speculative_steps_from_graphs_give_the_eager_drafts_and_tokens_in_the_interpreter(tmp_path, drafter):
     from tests.tiny_models import hybrid, make_model
 
     make_model(tmp_path, "qwen3", **hybrid(12))
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    res = subprocess.run([sys.executable, "-m", "tests.plugins.test_graphs", str(tmp_path), "draft"], cwd=ROOT,
-                         env=env, capture_output=True, text=True, timeout=600, check=False)
+    res = subprocess.run([sys.executable, "-m", "tests.plugins.test_graphs", str(tmp_path), "draft", drafter],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     check_draft_graphs(json.loads(res.stdout.strip().splitlines()[-1]))
 
@@ -127,7 +128,7 @@ def test_cuda_graphs_give_the_eager_tokens(tmp_path, overlap):
 
 
 @pytest.mark.gpu
-def test_cuda_graphs_of_draft_steps_propose_the_eager_drafts(tmp_path):
+def test_cuda_graphs_of_speculative_steps_give_the_eager_drafts_and_tokens(tmp_path):
     from deepinfer_builtin.cuda import CUDAGraphs
     from tests.tiny_models import hybrid, make_model
 
@@ -150,70 +151,86 @@ def _main(model_dir: str) -> None:
     print(json.dumps(got))
 
 
-def draft_both(model_dir: str, graphs_factory, **engine) -> dict:
-    """The draft-model drafter (its draft: the target itself) with and without draft-step graphs
-    (the target's own steps eager), and the target alone: tokens, proposals, replayed sizes."""
+def draft_both(model_dir: str, graphs_factory, drafter: str = "draft-model", **engine) -> dict:
+    """A drafter whose draft is the target itself, with every step eager and with graphs for the
+    target's decode steps, its verification steps and the draft's one-token steps; and the target
+    alone. Tokens, proposals, the sizes replayed per kind of graph, accepted drafts."""
     from deepinfer import LLM, SamplingParams
     from deepinfer.core.graphs import DecodeGraphs
     from deepinfer_builtin.draft_runner import DraftRunner
 
-    prompts = [{"prompt_token_ids": p} for p in _prompts([3, 30, 9])]
-    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (6, 16, 11)]
+    prompts = [{"prompt_token_ids": p} for p in _prompts([5, 3, 30, 9])]
+    greedy = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (6, 16, 11)]
+    # penalised: never speculates, so it rides in verification steps with one token, ahead of the
+    # others (their rows must not shift)
+    params = [SamplingParams(temperature=0, max_tokens=9, ignore_eos=True, repetition_penalty=1.5), *greedy]
     triton = {"triton": {"split_size": 16}}
+    # deepspark: a low bar, so that how many drafts a request verifies varies as acceptance is learnt
+    extra = {"min_value": 0.04} if drafter == "deepspark" else {}
     base = LLM(model_dir, plugins=["triton"], progress=False, enforce_eager=True, plugin_options=triton, **engine)
     out = {"reference": [o.outputs[0].token_ids for o in base.generate(prompts, params, use_tqdm=False)]}
     del base
-    replayed: Counter[int] = Counter()
+    replayed: dict[str, Counter[int]] = {"one-token": Counter(), "verify": Counter()}
     proposals: list = []
-    run, propose = DecodeGraphs.run, DraftRunner.propose
+    run, run_padded, propose = DecodeGraphs.run, DecodeGraphs.run_padded, DraftRunner.propose
 
     def counting(self, size, *args):
-        replayed[size] += 1
+        replayed["one-token"][size] += 1
         return run(self, size, *args)
+
+    def counting_padded(self, size, *args):
+        replayed["verify"][size] += 1
+        return run_padded(self, size, *args)
 
     def recording(self, requests, k, go_on=None):
         drafts = propose(self, requests, k, go_on)
         proposals.append(sorted((rid, d.tokens) for rid, d in drafts.items()))
         return drafts
 
-    DecodeGraphs.run, DraftRunner.propose = counting, recording
+    DecodeGraphs.run, DecodeGraphs.run_padded, DraftRunner.propose = counting, counting_padded, recording
     try:
         for name in ("eager", "graphs"):
-            replayed.clear()
+            for c in replayed.values():
+                c.clear()
             proposals.clear()
-            llm = LLM(model_dir, plugins=["triton", "draft-model"], progress=False, enforce_eager=True,
-                      plugin_options={**triton, "draft-model": {"model": model_dir}}, **engine)
-            if name == "graphs":  # the target's own steps stay eager: only the draft's replay
-                llm.engine.drafter.enable_graphs(graphs_factory, [1, 2, 4], 48)
+            llm = LLM(model_dir, plugins=["triton", drafter], progress=False, enforce_eager=True,
+                      plugin_options={**triton, drafter: {"model": model_dir, **extra}}, **engine)
+            if name == "graphs":
+                d = llm.engine.drafter
+                d.enable_graphs(graphs_factory, [1, 2, 4], 48)
+                llm.engine.runner.enable_graphs(graphs_factory(), [1, 2, 4], 48)
+                llm.engine.runner.enable_verify_graphs(graphs_factory(), [1, 2, 4], 48, d.max_draft_tokens + 1)
             res = llm.generate(prompts, params, use_tqdm=False)
             llm.engine.kv.pool.check_all_free()
             llm.engine.drafter.runner.pool.check_all_free()
             out[name] = {"tokens": [o.outputs[0].token_ids for o in res], "proposals": proposals[:],
-                         "replayed": {str(k): v for k, v in replayed.items()},
+                         "replayed": {kind: {str(k): v for k, v in c.items()} for kind, c in replayed.items()},
                          "accepted": llm.get_metrics()["deepinfer:spec_decode_num_accepted_tokens"]}
             del llm
     finally:
-        DecodeGraphs.run, DraftRunner.propose = run, propose
+        DecodeGraphs.run, DecodeGraphs.run_padded, DraftRunner.propose = run, run_padded, propose
     return out
 
 
 def check_draft_graphs(got: dict) -> None:
     assert got["graphs"]["proposals"] == got["eager"]["proposals"]  # draft for draft, the same tokens
     assert got["graphs"]["tokens"] == got["eager"]["tokens"] == got["reference"]
-    # every draft step after a round's first is one token per sequence: those replay graphs,
-    # padded from 3 sequences to 4, then 1 alone
-    assert got["graphs"]["replayed"].get("4", 0) > 0 and got["graphs"]["replayed"].get("1", 0) > 0
-    assert got["eager"]["replayed"] == {}
+    replayed = got["graphs"]["replayed"]
+    # draft steps after a round's first are one token per sequence: replays of 4 (3 padded to 4), of 1...
+    assert replayed["one-token"].get("4", 0) > 0 and replayed["one-token"].get("1", 0) > 0
+    # ... and verification steps replay theirs: 4 sequences, then fewer padded to a smaller size
+    assert replayed["verify"].get("4", 0) > 0 and len(replayed["verify"]) >= 2
+    assert got["eager"]["replayed"] == {"one-token": {}, "verify": {}}
     assert got["graphs"]["accepted"] > 0  # the draft is the target itself: drafts are accepted
 
 
-def _main_draft(model_dir: str) -> None:
-    print(json.dumps(draft_both(model_dir, EagerGraphs, device="cpu", dtype="float32", block_size=4,
+def _main_draft(model_dir: str, drafter: str) -> None:
+    print(json.dumps(draft_both(model_dir, EagerGraphs, drafter, device="cpu", dtype="float32", block_size=4,
                                 num_kv_blocks=96, max_model_len=64)))
 
 
 if __name__ == "__main__":
-    if sys.argv[2:] == ["draft"]:
-        _main_draft(sys.argv[1])
+    if sys.argv[2:3] == ["draft"]:
+        _main_draft(sys.argv[1], sys.argv[3])
     else:
         _main(sys.argv[1])
