@@ -1,20 +1,28 @@
-# H200: measurements still pending at the end of session 3 (its GPU time ran out). Run with
-#   run(command="bash benchmarks/h200_pending.sh", carry=[".whl"], timeout_s=600)  after ../shared/gpu/wheels.sh
-# grep --line-buffered: when the device call's own limit kills the whole pipe, a plain grep loses
-# the lines it has buffered. The timeouts below add up to 500 s, under the call's 600.
+# H200: measurements still pending at the end of session 3 (its GPU time ran out), in two calls:
+#   run(command="bash benchmarks/h200_pending.sh a", carry=[".whl"], timeout_s=600)
+#   run(command="bash benchmarks/h200_pending.sh b", carry=[".whl"], timeout_s=600)
+# after ../shared/gpu/wheels.sh. grep --line-buffered: when the device call's own limit kills the
+# whole pipe, a plain grep loses the lines it has buffered.
 set -u
 . benchmarks/h200_setup.sh > "$OUT/env.txt" 2>&1
-# issue 6: the throughput goal is a ratio to transformers run in the same call (its 64-request
-# subset takes about 140 s)
-timeout 320 python3 -m deepinfer.cli bench throughput --random-model qwen3-0.6b --dtype bfloat16 --device sm90 \
-  --num-requests 256 --min-len 100 --max-len 1024 --repeats 1 --peer hf --peer-requests 64 --peer-repeats 1 \
-  --plot "$OUT/throughput.png" 2>&1 | grep --line-buffered -v -e Writing -e "Loading weights" > "$OUT/throughput.txt"
-# issue 5: the prefix-cache benchmark with the Triton backend (now the CUDA default)
-timeout 90 python3 -m deepinfer.cli bench prefix --random-model qwen3-0.6b --dtype bfloat16 --device sm90 \
-  --shared 8000 --unique 320 --num-requests 64 --repeats 3 --kv-cache-memory-gb 60 2>&1 \
-  | grep --line-buffered -v Writing > "$OUT/prefix.txt"
-# issue 7: the second half of benchmarks/h200_swa.sh (a cut sliding-window pool)
-timeout 90 python3 -m deepinfer.cli bench swa --random-model qwen3-0.6b --window 2048 --dtype bfloat16 --device sm90 \
-  --kv-cache-memory-gb 40 --context 32768 --turns 8 --conversations 8 --output-len 32 \
-  --intervals 128 --max-num-batched-tokens 8192 --sliding-pool-blocks 4096 2>&1 \
-  | grep --line-buffered -v Writing > "$OUT/swa_cut.txt"
+filter() { grep --line-buffered -v -e Writing -e "Loading weights"; }
+if [ "${1:-a}" = a ]; then
+  # issue 6: the throughput goal is a ratio to transformers run in the same call (its 64-request
+  # subset takes about 140 s)
+  timeout 400 python3 -m deepinfer.cli bench throughput --random-model qwen3-0.6b --dtype bfloat16 --device sm90 \
+    --num-requests 256 --min-len 100 --max-len 1024 --repeats 1 --peer hf --peer-requests 64 --peer-repeats 1 \
+    --plot "$OUT/throughput.png" 2>&1 | filter > "$OUT/throughput.txt"
+else
+  # issue 8: draft and verification steps from CUDA graphs (written in session 3, never run on a GPU)
+  timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/plugins/test_graphs.py \
+    tests/plugins/test_spec_decode.py > "$OUT/gpu_tests.txt" 2>&1
+  timeout 150 python3 -m deepinfer.cli bench spec --device sm90 --batch 1,64 --output-len 128 --repeats 2 \
+    2>&1 | filter > "$OUT/spec.txt"
+  # issue 5: the prefix-cache benchmark with the Triton backend (now the CUDA default)
+  timeout 90 python3 -m deepinfer.cli bench prefix --random-model qwen3-0.6b --dtype bfloat16 --device sm90 \
+    --shared 8000 --unique 320 --num-requests 64 --repeats 3 --kv-cache-memory-gb 60 2>&1 | filter > "$OUT/prefix.txt"
+  # issue 7: the second half of benchmarks/h200_swa.sh (a cut sliding-window pool)
+  timeout 90 python3 -m deepinfer.cli bench swa --random-model qwen3-0.6b --window 2048 --dtype bfloat16 --device sm90 \
+    --kv-cache-memory-gb 40 --context 32768 --turns 8 --conversations 8 --output-len 32 \
+    --intervals 128 --max-num-batched-tokens 8192 --sliding-pool-blocks 4096 2>&1 | filter > "$OUT/swa_cut.txt"
+fi
