@@ -187,11 +187,13 @@ def build_engine(config: EngineConfig, progress: bool = True) -> LLMEngine:
         sizes = config.cuda_graph_sizes or default_batch_sizes(config.max_num_seqs)
         sizes = [s for s in sizes if s <= config.max_num_seqs] or [min(sizes)]
         max_len = min(config.max_seq_len_to_capture, max_model_len)
+        # the draft's, the target's decode and its verification graphs share one memory pool (their
+        # replays never overlap); each set is captured largest first
         if drafter is not None:
-            drafter.enable_graphs(device.graphs, sizes, max_len)
+            drafter.enable_graphs(graphs, sizes, max_len)
         runner.enable_graphs(graphs, sizes, max_len)
         if drafter is not None and drafter.max_draft_tokens:  # verification: last token + drafts
-            runner.enable_verify_graphs(device.graphs(), sizes, max_len, drafter.max_draft_tokens + 1)
+            runner.enable_verify_graphs(graphs, sizes, max_len, drafter.max_draft_tokens + 1)
     eos = list(mcfg.eos_token_ids)
     if tokenizer is not None and tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos:
         eos.append(tokenizer.eos_token_id)

@@ -58,8 +58,8 @@ class DraftModelDrafter(Drafter):
     def max_draft_tokens(self) -> int:
         return self.k
 
-    def enable_graphs(self, new_graphs, batch_sizes, max_seq_len) -> None:
-        self.runner.enable_graphs(new_graphs(), batch_sizes, max_seq_len)
+    def enable_graphs(self, graphs, batch_sizes, max_seq_len) -> None:
+        self.runner.enable_graphs(graphs, batch_sizes, max_seq_len)
 
     def propose(self, requests: list[Request]) -> dict[str, DraftProposal]:
         drafts = self.runner.propose(list(requests), self.k)

@@ -107,10 +107,12 @@ class DecodeGraphs:
         return next(s for s in self.sizes if s >= num_seqs)
 
     def run_padded(self, size: int, tokens: Sequence[Sequence[int]], starts: Sequence[int],
-                   tables: Sequence[Sequence[int]]) -> torch.Tensor:
+                   tables: Sequence[Sequence[int]], on_device: Callable[[], None] | None = None) -> torch.Tensor:
         """Hidden states [size * query_len, hidden] of one step in which sequence i computes
         ``tokens[i]`` (1 to query_len of them) from position starts[i]; its rows are
-        i*query_len .. i*query_len + len(tokens[i]) - 1."""
+        i*query_len .. i*query_len + len(tokens[i]) - 1. A sequence's length is its real tokens'
+        (the padding rows see the same keys as its last real row), so attention reads exactly the
+        keys, in the same tiles, as an eager step would."""
         q, bs = self.query_len, self.block_size
         host = self._host[self._turn]
         self._turn ^= 1
@@ -128,13 +130,16 @@ class DecodeGraphs:
                 raise ValueError(f"a sequence of this step has {n} tokens; these graphs take 1 to {q}")
             nb = min(len(blocks), self.max_blocks)
             tab[i, :nb] = blocks[:nb]
+            tab[i, nb:] = 0  # no other request's blocks behind this one's
             row = i * q
             ids[row:row + n] = toks
             p = start + np.minimum(offsets, n - 1)  # padding rows repeat the last position (rotary stays in range)
             pos[row:row + q] = p
             slots[row:row + n] = tab[i, p[:n] // bs].astype(np.int64) * bs + p[:n] % bs
-            lens[i] = start + q
+            lens[i] = start + n
             ctx[i] = start
+        if on_device is not None:
+            on_device()
         for name, dst in (("ids", self.input_ids), ("pos", self.positions), ("slots", self.slot_mapping)):
             dst[:size * q].copy_(host[name][:size * q], non_blocking=True)
         for name, dst in (("lens", self.seq_lens), ("ctx", self.context_lens), ("tables", self.block_tables)):

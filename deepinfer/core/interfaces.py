@@ -215,11 +215,10 @@ class Drafter(Plugin, ABC):
         request) from device graphs too. None: verification runs eagerly."""
         return None
 
-    def enable_graphs(self, new_graphs: Callable[[], DeviceGraphs], batch_sizes: Sequence[int],
-                      max_seq_len: int) -> None:
+    def enable_graphs(self, graphs: DeviceGraphs, batch_sizes: Sequence[int], max_seq_len: int) -> None:
         """The engine replays its decode steps from device graphs (these batch sizes, sequences up
         to ``max_seq_len`` tokens); a drafter running a model of its own may capture that model's
-        one-token steps too, each in a ``new_graphs()`` of its own. Default: nothing."""
+        one-token steps too, with ``graphs`` (the engine's: one memory pool). Default: nothing."""
 
 
 # -------------------------------------------------------------------------------------- scheduler

@@ -202,17 +202,18 @@ class ModelRunner:
         if self.graphs is not None and decode_only:
             graph_size = self.graphs.size_for(len(seqs), max(start + 1 for _, start, _ in seqs))
         elif self.verify_graphs is not None and not pending and out.draft_tokens:
+            # a one-token run would go through the prefill kernel in these graphs but the decode
+            # kernel in an eager step: steps that have one run eagerly, so that no request's numbers
+            # depend on whether the others speculate
             q = self.verify_graphs.query_len
-            if all(len(t) <= q for t, _, _ in seqs):
-                padded_size = self.verify_graphs.size_for(len(seqs), max(start + q for _, start, _ in seqs))
+            if all(2 <= len(t) <= q for t, _, _ in seqs):
+                padded_size = self.verify_graphs.size_for(len(seqs), max(s + len(t) for t, s, _ in seqs))
         if graph_size is not None:
             hidden = self.graphs.run(graph_size, [t[0] for t, _, _ in seqs], [s for _, s, _ in seqs],
                                      [b for _, _, b in seqs], prev, mark)
         elif padded_size is not None:  # sequence i's rows start at i * query_len
-            if mark is not None:
-                mark()
             hidden = self.verify_graphs.run_padded(padded_size, [t for t, _, _ in seqs], [s for _, s, _ in seqs],
-                                                   [b for _, _, b in seqs])
+                                                   [b for _, _, b in seqs], mark)
         else:
             if mark is not None:
                 mark()
