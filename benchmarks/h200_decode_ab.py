@@ -1,36 +1,19 @@
 """H200, session 3 (run K): decode attention with a CUDA graph's grid (sized for 8,192 tokens) with
 and without the program cap, and the split size. (Run K's copy also timed a two-pass argmax
 against torch.argmax; it was slower, 84.8 against 38.8 us for one row of 128,256, and was dropped
-with its code.) Batch-1 rows here time the host launch too: see h200_decode_sweep.py."""
+with its code.) Batch-1 rows here time the host launch too: see h200_decode_sweep.py. The random
+caches now come from bench_kernels.paged (same sizes as in run K, other random values)."""
 from functools import partial
 
 import torch
-import triton
 
 import deepinfer_kernels as K
-
-
-def ms(fn):
-    return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
-
-
-def paged(lens, bs, kvh, d, g):
-    per = [-(-n // bs) for n in lens]
-    total = sum(per) + 1
-    ids = torch.randperm(total, generator=g, device="cuda").to(torch.int32)
-    tables = torch.zeros(len(lens), max(per), dtype=torch.int32, device="cuda")
-    at = 0
-    for i, n in enumerate(per):
-        tables[i, :n] = ids[at:at + n]
-        at += n
-    k = torch.randn(total * bs, kvh, d, device="cuda", dtype=torch.bfloat16, generator=g)
-    return k, torch.randn_like(k), tables
-
+from deepinfer_kernels.bench_kernels import paged, time_ms
 
 g = torch.Generator(device="cuda").manual_seed(0)
 for b, h, kvh, d, lo, hi in ((256, 16, 8, 128, 100, 1500), (64, 16, 8, 128, 100, 1500), (1, 32, 8, 64, 530, 531)):
     lens = torch.randint(lo, hi, (b,), generator=g, device="cuda").tolist()
-    k, v, tables = paged(lens, 16, kvh, d, g)
+    k, v, tables = paged(lens, 16, kvh, d, seed=b)
     q = torch.randn(b, h, d, device="cuda", dtype=torch.bfloat16)
     seq = torch.tensor(lens, dtype=torch.int32, device="cuda")
     nbytes = sum(lens) * kvh * d * 4
@@ -43,6 +26,6 @@ for b, h, kvh, d, lo, hi in ((256, 16, 8, 128, 100, 1500), (64, 16, 8, 128, 100,
                 if base is None:
                     base = out
                 same = "same bits" if split == 256 and torch.equal(out, base) else ("" if split != 256 else "DIFFERENT")
-                t = ms(fn)
+                t = time_ms(fn, 200)
                 print(f"decode B={b} H={h}/{kvh} D={d} lens {lo}-{hi} split {split} {cap_name} {name}: "
                       f"{t * 1e3:.1f} us {nbytes / t / 1e9:.2f} TB/s {same}", flush=True)

@@ -1,26 +1,15 @@
 """H200, session 3: decode attention tile sweep (keys per tile, warps, pipeline stages) at the
 throughput workload's shape (Qwen3-0.6B: 16/8 heads, D=128, bf16), with a CUDA graph's grid (sized
 for 8,192 tokens). Each variant is timed as a CUDA-graph replay of 20 calls, so host launch time
-is not counted."""
+is not counted. The random caches now come from bench_kernels.paged (same sizes as in run M,
+other random values)."""
 import itertools
 from functools import partial
 
 import torch
 
 import deepinfer_kernels as K
-
-
-def paged(lens, bs, kvh, d, g):
-    per = [-(-n // bs) for n in lens]
-    total = sum(per) + 1
-    ids = torch.randperm(total, generator=g, device="cuda").to(torch.int32)
-    tables = torch.zeros(len(lens), max(per), dtype=torch.int32, device="cuda")
-    at = 0
-    for i, n in enumerate(per):
-        tables[i, :n] = ids[at:at + n]
-        at += n
-    k = torch.randn(total * bs, kvh, d, device="cuda", dtype=torch.bfloat16, generator=g)
-    return k, torch.randn_like(k), tables
+from deepinfer_kernels.bench_kernels import paged
 
 
 def graph_us(fn, calls=20, reps=20):
@@ -50,7 +39,7 @@ g = torch.Generator(device="cuda").manual_seed(0)
 h, kvh, d = 16, 8, 128
 for b, lo, hi in ((256, 300, 1500), (64, 500, 2000), (16, 800, 2000), (1, 530, 531)):
     lens = torch.randint(lo, hi, (b,), generator=g, device="cuda").tolist()
-    k, v, tables = paged(lens, 16, kvh, d, g)
+    k, v, tables = paged(lens, 16, kvh, d, seed=b)
     q = torch.randn(b, h, d, device="cuda", dtype=torch.bfloat16)
     seq = torch.tensor(lens, dtype=torch.int32, device="cuda")
     nbytes = sum(lens) * kvh * d * 4

@@ -8,10 +8,10 @@ import os
 # the ascend plugins are selected, so it turns autoload off unless the user chose otherwise.
 os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
 
-from pathlib import Path  # noqa: E402
+from pathlib import Path
 from typing import TYPE_CHECKING
 
-from deepinfer.core.sampling_params import SamplingParams  # noqa: E402
+from deepinfer.core.sampling_params import SamplingParams
 
 __version__ = "0.1.0"
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tqdm.auto import tqdm
 
@@ -11,6 +11,9 @@ from deepinfer.builder import build_engine
 from deepinfer.core.config import build_config
 from deepinfer.core.request import RequestOutput
 from deepinfer.core.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self from Python 3.11
 
 PromptType = str | dict[str, Any]
 
@@ -113,7 +116,7 @@ class LLM:
         """Abort anything still running and run the engine-stopped hooks."""
         self.engine.shutdown()
 
-    def __enter__(self) -> LLM:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -30,37 +30,29 @@ def _rotary_kernel(q_ptr, k_ptr, q_out_ptr, k_out_ptr, cos_ptr, sin_ptr, pos_ptr
     s1 = tl.load(sin_ptr + p * stride_cp + j, mask=j < HALF, other=0.0).to(tl.float32)
     s2 = tl.load(sin_ptr + p * stride_cp + HALF + j, mask=j < HALF, other=0.0).to(tl.float32)
     t64 = t.to(tl.int64)
-    # q heads, then k heads: the same arithmetic, on the two tensors
-    mask = (hh < Q_HEADS) & (j < HALF)
-    src = q_ptr + t64 * stride_qt + hh * stride_qh + j
-    x1 = tl.load(src, mask=mask, other=0.0).to(tl.float32)
-    x2 = tl.load(src + HALF, mask=mask, other=0.0).to(tl.float32)
-    if NORM:  # the eager RMSNorm's rounding: normalised in float32, rounded, times the weight, rounded
-        inv = tl.rsqrt((tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / (2 * HALF) + eps)[:, None]
-        w1 = tl.load(qw_ptr + j, mask=j < HALF, other=0.0).to(tl.float32)
-        w2 = tl.load(qw_ptr + HALF + j, mask=j < HALF, other=0.0).to(tl.float32)
-        x1 = ((x1 * inv).to(ty).to(tl.float32) * w1).to(ty).to(tl.float32)
-        x2 = ((x2 * inv).to(ty).to(tl.float32) * w2).to(ty).to(tl.float32)
-    o1 = (x1 * c1).to(ty).to(tl.float32) + (-x2 * s1).to(ty).to(tl.float32)
-    o2 = (x2 * c2).to(ty).to(tl.float32) + (x1 * s2).to(ty).to(tl.float32)
-    dst = q_out_ptr + (t64 * Q_HEADS + hh) * (2 * HALF) + j
-    tl.store(dst, o1.to(ty), mask=mask)
-    tl.store(dst + HALF, o2.to(ty), mask=mask)
-    mask = (hh < K_HEADS) & (j < HALF)
-    src = k_ptr + t64 * stride_kt + hh * stride_kh + j
-    x1 = tl.load(src, mask=mask, other=0.0).to(tl.float32)
-    x2 = tl.load(src + HALF, mask=mask, other=0.0).to(tl.float32)
-    if NORM:
-        inv = tl.rsqrt((tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / (2 * HALF) + eps)[:, None]
-        w1 = tl.load(kw_ptr + j, mask=j < HALF, other=0.0).to(tl.float32)
-        w2 = tl.load(kw_ptr + HALF + j, mask=j < HALF, other=0.0).to(tl.float32)
-        x1 = ((x1 * inv).to(ty).to(tl.float32) * w1).to(ty).to(tl.float32)
-        x2 = ((x2 * inv).to(ty).to(tl.float32) * w2).to(ty).to(tl.float32)
-    o1 = (x1 * c1).to(ty).to(tl.float32) + (-x2 * s1).to(ty).to(tl.float32)
-    o2 = (x2 * c2).to(ty).to(tl.float32) + (x1 * s2).to(ty).to(tl.float32)
-    dst = k_out_ptr + (t64 * K_HEADS + hh) * (2 * HALF) + j
-    tl.store(dst, o1.to(ty), mask=mask)
-    tl.store(dst + HALF, o2.to(ty), mask=mask)
+    for which in tl.static_range(2):  # q heads, then k heads: the same arithmetic on the two tensors
+        if which == 0:
+            mask = (hh < Q_HEADS) & (j < HALF)
+            src = q_ptr + t64 * stride_qt + hh * stride_qh + j
+            dst = q_out_ptr + (t64 * Q_HEADS + hh) * (2 * HALF) + j
+            w_ptr = qw_ptr
+        else:
+            mask = (hh < K_HEADS) & (j < HALF)
+            src = k_ptr + t64 * stride_kt + hh * stride_kh + j
+            dst = k_out_ptr + (t64 * K_HEADS + hh) * (2 * HALF) + j
+            w_ptr = kw_ptr
+        x1 = tl.load(src, mask=mask, other=0.0).to(tl.float32)
+        x2 = tl.load(src + HALF, mask=mask, other=0.0).to(tl.float32)
+        if NORM:  # the eager RMSNorm's rounding: normalised in float32, rounded, times the weight, rounded
+            inv = tl.rsqrt((tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / (2 * HALF) + eps)[:, None]
+            w1 = tl.load(w_ptr + j, mask=j < HALF, other=0.0).to(tl.float32)
+            w2 = tl.load(w_ptr + HALF + j, mask=j < HALF, other=0.0).to(tl.float32)
+            x1 = ((x1 * inv).to(ty).to(tl.float32) * w1).to(ty).to(tl.float32)
+            x2 = ((x2 * inv).to(ty).to(tl.float32) * w2).to(ty).to(tl.float32)
+        o1 = (x1 * c1).to(ty).to(tl.float32) + (-x2 * s1).to(ty).to(tl.float32)
+        o2 = (x2 * c2).to(ty).to(tl.float32) + (x1 * s2).to(ty).to(tl.float32)
+        tl.store(dst, o1.to(ty), mask=mask)
+        tl.store(dst + HALF, o2.to(ty), mask=mask)
 
 
 def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,

@@ -58,7 +58,8 @@ class DraftRunner:
         """Replay the draft's one-token steps (every draft step after a round's first) from graphs
         captured for these batch sizes; steps they do not cover run eagerly."""
         if not self.attention.supports_graphs:
-            return  # an attention backend that cannot be captured: the draft runs eagerly
+            raise ValueError(f"the attention plugin {self.attention.name!r} cannot run in device graphs; "
+                             "the draft model runs eagerly with it (do not enable graphs)")
         g = DecodeGraphs(self.model, self.attention, self.kv_caches, graphs, self.device, self.block_size,
                          batch_sizes, max_seq_len)
         g.capture()

@@ -15,7 +15,7 @@ def _has_cuda() -> bool:
         import torch
 
         return torch.cuda.is_available()
-    except Exception:
+    except Exception:  # noqa: BLE001 (no usable torch or torch_npu: no such device)
         return False
 
 
@@ -26,7 +26,7 @@ def _has_npu() -> bool:
         import torch_npu  # noqa: F401
 
         return True
-    except Exception:
+    except Exception:  # noqa: BLE001 (no usable torch or torch_npu: no such device)
         return False
 
 

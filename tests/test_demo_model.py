@@ -62,7 +62,7 @@ def test_llm_without_model_uses_the_demo_model():
 
 def _heldout_sample(max_files: int = 6, max_chars: int = 6000) -> list[str]:
     """Standard-library files of this interpreter that the training split held out."""
-    from deepinfer.tools.train_demo import collect_corpus
+    from deepinfer.tools.demo_data import collect_corpus
 
     corpus = collect_corpus()
     texts = [t[:max_chars] for t in corpus.heldout_texts if len(t) > 2000]

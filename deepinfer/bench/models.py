@@ -6,24 +6,24 @@ from pathlib import Path
 
 SHAPES = {
     # the CPU model of issue 2's speed goal
-    "llama-tiny": ("llama", dict(hidden_size=256, intermediate_size=688, num_hidden_layers=4,
-                                 num_attention_heads=4, num_key_value_heads=2, vocab_size=8192,
-                                 max_position_embeddings=4096)),
-    "llama-1b": ("llama", dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
-                               num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
-                               tie_word_embeddings=True, max_position_embeddings=131072,
-                               rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+    "llama-tiny": ("llama", {"hidden_size": 256, "intermediate_size": 688, "num_hidden_layers": 4,
+                                 "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 8192,
+                                 "max_position_embeddings": 4096}),
+    "llama-1b": ("llama", {"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
+                               "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
+                               "tie_word_embeddings": True, "max_position_embeddings": 131072,
+                               "rope_scaling": {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
                                              "high_freq_factor": 4.0,
                                              "original_max_position_embeddings": 8192},
-                               rope_theta=500000.0)),
+                               "rope_theta": 500000.0}),
     # a CPU-sized Qwen3, for `bench swa`'s default run
-    "qwen3-tiny": ("qwen3", dict(hidden_size=256, intermediate_size=688, num_hidden_layers=4,
-                                 num_attention_heads=4, num_key_value_heads=2, head_dim=64, vocab_size=8192,
-                                 tie_word_embeddings=True, max_position_embeddings=4096)),
-    "qwen3-0.6b": ("qwen3", dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
-                                 num_attention_heads=16, num_key_value_heads=8, head_dim=128, vocab_size=151936,
-                                 tie_word_embeddings=True, max_position_embeddings=40960,
-                                 rope_theta=1000000.0)),
+    "qwen3-tiny": ("qwen3", {"hidden_size": 256, "intermediate_size": 688, "num_hidden_layers": 4,
+                                 "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64, "vocab_size": 8192,
+                                 "tie_word_embeddings": True, "max_position_embeddings": 4096}),
+    "qwen3-0.6b": ("qwen3", {"hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28,
+                                 "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936,
+                                 "tie_word_embeddings": True, "max_position_embeddings": 40960,
+                                 "rope_theta": 1000000.0}),
 }
 
 

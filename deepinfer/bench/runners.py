@@ -72,8 +72,8 @@ def run_hf_generate(model, wl: Workload, repeats: int) -> RunResult:
         raise ValueError("the generate() peer needs equal prompt and output lengths; use the throughput peer")
     n = outs.pop()
     ids = torch.tensor(wl.prompts, device=model.device)
-    kw = dict(max_new_tokens=n, min_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0,
-              attention_mask=torch.ones_like(ids))
+    kw = {"max_new_tokens": n, "min_new_tokens": n, "do_sample": False, "eos_token_id": None, "pad_token_id": 0,
+              "attention_mask": torch.ones_like(ids)}
     with torch.no_grad():
         model.generate(ids[:, :8], **{**kw, "max_new_tokens": 2, "min_new_tokens": 2,
                                       "attention_mask": torch.ones_like(ids[:, :8])})  # warm-up

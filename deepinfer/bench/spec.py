@@ -22,7 +22,7 @@ def add_spec_parser(bsub, add_engine_args, engine_overrides) -> None:
 
 def stdlib_prompts(tokenizer, n: int, length: int) -> list[list[int]]:
     """Beginnings of standard-library files the demo models did not train on (cycled if few)."""
-    from deepinfer.tools.train_demo import collect_corpus
+    from deepinfer.tools.demo_data import collect_corpus
 
     texts = [t for t in collect_corpus().heldout_texts if len(t) > 4 * length]
     prompts = []

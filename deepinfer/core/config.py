@@ -91,8 +91,8 @@ def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
         data = json.loads(text)
     else:
         raise ValueError(f"config file {str(p)!r}: use a .yaml, .yml, .toml or .json file")
-    if not isinstance(data, dict):
-        raise ValueError(f"config file {str(p)!r} must hold a mapping of options")
+    if not isinstance(data, dict):  # a bad file, reported like the other config errors
+        raise ValueError(f"config file {str(p)!r} must hold a mapping of options")  # noqa: TRY004
     return data
 
 

@@ -114,8 +114,7 @@ class DecodeGraphs:
         (the padding rows see the same keys as its last real row), so attention reads exactly the
         keys, in the same tiles, as an eager step would."""
         q, bs = self.query_len, self.block_size
-        host = self._host[self._turn]
-        self._turn ^= 1
+        host = self._next_host()
         ids, pos, slots = host["ids"].numpy(), host["pos"].numpy(), host["slots"].numpy()
         lens, ctx, tab = host["lens"].numpy(), host["ctx"].numpy(), host["tables"].numpy()
         ids[:size * q] = 0
@@ -140,13 +139,7 @@ class DecodeGraphs:
             ctx[i] = start
         if on_device is not None:
             on_device()
-        for name, dst in (("ids", self.input_ids), ("pos", self.positions), ("slots", self.slot_mapping)):
-            dst[:size * q].copy_(host[name][:size * q], non_blocking=True)
-        for name, dst in (("lens", self.seq_lens), ("ctx", self.context_lens), ("tables", self.block_tables)):
-            dst[:size].copy_(host[name][:size], non_blocking=True)
-        replay, out = self._replays[size]
-        replay()
-        return out[:size * q]
+        return self._upload_and_replay(host, size)[:size * q]
 
     def run(self, size: int, tokens: Sequence[int], starts: Sequence[int], tables: Sequence[Sequence[int]],
             prev_tokens: torch.Tensor | None, on_device: Callable[[], None] | None = None) -> torch.Tensor:
@@ -159,8 +152,7 @@ class DecodeGraphs:
             raise ValueError(f"run() replays one-token steps; these graphs take {self.query_len} tokens a "
                              "sequence (use run_padded)")
         b, bs = len(tokens), self.block_size
-        host = self._host[self._turn]
-        self._turn ^= 1
+        host = self._next_host()
         ids, pos, slots = host["ids"].numpy(), host["pos"].numpy(), host["slots"].numpy()
         lens, tab = host["lens"].numpy(), host["tables"].numpy()
         ids[:b] = tokens
@@ -177,12 +169,28 @@ class DecodeGraphs:
         slots[b:size] = -1
         if on_device is not None:
             on_device()
-        for name, dst in (("ids", self.input_ids), ("pos", self.positions), ("slots", self.slot_mapping),
-                          ("lens", self.seq_lens), ("tables", self.block_tables)):
+        return self._upload_and_replay(host, size, prev_tokens)[:b]
+
+    def _next_host(self) -> dict[str, torch.Tensor]:
+        host = self._host[self._turn]
+        self._turn ^= 1
+        return host
+
+    def _upload_and_replay(self, host: dict[str, torch.Tensor], size: int,
+                           prev_tokens: torch.Tensor | None = None) -> torch.Tensor:
+        """Copy the first ``size`` sequences' inputs to the static tensors (resolving placeholders
+        on the device), replay that size's graph and return its whole output."""
+        t = size * self.query_len
+        per_seq = [("lens", self.seq_lens), ("tables", self.block_tables)]
+        if self.query_len > 1:  # one-token steps never read the context lengths
+            per_seq.append(("ctx", self.context_lens))
+        for name, dst in (("ids", self.input_ids), ("pos", self.positions), ("slots", self.slot_mapping)):
+            dst[:t].copy_(host[name][:t], non_blocking=True)
+        for name, dst in per_seq:
             dst[:size].copy_(host[name][:size], non_blocking=True)
         if prev_tokens is not None:
-            ids_dev = self.input_ids[:b]
-            ids_dev.copy_(resolve_placeholders(ids_dev, prev_tokens))
+            ids = self.input_ids[:t]
+            ids.copy_(resolve_placeholders(ids, prev_tokens))
         replay, out = self._replays[size]
         replay()
-        return out[:b]
+        return out

@@ -38,7 +38,7 @@ def iter_weights(path: str | Path, progress: bool = True) -> Iterator[tuple[str,
     bar = tqdm(files, desc="Loading safetensors", disable=not progress or len(files) < 2, leave=False)
     for f in bar:
         with safe_open(str(f), framework="pt") as st:
-            for name in st.keys():
+            for name in st.keys():  # noqa: SIM118 (safe_open has keys() but is not iterable)
                 yield name, st.get_tensor(name)
 
 

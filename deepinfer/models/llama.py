@@ -72,7 +72,7 @@ class LlamaForCausalLM(CausalLM):
     qk_norm: ClassVar[bool] = False
 
     # checkpoint projections that are fused here: name -> (fused name, shard index)
-    _fused = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
+    _fused: ClassVar[dict[str, tuple[str, int]]] = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
               "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
 
     def __init__(self, config: ModelConfig, attention: AttentionBackend) -> None:

@@ -26,7 +26,7 @@ def plugin_statuses() -> list[PluginStatus]:
             reason = cls.unavailable_reason() if hasattr(cls, "unavailable_reason") else None
         except PluginError as e:
             reason = str(e)
-        except Exception as e:  # a plugin's own availability check crashed: report, don't die
+        except Exception as e:  # noqa: BLE001 (a plugin's own availability check crashed: report, don't die)
             reason = f"availability check failed: {type(e).__name__}: {e}"
         out.append(PluginStatus(info.name, info.slot.name, info.distribution, reason or "ok"))
     return sorted(out, key=lambda s: (s.slot, s.name))

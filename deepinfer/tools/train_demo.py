@@ -10,8 +10,9 @@ with no download:
 * draft      -- Qwen3, 2 full-attention layers, distilled from the target.
 
 Both are written as ordinary Hugging Face model directories (bf16
-safetensors) with a model card; see ``deepinfer/tools/demo_card.py`` for
-the evaluation and the card.
+safetensors) with a model card; the corpus and the tokenizer are built by
+``deepinfer/tools/demo_data.py``, the evaluation and the card by
+``deepinfer/tools/demo_card.py``.
 
 Usage::
 
@@ -26,28 +27,30 @@ only torch, transformers and tokenizers: useful where the engine's own dependenc
 from __future__ import annotations
 
 import argparse
-import hashlib
 import inspect
 import json
 import math
-import os
 import platform
 import shutil
 import sys
-import sysconfig
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-SPECIAL_TOKENS = ["<|pad|>", "<|begin|>", "<|end|>", "<|system|>", "<|user|>", "<|assistant|>"]
-PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
-VOCAB_SIZE = 8192
-MAX_POSITIONS = 2048
 
-CORPUS_SUFFIXES = (".py", ".txt", ".rst")
-CORPUS_EXCLUDED_DIRS = {"site-packages", "dist-packages", "test", "tests", "idlelib", "__pycache__"}
-CORPUS_MAX_FILE_BYTES = 200_000
-HELDOUT_MODULUS = 20  # sha256(relative path) % 20 == 0 -> held out (~5%)
+def _import_sibling(name: str):
+    """deepinfer.tools.NAME, or the file beside this one when run as a plain script where the
+    engine's own dependencies are missing (the GPU machine)."""
+    import importlib
+
+    try:
+        return importlib.import_module(f"deepinfer.tools.{name}")
+    except ImportError:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        return importlib.import_module(name)
+
+
+demo_data = _import_sibling("demo_data")  # the corpus and the tokenizer
 
 TOTAL_SIZE_LIMIT = 40_000_000  # both models' safetensors together, bytes
 SHARD_THRESHOLD = 15_000_000  # shard a model whose weights exceed this...
@@ -56,17 +59,6 @@ FILE_SIZE_LIMIT = 16_000_000  # every weight file must stay under this
 MODEL_DIRS = ("demo-target", "demo-draft")
 
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "assets"
-
-# One message per turn: <|role|>content<|end|>\n ; then <|assistant|> to prompt a reply.
-CHAT_TEMPLATE = (
-    "{%- for message in messages -%}"
-    "{%- if message['role'] not in ['system', 'user', 'assistant'] -%}"
-    "{{ raise_exception('Unsupported role: ' + message['role']) }}"
-    "{%- endif -%}"
-    "{{ '<|' + message['role'] + '|>' + message['content'] + '<|end|>' + '\n' }}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{ '<|assistant|>' }}{%- endif -%}"
-)
 
 # Default schedules. FULL takes about 75 s on one H200 (~400k target tokens/s) and is bounded by
 # the data, not the time: the ~2.3M-token corpus is seen ~5.7 times; at 2000 steps the target's
@@ -81,149 +73,6 @@ def log(msg: str) -> None:
     print(msg, flush=True)
 
 
-# ----------------------------------------------------------------------------- corpus
-
-
-@dataclass
-class Corpus:
-    root: str
-    train_paths: list[str]
-    train_texts: list[str]
-    heldout_paths: list[str]
-    heldout_texts: list[str]
-    record: dict
-
-
-def is_heldout(rel_path: str) -> bool:
-    digest = hashlib.sha256(rel_path.encode("utf-8")).hexdigest()
-    return int(digest, 16) % HELDOUT_MODULUS == 0
-
-
-def collect_corpus(stdlib_dir: str | None = None, max_files: int | None = None) -> Corpus:
-    """Gather the stdlib sources deterministically and split them train/held-out."""
-    root = Path(stdlib_dir or sysconfig.get_paths()["stdlib"]).resolve()
-    candidates = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = [d for d in dirnames if d not in CORPUS_EXCLUDED_DIRS]
-        for name in filenames:
-            if name.endswith(CORPUS_SUFFIXES):
-                candidates.append(Path(dirpath) / name)
-    files: list[tuple[str, str]] = []
-    skipped_large = skipped_encoding = 0
-    for path in sorted(candidates, key=lambda p: p.relative_to(root).as_posix()):
-        if not path.is_file() or path.stat().st_size > CORPUS_MAX_FILE_BYTES:
-            skipped_large += 1
-            continue
-        try:
-            text = path.read_bytes().decode("utf-8")
-        except UnicodeDecodeError:
-            skipped_encoding += 1
-            continue
-        files.append((path.relative_to(root).as_posix(), text))
-    if max_files is not None:
-        files = files[:max_files]
-    if not files:
-        raise SystemExit(f"no corpus files found under {root}")
-
-    digest = hashlib.sha256()
-    for rel, text in files:
-        data = text.encode("utf-8")
-        digest.update(f"{rel}\0{len(data)}\0".encode())
-        digest.update(data)
-    corpus = Corpus(str(root), [], [], [], [], {})
-    for rel, text in files:
-        if is_heldout(rel):
-            corpus.heldout_paths.append(rel)
-            corpus.heldout_texts.append(text)
-        else:
-            corpus.train_paths.append(rel)
-            corpus.train_texts.append(text)
-    corpus.record = {
-        "source": "Python standard library (.py/.txt/.rst; no tests, idlelib or site-packages)",
-        "python_version": platform.python_version(),
-        "python_implementation": platform.python_implementation(),
-        "stdlib_dir": str(root),
-        "num_files": len(files),
-        "num_train_files": len(corpus.train_paths),
-        "num_heldout_files": len(corpus.heldout_paths),
-        "total_chars": sum(len(t) for _, t in files),
-        "skipped_too_large": skipped_large,
-        "skipped_not_utf8": skipped_encoding,
-        "max_files": max_files,
-        "sha256": digest.hexdigest(),
-        "heldout_rule": f"sha256(relative path) % {HELDOUT_MODULUS} == 0",
-    }
-    return corpus
-
-
-# -------------------------------------------------------------------------- tokenizer
-
-
-def train_tokenizer(texts: list[str], vocab_size: int = VOCAB_SIZE):
-    """Byte-level BPE whose post-processor adds nothing (encode(text) is plain)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.post_processor = processors.ByteLevel(add_prefix_space=False, trim_offsets=False)
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        min_frequency=2,
-        special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tokenizer.train_from_iterator(texts, trainer=trainer, length=len(texts))
-    for i, tok in enumerate(SPECIAL_TOKENS):
-        assert tokenizer.token_to_id(tok) == i, f"{tok} must have id {i}"
-    assert tokenizer.get_vocab_size() <= vocab_size
-    return tokenizer
-
-
-def write_tokenizer_files(tokenizer, out_dir: Path) -> None:
-    """tokenizer.json + the JSON files transformers' AutoTokenizer reads offline."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tokenizer.save(str(out_dir / "tokenizer.json"))
-    specials = {
-        "bos_token": SPECIAL_TOKENS[BOS_ID],
-        "eos_token": SPECIAL_TOKENS[EOS_ID],
-        "pad_token": SPECIAL_TOKENS[PAD_ID],
-        "additional_special_tokens": SPECIAL_TOKENS[3:],
-    }
-    config = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        **specials,
-        "add_bos_token": False,
-        "add_eos_token": False,
-        "clean_up_tokenization_spaces": False,
-        "model_max_length": MAX_POSITIONS,
-        "padding_side": "left",
-        "chat_template": CHAT_TEMPLATE,
-        "added_tokens_decoder": {
-            str(i): {"content": tok, "lstrip": False, "normalized": False, "rstrip": False,
-                     "single_word": False, "special": True}
-            for i, tok in enumerate(SPECIAL_TOKENS)
-        },
-    }
-    write_json(out_dir / "tokenizer_config.json", config)
-    write_json(out_dir / "special_tokens_map.json", specials)
-
-
-def encode_stream(tokenizer, texts: list[str]):
-    """All texts tokenized (batch encoder, parallel) and joined, each followed by <|end|>;
-    also the offset where each text starts."""
-    import torch
-
-    ids: list[int] = []
-    starts: list[int] = []
-    for enc in tokenizer.encode_batch(texts, add_special_tokens=False):
-        starts.append(len(ids))
-        ids.extend(enc.ids)
-        ids.append(EOS_ID)
-    return torch.tensor(ids, dtype=torch.long), torch.tensor(starts, dtype=torch.long)
-
-
 # ----------------------------------------------------------------------------- models
 
 
@@ -233,14 +82,14 @@ def target_config():
     layers = 8
     layer_types = ["full_attention" if i % 4 == 3 else "sliding_attention" for i in range(layers)]
     return Qwen3Config(
-        vocab_size=VOCAB_SIZE, hidden_size=384, intermediate_size=1024,
+        vocab_size=demo_data.VOCAB_SIZE, hidden_size=384, intermediate_size=1024,
         num_hidden_layers=layers, num_attention_heads=6, num_key_value_heads=2, head_dim=64,
-        max_position_embeddings=MAX_POSITIONS, rope_theta=10000.0, rms_norm_eps=1e-6,
+        max_position_embeddings=demo_data.MAX_POSITIONS, rope_theta=10000.0, rms_norm_eps=1e-6,
         tie_word_embeddings=True, use_sliding_window=True, sliding_window=256,
         # Only consulted by transformers when layer_types is None; explicit layer_types wins.
         # 0 = "no leading layers forced to full attention" (layer 0 is sliding here).
         max_window_layers=0, layer_types=layer_types,
-        bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID,
+        bos_token_id=demo_data.BOS_ID, eos_token_id=demo_data.EOS_ID, pad_token_id=demo_data.PAD_ID,
     )
 
 
@@ -248,12 +97,12 @@ def draft_config():
     from transformers import Qwen3Config
 
     return Qwen3Config(
-        vocab_size=VOCAB_SIZE, hidden_size=256, intermediate_size=768,
+        vocab_size=demo_data.VOCAB_SIZE, hidden_size=256, intermediate_size=768,
         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
-        max_position_embeddings=MAX_POSITIONS, rope_theta=10000.0, rms_norm_eps=1e-6,
+        max_position_embeddings=demo_data.MAX_POSITIONS, rope_theta=10000.0, rms_norm_eps=1e-6,
         tie_word_embeddings=True, use_sliding_window=False,
         layer_types=["full_attention", "full_attention"],
-        bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID,
+        bos_token_id=demo_data.BOS_ID, eos_token_id=demo_data.EOS_ID, pad_token_id=demo_data.PAD_ID,
     )
 
 
@@ -264,7 +113,7 @@ def build_model(config, seed: int):
     torch.manual_seed(seed)
     model = Qwen3ForCausalLM(config)
     model.generation_config = GenerationConfig(
-        bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID)
+        bos_token_id=demo_data.BOS_ID, eos_token_id=demo_data.EOS_ID, pad_token_id=demo_data.PAD_ID)
     return model
 
 
@@ -419,7 +268,7 @@ def save_model_dir(model, tokenizer, out_dir: Path) -> dict:
     if "safe_serialization" in inspect.signature(model.save_pretrained).parameters:
         kwargs["safe_serialization"] = True  # transformers 4.x; 5.x always writes safetensors
     model.save_pretrained(out_dir, **kwargs)
-    write_tokenizer_files(tokenizer, out_dir)
+    demo_data.write_tokenizer_files(tokenizer, out_dir)
     files = {p.name: p.stat().st_size for p in sorted(out_dir.glob("*.safetensors"))}
     assert files, f"no safetensors written in {out_dir}"
     for name, size in files.items():
@@ -427,10 +276,6 @@ def save_model_dir(model, tokenizer, out_dir: Path) -> dict:
     config = json.loads((out_dir / "config.json").read_text())
     assert config.get("dtype", config.get("torch_dtype")) == "bfloat16", config
     return {"dir": out_dir.name, "safetensors": files, "weight_bytes": sum(files.values())}
-
-
-def write_json(path: Path, obj) -> None:
-    path.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 # ------------------------------------------------------------------------------- main
@@ -481,18 +326,6 @@ def pick_device(name: str):
     return torch.device(name)
 
 
-def _import_sibling(name: str):
-    """deepinfer.tools.NAME, or the file beside this one when run as a plain script where the
-    engine's own dependencies are missing (the GPU machine)."""
-    import importlib
-
-    try:
-        return importlib.import_module(f"deepinfer.tools.{name}")
-    except ImportError:
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        return importlib.import_module(name)
-
-
 def _import_demo_card():
     return _import_sibling("demo_card")
 
@@ -510,14 +343,14 @@ def run_training(args: argparse.Namespace) -> dict:
     torch.manual_seed(args.seed)
     timings = {}
 
-    corpus = collect_corpus(args.stdlib, args.max_files)
+    corpus = demo_data.collect_corpus(args.stdlib, args.max_files)
     log(f"corpus: {corpus.record['num_files']} files from {corpus.root} "
         f"(Python {corpus.record['python_version']}), {corpus.record['num_heldout_files']} held out, "
         f"sha256 {corpus.record['sha256'][:16]}")
     t = time.perf_counter()
-    tokenizer = train_tokenizer(corpus.train_texts)
-    train_ids, train_starts = encode_stream(tokenizer, corpus.train_texts)
-    heldout_ids, _ = encode_stream(tokenizer, corpus.heldout_texts)
+    tokenizer = demo_data.train_tokenizer(corpus.train_texts)
+    train_ids, train_starts = demo_data.encode_stream(tokenizer, corpus.train_texts)
+    heldout_ids, _ = demo_data.encode_stream(tokenizer, corpus.heldout_texts)
     timings["tokenizer_s"] = time.perf_counter() - t
     log(f"tokenizer: vocab {tokenizer.get_vocab_size()}, {train_ids.numel():,} train / "
         f"{heldout_ids.numel():,} held-out tokens ({timings['tokenizer_s']:.1f}s)")
@@ -570,7 +403,7 @@ def run_training(args: argparse.Namespace) -> dict:
                      "transformers": transformers.__version__, "tokenizers": tokenizers.__version__},
         "corpus": corpus.record,
         "tokenizer": {"type": "byte-level BPE", "vocab_size": tokenizer.get_vocab_size(),
-                      "special_tokens": SPECIAL_TOKENS, "train_tokens": train_ids.numel(),
+                      "special_tokens": demo_data.SPECIAL_TOKENS, "train_tokens": train_ids.numel(),
                       "heldout_tokens": heldout_ids.numel()},
         "params": params,
         "files": saved,
@@ -579,7 +412,7 @@ def run_training(args: argparse.Namespace) -> dict:
         "metrics": metrics,
         "timings_s": timings,
     }
-    write_json(out / "train_log.json", train_log)
+    demo_data.write_json(out / "train_log.json", train_log)
     for role in ("target", "draft"):
         (out / f"demo-{role}" / "README.md").write_text(
             demo_card.model_card(role, train_log), encoding="utf-8")

@@ -7,15 +7,15 @@ import torch
 from deepinfer import LLM, SamplingParams
 from tests.tiny_models import hf_greedy, make_model
 
-QWEN3_HYBRID = dict(num_hidden_layers=4, use_sliding_window=True, sliding_window=24, max_window_layers=0,
-                    layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"])
+QWEN3_HYBRID = {"num_hidden_layers": 4, "use_sliding_window": True, "sliding_window": 24, "max_window_layers": 0,
+                    "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"]}
 CASES = {
-    "llama": ("llama", dict(rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                          "high_freq_factor": 4.0, "original_max_position_embeddings": 64})),
+    "llama": ("llama", {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                          "high_freq_factor": 4.0, "original_max_position_embeddings": 64}}),
     "qwen2": ("qwen2", {}),
     "qwen3-hybrid": ("qwen3", QWEN3_HYBRID),
     "qwen3-window-not-block-multiple": ("qwen3", {**QWEN3_HYBRID, "sliding_window": 21}),
-    "mistral-window": ("mistral", dict(sliding_window=20)),
+    "mistral-window": ("mistral", {"sliding_window": 20}),
 }
 PROMPTS = [[5, 6, 7], list(range(10, 50)), list(range(100, 170))]  # windows are shorter than the last two
 
