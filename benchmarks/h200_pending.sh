@@ -7,6 +7,9 @@ set -u
 . benchmarks/h200_setup.sh > "$OUT/env.txt" 2>&1
 filter() { grep --line-buffered -v -e Writing -e "Loading weights"; }
 if [ "${1:-a}" = a ]; then
+  # issue 6: the bf16 kernel tests after session 3's last changes (split clamp, 64-key cap, rotary body)
+  timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/kernels tests/plugins/test_triton_attn.py \
+    > "$OUT/gpu_kernel_tests.txt" 2>&1
   # issue 6: the throughput goal is a ratio to transformers run in the same call (its 64-request
   # subset takes about 140 s)
   timeout 400 python3 -m deepinfer.cli bench throughput --random-model qwen3-0.6b --dtype bfloat16 --device sm90 \
