@@ -49,29 +49,39 @@ class DraftRunner:
         self.seqs: dict[str, _DraftSeq] = {}
         self.vocab_size = self.model.config.vocab_size
         self.graphs: DecodeGraphs | None = None
+        self.first_graphs: DecodeGraphs | None = None  # a round's first step: 1 or 2 tokens a sequence
         target_vocab = ctx.model_config.get("vocab_size")
         if target_vocab is not None and target_vocab != self.vocab_size:
             raise ValueError(f"the draft model {model_dir!r} has vocabulary {self.vocab_size}, the target "
                              f"{target_vocab}: a draft must share the target's tokenizer")
 
     def enable_graphs(self, graphs: DeviceGraphs, batch_sizes: list[int], max_seq_len: int) -> None:
-        """Replay the draft's one-token steps (every draft step after a round's first) from graphs
-        captured for these batch sizes; steps they do not cover run eagerly."""
+        """Replay the draft's steps from graphs captured for these batch sizes: one-token steps
+        (every draft step after a round's first) and steps of up to two tokens a sequence (a
+        round's first after the prompt: the target's token, behind the last accepted draft when all
+        were accepted). Steps they do not cover run eagerly."""
         if not self.attention.supports_graphs:
             raise ValueError(f"the attention plugin {self.attention.name!r} cannot run in device graphs; "
                              "the draft model runs eagerly with it (do not enable graphs)")
-        g = DecodeGraphs(self.model, self.attention, self.kv_caches, graphs, self.device, self.block_size,
-                         batch_sizes, max_seq_len)
-        g.capture()
-        self.graphs = g
+        one, two = (DecodeGraphs(self.model, self.attention, self.kv_caches, graphs, self.device, self.block_size,
+                                 batch_sizes, max_seq_len, query_len=q) for q in (1, 2))
+        one.capture()
+        two.capture()
+        self.graphs, self.first_graphs = one, two
 
     def _forward_last(self, feeds: list[tuple[list[int], int, list[int]]]) -> torch.Tensor:
         """Logits (float32) of each feed's last token, after computing the feeds' tokens."""
-        if self.graphs is not None and all(len(t) == 1 for t, _, _ in feeds):
-            size = self.graphs.size_for(len(feeds), max(start + 1 for _, start, _ in feeds))
+        longest = max(len(t) for t, _, _ in feeds)
+        if self.graphs is not None and longest <= 2:
+            g = self.graphs if longest == 1 else self.first_graphs
+            size = g.size_for(len(feeds), max(start + len(t) for t, start, _ in feeds))
             if size is not None:
-                hidden = self.graphs.run(size, [t[0] for t, _, _ in feeds], [s for _, s, _ in feeds],
-                                         [b for _, _, b in feeds], None)
+                starts, tables = [s for _, s, _ in feeds], [b for _, _, b in feeds]
+                if longest == 1:
+                    hidden = g.run(size, [t[0] for t, _, _ in feeds], starts, tables, None)
+                else:  # sequence i's rows are 2i and 2i + 1
+                    hidden = g.run_padded(size, [t for t, _, _ in feeds], starts, tables)
+                    hidden = hidden[[2 * i + len(t) - 1 for i, (t, _, _) in enumerate(feeds)]]
                 return self.model.compute_logits(hidden).float()
         batch = build_step_batch(feeds, self.block_size, self.device)
         meta = self.attention.build_metadata(batch)
@@ -131,7 +141,8 @@ class DraftRunner:
             logits = self._forward_last(feeds)
             # greedy rows need only the argmax and its probability: one batched softmax for all
             best_p, best = logits.softmax(-1).max(-1)
-            best_p, best = best_p.tolist(), best.tolist()
+            best_p, best = torch.stack((best_p.double(), best.double())).tolist()  # one copy to the host
+            best = [int(t) for t in best]
             feeds, still = [], []
             for row, i in enumerate(active):
                 req, seq = live[i]

@@ -6,7 +6,9 @@ layer writes its keys and values with one kernel, then attends:
 
 - a decode-only step (one query token per sequence) runs the split-KV decode kernel;
 - any other step runs the prefill/extend kernel, and the one-token runs in it still go through
-  the decode kernel, so a decoding sequence's numbers never depend on what it is batched with.
+  the decode kernel, so a decoding sequence's numbers never depend on what it is batched with
+  (in a verification graph, where every sequence has Q rows, the flagged one-token runs:
+  ``StepBatch.single_runs``).
 
 Runs compiled on NVIDIA GPUs, or in the Triton interpreter on the CPU (TRITON_INTERPRET=1 set
 before triton is imported; float32/float16 only, slow, for tests).
@@ -65,6 +67,9 @@ class TritonAttentionMetadata:
     decode_tables: torch.Tensor | None = None       # [Bd, max_blocks] int32
     decode_seq_lens: torch.Tensor | None = None     # [Bd] int32
     decode_max_seq_len: int = 0
+    # in verification graphs: which of decode_rows (every sequence's first row) take the decode
+    # kernel's output (one-token runs); None: all of them
+    decode_select: torch.Tensor | None = None       # [Bd] bool
     #: KV groups after the first (sliding-window layers in a pool of their own): slots, tables,
     #: and the one-token runs' tables
     extra_groups: tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None], ...] = ()
@@ -124,6 +129,15 @@ class TritonAttention(AttentionBackend):
                   "seq_lens": batch.seq_lens, "context_lens": batch.context_lens,
                   "block_tables": batch.block_tables, "block_size": batch.block_size,
                   "max_query_len": batch.max_query_len, "max_seq_len": batch.max_seq_len}
+        if batch.single_runs is not None and not batch.is_decode_only:
+            # a graph of Q rows per sequence: every sequence's first row also goes through the decode
+            # kernel, whose output the one-token runs keep (decided on the device, from the flags)
+            common["extra_groups"] = tuple((g.slot_mapping, g.block_tables, g.block_tables)
+                                           for g in batch.kv_groups[1:])
+            return TritonAttentionMetadata(
+                decode_only=False, decode_rows=batch.query_start_loc[:-1].to(torch.long),
+                decode_tables=batch.block_tables, decode_seq_lens=batch.seq_lens,
+                decode_max_seq_len=batch.max_seq_len, decode_select=batch.single_runs, **common)
         singles = [] if batch.is_decode_only else [i for i, n in enumerate(batch.query_lens_cpu) if n == 1]
         idx = torch.tensor(singles, dtype=torch.long, device=batch.seq_lens.device) if singles else None
         common["extra_groups"] = tuple((g.slot_mapping, g.block_tables,
@@ -150,9 +164,13 @@ class TritonAttention(AttentionBackend):
                                                layer.scale, layer.sliding_window, m.max_seq_len, split)
         out = kern.paged_prefill_attention(q, k_cache, v_cache, m.query_start_loc, m.seq_lens, m.context_lens,
                                            tables, m.block_size, layer.scale, layer.sliding_window,
-                                           m.max_query_len, skip_single=m.decode_rows is not None)
+                                           m.max_query_len,
+                                           skip_single=m.decode_rows is not None and m.decode_select is None)
         if m.decode_rows is not None:
-            out[m.decode_rows] = kern.paged_decode_attention(
+            single = kern.paged_decode_attention(
                 q[m.decode_rows], k_cache, v_cache, decode_tables, m.decode_seq_lens, m.block_size,
                 layer.scale, layer.sliding_window, m.decode_max_seq_len, split)
+            if m.decode_select is not None:
+                single = torch.where(m.decode_select[:, None, None], single, out[m.decode_rows])
+            out[m.decode_rows] = single
         return out

@@ -8,7 +8,9 @@ at most ``max_seq_len`` keys per sequence; a step with a longer sequence runs ea
 With ``query_len`` Q > 1 (verification steps of speculative decoding: a request's last token and
 its drafts) every sequence gets Q query rows, rows ``i*Q .. i*Q+Q-1`` of the output; a sequence
 with fewer tokens is padded at its end with rows that write no KV (slot -1) and whose outputs are
-ignored. Causal attention keeps the real rows from seeing the padding.
+ignored. Causal attention keeps the real rows from seeing the padding. A sequence with one real
+token is flagged (``StepBatch.single_runs``), so that attention can give it the decode kernel, as
+an eager step would.
 """
 from __future__ import annotations
 
@@ -62,6 +64,7 @@ class DecodeGraphs:
         self.context_lens = torch.zeros(n, dtype=torch.int32, device=dev)
         self.query_start_loc = torch.arange(n + 1, dtype=torch.int32, device=dev) * q
         self.block_tables = torch.zeros(n, self.max_blocks, dtype=torch.int32, device=dev)
+        self.single_runs = torch.zeros(n, dtype=torch.bool, device=dev)
         # two sets of host staging buffers, used in turn: a step's copies may still be queued
         # behind the step before it while the next step is being prepared
         pin = dev.type != "cpu"
@@ -76,7 +79,8 @@ class DecodeGraphs:
         q = self.query_len
         return {"ids": empty(n * q, dtype=torch.long), "pos": empty(n * q, dtype=torch.long),
                 "slots": empty(n * q, dtype=torch.long), "lens": empty(n, dtype=torch.int32),
-                "ctx": empty(n, dtype=torch.int32), "tables": empty(n, self.max_blocks, dtype=torch.int32)}
+                "ctx": empty(n, dtype=torch.int32), "tables": empty(n, self.max_blocks, dtype=torch.int32),
+                "single": empty(n, dtype=torch.bool)}
 
     def _batch(self, b: int) -> StepBatch:
         t, q = b * self.query_len, self.query_len
@@ -85,7 +89,7 @@ class DecodeGraphs:
             query_start_loc=self.query_start_loc[:b + 1], seq_lens=self.seq_lens[:b],
             context_lens=self.context_lens[:b], block_tables=self.block_tables[:b],
             query_lens_cpu=(q,) * b, seq_lens_cpu=(self.max_seq_len,) * b, block_size=self.block_size,
-            max_query_len=q, max_seq_len=self.max_seq_len)
+            max_query_len=q, max_seq_len=self.max_seq_len, single_runs=self.single_runs[:b] if q > 1 else None)
 
     @torch.inference_mode()
     def capture(self) -> None:
@@ -117,11 +121,13 @@ class DecodeGraphs:
         host = self._next_host()
         ids, pos, slots = host["ids"].numpy(), host["pos"].numpy(), host["slots"].numpy()
         lens, ctx, tab = host["lens"].numpy(), host["ctx"].numpy(), host["tables"].numpy()
+        single = host["single"].numpy()
         ids[:size * q] = 0
         pos[:size * q] = 0
         slots[:size * q] = -1
         lens[:size] = 0
         ctx[:size] = 0
+        single[:size] = False
         offsets = np.arange(q)
         for i, (toks, start, blocks) in enumerate(zip(tokens, starts, tables, strict=True)):
             n = len(toks)
@@ -137,6 +143,7 @@ class DecodeGraphs:
             slots[row:row + n] = tab[i, p[:n] // bs].astype(np.int64) * bs + p[:n] % bs
             lens[i] = start + n
             ctx[i] = start
+            single[i] = n == 1
         if on_device is not None:
             on_device()
         return self._upload_and_replay(host, size)[:size * q]
@@ -183,7 +190,7 @@ class DecodeGraphs:
         t = size * self.query_len
         per_seq = [("lens", self.seq_lens), ("tables", self.block_tables)]
         if self.query_len > 1:  # one-token steps never read the context lengths
-            per_seq.append(("ctx", self.context_lens))
+            per_seq += [("ctx", self.context_lens), ("single", self.single_runs)]
         for name, dst in (("ids", self.input_ids), ("pos", self.positions), ("slots", self.slot_mapping)):
             dst[:t].copy_(host[name][:t], non_blocking=True)
         for name, dst in per_seq:

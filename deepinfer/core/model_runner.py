@@ -202,11 +202,10 @@ class ModelRunner:
         if self.graphs is not None and decode_only:
             graph_size = self.graphs.size_for(len(seqs), max(start + 1 for _, start, _ in seqs))
         elif self.verify_graphs is not None and not pending and out.draft_tokens:
-            # a one-token run would go through the prefill kernel in these graphs but the decode
-            # kernel in an eager step: steps that have one run eagerly, so that no request's numbers
-            # depend on whether the others speculate
+            # one-token runs (requests not speculating this step) are flagged in the graph's inputs,
+            # and attention gives them the decode kernel there, as in an eager step
             q = self.verify_graphs.query_len
-            if all(2 <= len(t) <= q for t, _, _ in seqs):
+            if all(1 <= len(t) <= q for t, _, _ in seqs):
                 padded_size = self.verify_graphs.size_for(len(seqs), max(s + len(t) for t, s, _ in seqs))
         if graph_size is not None:
             hidden = self.graphs.run(graph_size, [t[0] for t, _, _ in seqs], [s for _, s, _ in seqs],
@@ -280,17 +279,22 @@ class ModelRunner:
 
     def _verify(self, hidden: torch.Tensor, verifying, result: RunnerOutput) -> None:
         from deepinfer.core.sampler import top_logprobs
-        from deepinfer.core.spec import verify
+        from deepinfer.core.spec import accept_greedy, verify
 
         index = [row + j for _, drafts, row in verifying for j in range(len(drafts) + 1)]
         logits = self.model.compute_logits(hidden[index]).float()
+        # every greedy request's argmax in one kernel and one copy to the host
+        best = logits.argmax(-1).tolist() if any(r.params.greedy for r, _, _ in verifying) else None
         at = 0
         for r, drafts, _ in verifying:
             rows = logits[at:at + len(drafts) + 1]
+            if r.params.greedy:
+                tokens = accept_greedy(drafts, best[at:at + len(drafts) + 1])
+            else:
+                proposal = r.draft
+                q = proposal.probs[:len(drafts)] if proposal is not None and proposal.probs is not None else None
+                tokens = verify(rows, r, drafts, q, self.sampler.generator)
             at += len(drafts) + 1
-            proposal = r.draft
-            q = proposal.probs[:len(drafts)] if proposal is not None and proposal.probs is not None else None
-            tokens = verify(rows, r, drafts, q, self.sampler.generator)
             result.sampled[r.request_id] = tokens
             result.num_rejected[r.request_id] = len(drafts) + 1 - len(tokens)
             result.num_verified[r.request_id] = len(drafts)

@@ -28,14 +28,7 @@ def verify(logits: torch.Tensor, req: Request, drafts: list[int], q: torch.Tenso
     after the last one.
     """
     if req.params.greedy:
-        best = logits.argmax(-1).tolist()
-        out = []
-        for d, t in zip(drafts, best, strict=False):
-            if d != t:
-                break
-            out.append(d)
-        out.append(best[len(out)])
-        return out
+        return accept_greedy(drafts, logits.argmax(-1).tolist())
     p = target_probs(logits, req)
     gen = req.generator or generator
     out = []
@@ -55,6 +48,18 @@ def verify(logits: torch.Tensor, req: Request, drafts: list[int], q: torch.Tenso
         out.append(_draw(dist, gen))
         return out
     out.append(_draw(p[len(drafts)], gen))
+    return out
+
+
+def accept_greedy(drafts: list[int], best: list[int]) -> list[int]:
+    """Greedy verification from the target's argmax at each of the ``len(drafts) + 1`` rows: the
+    drafts while they equal it, then the target's token."""
+    out = []
+    for d, t in zip(drafts, best, strict=False):
+        if d != t:
+            break
+        out.append(d)
+    out.append(best[len(out)])
     return out
 
 

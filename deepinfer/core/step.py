@@ -39,6 +39,11 @@ class StepBatch:
     max_query_len: int
     max_seq_len: int
     kv_groups: tuple[KVGroupBatch, ...] = ()
+    #: [B] bool (device), only in graphs of Q query rows per sequence (speculative verification):
+    #: sequence i's only real token is its first row (the rest is padding). A backend that sends a
+    #: mixed step's one-token runs to its decode kernel does so for these rows too, from this flag,
+    #: so that a request's numbers do not depend on whether the others speculate.
+    single_runs: torch.Tensor | None = None
 
     @property
     def num_seqs(self) -> int:

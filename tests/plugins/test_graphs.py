@@ -98,7 +98,7 @@ def test_speculative_steps_from_graphs_give_the_eager_drafts_and_tokens_in_the_i
     res = subprocess.run([sys.executable, "-m", "tests.plugins.test_graphs", str(tmp_path), "draft", drafter],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    check_draft_graphs(json.loads(res.stdout.strip().splitlines()[-1]))
+    check_draft_graphs(json.loads(res.stdout.strip().splitlines()[-1]), drafter)
 
 
 def test_graphs_need_an_attention_plugin_that_supports_them(tmp_path):
@@ -134,7 +134,7 @@ def test_cuda_graphs_of_speculative_steps_give_the_eager_drafts_and_tokens(tmp_p
 
     make_model(tmp_path, "qwen3", **hybrid(12))
     check_draft_graphs(draft_both(str(tmp_path), lambda: CUDAGraphs(torch.device("cuda")), device="sm90",
-                                  dtype="float32", block_size=4, num_kv_blocks=96, max_model_len=96))
+                                  dtype="float32", block_size=4, num_kv_blocks=96, max_model_len=96), "draft-model")
 
 
 def _main(model_dir: str) -> None:
@@ -161,26 +161,31 @@ def draft_both(model_dir: str, graphs_factory, drafter: str = "draft-model", **e
 
     prompts = [{"prompt_token_ids": p} for p in _prompts([5, 3, 30, 9])]
     greedy = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (12, 34, 24)]
-    # penalised: never speculates; the verification steps it rides in with one token run eagerly
-    # (in the graphs its row would go through the prefill kernel, not the decode kernel)
-    params = [SamplingParams(temperature=0, max_tokens=2, ignore_eos=True, repetition_penalty=1.5), *greedy]
+    # penalised: never speculates; it rides in verification graphs as a one-token run, flagged so
+    # that attention gives it the decode kernel, as in an eager step
+    params = [SamplingParams(temperature=0, max_tokens=10, ignore_eos=True, repetition_penalty=1.5), *greedy]
     triton = {"triton": {"split_size": 16}}
     # deepspark: a low bar, so that how many drafts a request verifies varies as acceptance is learnt
     extra = {"min_value": 0.04} if drafter == "deepspark" else {}
     base = LLM(model_dir, plugins=["triton"], progress=False, enforce_eager=True, plugin_options=triton, **engine)
     out = {"reference": [o.outputs[0].token_ids for o in base.generate(prompts, params, use_tqdm=False)]}
     del base
-    replayed: dict[str, Counter[int]] = {"one-token": Counter(), "verify": Counter()}
+    replayed: dict[str, Counter[int]] = {"one-token": Counter(), "verify": Counter(), "draft-first": Counter()}
     proposals: list = []
+    flags_wrong: list = []  # padded steps whose one-token flags disagree with their runs
     run, run_padded, propose = DecodeGraphs.run, DecodeGraphs.run_padded, DraftRunner.propose
 
     def counting(self, size, *args):
         replayed["one-token"][size] += 1
         return run(self, size, *args)
 
-    def counting_padded(self, size, *args):
-        replayed["verify"][size] += 1
-        return run_padded(self, size, *args)
+    def counting_padded(self, size, tokens, *args):
+        replayed["draft-first" if self.query_len == 2 else "verify"][size] += 1
+        hidden = run_padded(self, size, tokens, *args)
+        flags = self.single_runs[:size].tolist()
+        if flags != [len(t) == 1 for t in tokens] + [False] * (size - len(tokens)):
+            flags_wrong.append((self.query_len, [len(t) for t in tokens], flags))
+        return hidden
 
     def recording(self, requests, k, go_on=None):
         drafts = propose(self, requests, k, go_on)
@@ -206,24 +211,31 @@ def draft_both(model_dir: str, graphs_factory, drafter: str = "draft-model", **e
             llm.engine.drafter.runner.pool.check_all_free()
             out[name] = {"tokens": [o.outputs[0].token_ids for o in res], "proposals": proposals[:],
                          "replayed": {kind: {str(k): v for k, v in c.items()} for kind, c in replayed.items()},
-                         "accepted": llm.get_metrics()["deepinfer:spec_decode_num_accepted_tokens"]}
+                         "accepted": llm.get_metrics()["deepinfer:spec_decode_num_accepted_tokens"],
+                         "flags_wrong": flags_wrong[:]}
             del llm
     finally:
         DecodeGraphs.run, DecodeGraphs.run_padded, DraftRunner.propose = run, run_padded, propose
     return out
 
 
-def check_draft_graphs(got: dict) -> None:
+def check_draft_graphs(got: dict, drafter: str) -> None:
     assert got["graphs"]["proposals"] == got["eager"]["proposals"]  # draft for draft, the same tokens
     assert got["graphs"]["tokens"] == got["eager"]["tokens"] == got["reference"]
     replayed = got["graphs"]["replayed"]
     # draft steps after a round's first are one token per sequence: replays of 4 (3 padded to 4), of 1...
     assert replayed["one-token"].get("4", 0) > 0 and replayed["one-token"].get("1", 0) > 0
-    # ... and verification steps replay theirs once the one-token request is done: 3 sequences
-    # padded to 4, then fewer (with deepspark, requests verify different numbers of drafts, so the
-    # rows behind a short run must not shift: a test of the padded layout)
+    # ... verification steps replay theirs, the penalised request's one-token run in them too: 4
+    # sequences, then fewer (with deepspark, requests verify different numbers of drafts, so the
+    # rows behind a short run must not shift: a test of the padded layout) ...
     assert replayed["verify"].get("4", 0) > 0 and len(replayed["verify"]) >= 2
-    assert got["eager"]["replayed"] == {"one-token": {}, "verify": {}}
+    # ... and so do the draft's first steps of a round with two new tokens (the last draft and the
+    # target's, when every draft was accepted; deepspark, still learning here, stops drafting
+    # before its last drafts and so never has two)
+    if drafter == "draft-model":
+        assert sum(replayed["draft-first"].values()) > 0
+    assert got["graphs"]["flags_wrong"] == []
+    assert got["eager"]["replayed"] == {"one-token": {}, "verify": {}, "draft-first": {}}
     assert got["graphs"]["accepted"] > 0  # the draft is the target itself: drafts are accepted
 
 
