@@ -15,6 +15,13 @@ if [ "${1:-a}" = a ]; then
   timeout 400 python3 -m deepinfer.cli bench throughput --random-model qwen3-0.6b --dtype bfloat16 --device sm90 \
     --num-requests 256 --min-len 100 --max-len 1024 --repeats 1 --peer hf --peer-requests 64 --peer-repeats 1 \
     --plot "$OUT/throughput.png" 2>&1 | filter > "$OUT/throughput.txt"
+elif [ "$1" = c ]; then
+  # issue 8 (session 4): one-token runs in verification graphs, the draft's first steps on graphs
+  timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/plugins/test_graphs.py \
+    tests/plugins/test_spec_decode.py tests/kernels/test_triton_backend_layouts.py > "$OUT/gpu_tests.txt" 2>&1
+  timeout 150 python3 -m deepinfer.cli bench spec --device sm90 --batch 1,64 --output-len 128 --repeats 2 \
+    2>&1 | filter > "$OUT/spec.txt"
+  timeout 200 python3 benchmarks/h200_spec_profile.py --out "$OUT/profile" 2>&1 | filter > "$OUT/profile.txt"
 else
   # issue 8: draft and verification steps from CUDA graphs (written in session 3, never run on a GPU)
   timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/plugins/test_graphs.py \
