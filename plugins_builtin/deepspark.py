@@ -9,8 +9,27 @@ if drafts 1..j all are, so verifying it is worth P_j = a_1 * ... * a_j expected 
 one verified token. A request verifies its leading drafts while P_j >= ``min_value``. With a
 per-step ``verify_budget`` (tokens), the budget goes to the (request, j) pairs of highest P_j across
 the batch; since P_j shrinks along j, the chosen drafts of each request stay a prefix.
+
+Round depth (``cost_aware``). A round costs C0 (the target's verification step, the engine's work
+around it and the draft's first step) plus t per further draft step, both measured as it runs
+(moving averages of wall time). After j drafts the round expects E tokens (per request, 1 plus
+the P_i of its verified drafts) for T = C0 + (j-1) t. Another draft step adds
+G = sum over the requests still drafting of P_j * a_j (a_j: the table's acceptance at the next
+position over all buckets), counting only drafts that would be verified. The round drafts on while
+G / t > E / T: while the next step adds tokens faster than the round so far. Where verification is
+cheap beside drafting (small models on a GPU), this ends rounds of a large batch early even though
+some request would go on; where a draft step is cheap beside the target's step, it lets rounds run
+to k.
+
+Verification in device graphs. When the engine replays verification steps from graphs (CUDA
+devices), every request's k + 1 rows are computed whether or not its drafts are verified, so
+verifying costs nothing more: the threshold for verifying (and for a request's early stop) drops
+from ``min_value`` to 0, and what is worth doing is decided by the round depth alone
+(``verify_all_in_graphs``, on by default).
 """
 from __future__ import annotations
+
+import time
 
 from pydantic import Field
 
@@ -25,8 +44,36 @@ class DeepSparkOptions(DraftModelOptions):
     verify_budget: int = Field(0, ge=0, description="draft tokens verified per step over the batch (0: no cap)")
     early_stop: bool = Field(True, description="stop drafting a request once its latest draft falls below "
                                                "min_value: no later draft of it could be verified")
+    cost_aware: bool = Field(True, description="end a round's drafting once another draft step is expected "
+                                               "to add tokens more slowly than the round so far (from "
+                                               "measured step times; drafts then vary with timing, never "
+                                               "the greedy output)")
+    verify_all_in_graphs: bool = Field(True, description="when the engine verifies in device graphs (k + 1 rows a "
+                                                        "request, computed whether verified or not), verify every "
+                                                        "drafted token and leave the choice to the round depth")
     buckets: int = Field(10, ge=1, le=100)
     prior_strength: float = Field(4.0, gt=0.0)
+
+
+class RoundCosts:
+    """Moving averages of a round's parts, in seconds: ``rest`` (from the end of one proposal to
+    the start of the next: verification and the engine's work), ``first`` (the draft's first
+    step) and ``step`` (each further draft step). A sample over 4x the average (an idle engine
+    between proposals) counts as 4x."""
+
+    def __init__(self, weight: float = 0.2) -> None:
+        self.weight = weight
+        self.rest: float | None = None
+        self.first: float | None = None
+        self.step: float | None = None
+
+    def update(self, name: str, seconds: float) -> None:
+        old = getattr(self, name)
+        setattr(self, name, seconds if old is None else old + self.weight * (min(seconds, 4 * old) - old))
+
+    @property
+    def known(self) -> bool:
+        return None not in (self.rest, self.first, self.step) and self.step > 0
 
 
 class AcceptanceTable:
@@ -44,6 +91,10 @@ class AcceptanceTable:
     def estimate(self, bucket: int, pos: int) -> float:
         return self.accepted[bucket][pos] / self.trials[bucket][pos]
 
+    def position_rate(self, pos: int) -> float:
+        """Acceptance at a draft position over all buckets, observations weighted as they came."""
+        return sum(a[pos] for a in self.accepted) / sum(t[pos] for t in self.trials)
+
     def record(self, bucket: int, pos: int, accepted: bool) -> None:
         self.trials[bucket][pos] += 1
         self.accepted[bucket][pos] += accepted
@@ -59,6 +110,23 @@ class DeepSparkDrafter(DraftModelDrafter):
         super().__init__(options, ctx)
         self.table = AcceptanceTable(options.buckets, options.num_speculative_tokens, options.prior_strength)
         self._buckets: dict[str, list[int]] = {}  # request -> buckets of its pending drafts
+        self.costs = RoundCosts()
+        self.clock = time.perf_counter
+        self._ended: float | None = None  # when the last proposal returned
+        self._mark = 0.0                  # the round's last timing point
+        #: the engine verifies in device graphs of k + 1 rows a request, computed whether or not
+        #: they are verified: a drafted token then costs nothing more to verify
+        self.free_verification = False
+
+    @property
+    def verify_threshold(self) -> float:
+        """The P_j a draft needs to be verified: ``min_value``, or 0 when verifying is free."""
+        return 0.0 if self.free_verification else self.options.min_value
+
+    def enable_graphs(self, graphs, batch_sizes, max_seq_len) -> None:
+        super().enable_graphs(graphs, batch_sizes, max_seq_len)
+        # the engine captures verification graphs along with the draft's
+        self.free_verification = self.options.verify_all_in_graphs
 
     def value_chain(self, confidence: list[float]) -> tuple[list[int], list[float]]:
         """Buckets and P_j (chance drafts 1..j all pass) for one request's drafts."""
@@ -73,13 +141,38 @@ class DeepSparkDrafter(DraftModelDrafter):
     def worth_going_on(self, request: Request, confidence: list[float]) -> bool:
         """Whether the latest draft would be verified (P_j >= min_value); P only shrinks along j,
         so when it would not, no later draft would either."""
-        return self.value_chain(confidence)[1][-1] >= self.options.min_value
+        return self.value_chain(confidence)[1][-1] >= self.verify_threshold
+
+    def expected_tokens(self, chain: list[float]) -> float:
+        """Tokens a request is expected to gain from verifying its drafts: 1 plus the P_j of the
+        drafts it would verify."""
+        return 1.0 + sum(v for v in chain if v >= self.verify_threshold)
+
+    def another_step(self, steps: int, confidences: list[list[float]], still: list[int]) -> bool:
+        """After ``steps`` draft steps: whether one more is expected to add tokens at least as fast
+        as the round so far (see the module's docstring); ``still``: the requests that would go on."""
+        now = self.clock()
+        self.costs.update("first" if steps == 1 else "step", now - self._mark)
+        self._mark = now
+        c = self.costs
+        if not self.options.cost_aware or not c.known:
+            return True
+        chains = [self.value_chain(conf)[1] for conf in confidences]
+        expected = sum(self.expected_tokens(chain) for chain in chains)
+        spent = c.rest + c.first + (steps - 1) * c.step
+        rate = self.table.position_rate(steps)
+        gain = sum(v for v in (chains[i][-1] * rate for i in still) if v >= self.verify_threshold)
+        return gain * spent > expected * c.step
 
     def propose(self, requests: list[Request]) -> dict[str, DraftProposal]:
         go_on = self.worth_going_on if self.options.early_stop else None
-        drafts = self.runner.propose(list(requests), self.k, go_on)
+        start = self._mark = self.clock()
+        if self._ended is not None:
+            self.costs.update("rest", start - self._ended)
+        drafts = self.runner.propose(list(requests), self.k, go_on, self.another_step)
+        self._ended = self.clock() if drafts else None
         chains = {rid: self.value_chain(d.confidence) for rid, d in drafts.items()}
-        n_verify = {rid: sum(1 for v in chain if v >= self.options.min_value) for rid, (_, chain) in chains.items()}
+        n_verify = {rid: sum(1 for v in chain if v >= self.verify_threshold) for rid, (_, chain) in chains.items()}
         budget = self.options.verify_budget
         if budget and sum(n_verify.values()) > budget:
             ranked = sorted(((v, rid, j) for rid, (_, chain) in chains.items()

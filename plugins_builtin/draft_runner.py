@@ -113,9 +113,12 @@ class DraftRunner:
 
     @torch.inference_mode()
     def propose(self, requests: list[Request], k: int,
-                go_on: Callable[[Request, list[float]], bool] | None = None) -> dict[str, Draft]:
+                go_on: Callable[[Request, list[float]], bool] | None = None,
+                another_step: Callable[[int, list[list[float]], list[int]], bool] | None = None) -> dict[str, Draft]:
         """Up to k draft tokens per request; after each, ``go_on(request, confidences so far)``
-        may end a request's drafting early (its later drafts would be of no use)."""
+        may end a request's drafting early (its later drafts would be of no use), and
+        ``another_step(steps done, every request's confidences, indices of those that would go
+        on)`` may end the whole round (another draft step would not pay for itself)."""
         live: list[tuple[Request, _DraftSeq]] = []
         feeds = []
         for req in requests:
@@ -143,7 +146,7 @@ class DraftRunner:
             best_p, best = logits.softmax(-1).max(-1)
             best_p, best = torch.stack((best_p.double(), best.double())).tolist()  # one copy to the host
             best = [int(t) for t in best]
-            feeds, still = [], []
+            still = []
             for row, i in enumerate(active):
                 req, seq = live[i]
                 if req.params.greedy:
@@ -155,9 +158,14 @@ class DraftRunner:
                 drafted[i].append(token)
                 conf[i].append(confidence)
                 if step < k - 1 and (go_on is None or go_on(req, conf[i])):
-                    feeds.append(([token], len(seq.tokens), [b.block_id for b in seq.blocks]))
-                    seq.tokens.append(token)
                     still.append(i)
+            if still and another_step is not None and not another_step(step + 1, conf, still):
+                still = []
+            feeds = []
+            for i in still:  # the next step computes each one's latest draft
+                seq = live[i][1]
+                feeds.append(([drafted[i][-1]], len(seq.tokens), [b.block_id for b in seq.blocks]))
+                seq.tokens.append(drafted[i][-1])
             active = still
             if not active:
                 break

@@ -166,7 +166,8 @@ def draft_both(model_dir: str, graphs_factory, drafter: str = "draft-model", **e
     params = [SamplingParams(temperature=0, max_tokens=10, ignore_eos=True, repetition_penalty=1.5), *greedy]
     triton = {"triton": {"split_size": 16}}
     # deepspark: a low bar, so that how many drafts a request verifies varies as acceptance is learnt
-    extra = {"min_value": 0.04} if drafter == "deepspark" else {}
+    # (and no timing in its round depth, nor verifying all in graphs: the two runs must draft alike)
+    extra = {"min_value": 0.04, "cost_aware": False, "verify_all_in_graphs": False} if drafter == "deepspark" else {}
     base = LLM(model_dir, plugins=["triton"], progress=False, enforce_eager=True, plugin_options=triton, **engine)
     out = {"reference": [o.outputs[0].token_ids for o in base.generate(prompts, params, use_tqdm=False)]}
     del base
@@ -187,8 +188,8 @@ def draft_both(model_dir: str, graphs_factory, drafter: str = "draft-model", **e
             flags_wrong.append((self.query_len, [len(t) for t in tokens], flags))
         return hidden
 
-    def recording(self, requests, k, go_on=None):
-        drafts = propose(self, requests, k, go_on)
+    def recording(self, requests, k, *args):
+        drafts = propose(self, requests, k, *args)
         proposals.append(sorted((rid, d.tokens) for rid, d in drafts.items()))
         return drafts
 

@@ -137,6 +137,63 @@ def test_deepspark_table_learns_and_budget_keeps_prefixes():
     assert buckets == [0, 3, 3] and chain == sorted(chain, reverse=True)
 
 
+def _timed_deepspark(step_seconds: float, rest_seconds: float, first_seconds: float, tick: float | None = None):
+    """A deepspark drafter (no model) that has measured these round costs, whose clock advances
+    ``tick`` (default: step_seconds) between calls, and whose table has learnt that 60% of drafts
+    at each position are accepted."""
+    import itertools
+
+    from deepinfer_builtin.deepspark import DeepSparkDrafter, DeepSparkOptions, RoundCosts
+
+    d = DeepSparkDrafter.__new__(DeepSparkDrafter)
+    d.options = DeepSparkOptions(buckets=1, prior_strength=1.0)
+    d.table = AcceptanceTable(1, 5, 1.0)
+    for pos in range(5):
+        for i in range(999):
+            d.table.record(0, pos, i % 5 < 3)
+    d.costs = RoundCosts()
+    d.free_verification = False
+    d.costs.rest, d.costs.first, d.costs.step = rest_seconds, first_seconds, step_seconds
+    tick = step_seconds if tick is None else tick
+    d.clock, d._mark = itertools.count(100.0, tick).__next__, 100.0 - tick
+    return d
+
+
+@pytest.mark.parametrize("batch", [1, 64])
+def test_deepspark_round_depth_follows_the_measured_costs(batch):
+    """With the acceptance at 0.6 per draft, P_j = 0.6^j: after j drafts a request expects
+    1 + 0.6 + ... + 0.6^j tokens (those >= min_value 0.25: j <= 2) and one more step adds 0.6^(j+1)
+    if that is >= 0.25. Cheap draft steps: draft while P stays over min_value; expensive ones:
+    stop after the first."""
+    conf = [[0.5] * j for j in range(1, 5)]
+    cheap = _timed_deepspark(step_seconds=0.001, rest_seconds=0.010, first_seconds=0.001)
+    # after 1 draft: E = 1.6 a request, T = 11 ms; G = 0.36 a request in 1 ms: 0.36 > 1.6 / 11
+    assert cheap.another_step(1, [conf[0]] * batch, list(range(batch)))
+    # after 2: the third draft's P = 0.216 < min_value would not be verified: no gain
+    assert not cheap.another_step(2, [conf[1]] * batch, list(range(batch)))
+    costly = _timed_deepspark(step_seconds=0.005, rest_seconds=0.002, first_seconds=0.001)
+    # after 1 draft: T = 3 ms; G / t = 0.36 / 5 ms < E / T = 1.6 / 3 ms
+    assert not costly.another_step(1, [conf[0]] * batch, list(range(batch)))
+    # only the requests still drafting add to the gain: one of 64 does not pay for a step
+    if batch > 1:
+        assert not cheap.another_step(1, [conf[0]] * batch, [0])
+    # verified in graphs (free): the third draft counts too; E = 1.96 in T = 12 ms, G = 0.216 in 1 ms
+    cheap.free_verification = True
+    assert cheap.verify_threshold == 0.0
+    assert cheap.another_step(2, [conf[1]] * batch, list(range(batch)))
+    # the costs are learnt from the clock: a draft step timed at 3 ms moves a 1 ms average by 20%
+    learning = _timed_deepspark(step_seconds=0.001, rest_seconds=0.010, first_seconds=0.001, tick=0.003)
+    learning.another_step(2, [conf[1]], [0])
+    assert learning.costs.step == pytest.approx(0.0014)
+    assert learning.costs.first == 0.001 and learning.costs.rest == 0.010
+
+
+def test_deepspark_without_cost_awareness_always_goes_on():
+    d = _timed_deepspark(step_seconds=0.005, rest_seconds=0.002, first_seconds=0.001)
+    d.options = d.options.model_copy(update={"cost_aware": False})
+    assert d.another_step(1, [[0.5]], [0])
+
+
 def test_deepspark_stops_drafting_what_it_would_not_verify(demo_reference):
     """Early stop spares the draft steps of drafts below min_value and changes nothing else: the
     same greedy tokens, the same drafts verified and accepted. (With sampling, fewer draft
@@ -147,7 +204,7 @@ def test_deepspark_stops_drafting_what_it_would_not_verify(demo_reference):
     params = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
     for early in (True, False):
         llm = LLM(progress=False, dtype="float32", plugins=["deepspark"],
-                  plugin_options={"deepspark": {"early_stop": early, "min_value": 0.4}})
+                  plugin_options={"deepspark": {"early_stop": early, "min_value": 0.4, "cost_aware": False}})
         outs = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
         runs[early] = outs, llm.get_metrics()
         _assert_pools_free(llm)
