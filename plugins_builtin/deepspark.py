@@ -10,10 +10,11 @@ one verified token. A request verifies its leading drafts while P_j >= ``min_val
 per-step ``verify_budget`` (tokens), the budget goes to the (request, j) pairs of highest P_j across
 the batch; since P_j shrinks along j, the chosen drafts of each request stay a prefix.
 
-Round depth (``cost_aware``). A round costs C0 (the target's verification step, the engine's work
-around it and the draft's first step) plus t per further draft step, both measured as it runs
-(moving averages of wall time). After j drafts the round expects E tokens (per request, 1 plus
-the P_i of its verified drafts) for T = C0 + (j-1) t. Another draft step adds
+Round depth (``cost_aware``). A round costs C0 (the target's verification step and the engine's
+work around it) plus t per draft step, both measured as it runs (moving averages of wall time;
+every round times its first draft step, so t stays current even when rounds stop there). After j
+drafts the round expects E tokens (per request, 1 plus the P_i of its verified drafts) for
+T = C0 + j t. Another draft step adds
 G = sum over the requests still drafting of P_j * a_j (a_j: the table's acceptance at the next
 position over all buckets), counting only drafts that would be verified. The round drafts on while
 G / t > E / T: while the next step adds tokens faster than the round so far. Where verification is
@@ -57,14 +58,12 @@ class DeepSparkOptions(DraftModelOptions):
 
 class RoundCosts:
     """Moving averages of a round's parts, in seconds: ``rest`` (from the end of one proposal to
-    the start of the next: verification and the engine's work), ``first`` (the draft's first
-    step) and ``step`` (each further draft step). A sample over 4x the average (an idle engine
-    between proposals) counts as 4x."""
+    the start of the next: verification and the engine's work) and ``step`` (a draft step). A
+    sample over 4x the average (an idle engine between proposals) counts as 4x."""
 
     def __init__(self, weight: float = 0.2) -> None:
         self.weight = weight
         self.rest: float | None = None
-        self.first: float | None = None
         self.step: float | None = None
 
     def update(self, name: str, seconds: float) -> None:
@@ -73,7 +72,7 @@ class RoundCosts:
 
     @property
     def known(self) -> bool:
-        return None not in (self.rest, self.first, self.step) and self.step > 0
+        return None not in (self.rest, self.step) and self.step > 0
 
 
 class AcceptanceTable:
@@ -152,14 +151,14 @@ class DeepSparkDrafter(DraftModelDrafter):
         """After ``steps`` draft steps: whether one more is expected to add tokens at least as fast
         as the round so far (see the module's docstring); ``still``: the requests that would go on."""
         now = self.clock()
-        self.costs.update("first" if steps == 1 else "step", now - self._mark)
+        self.costs.update("step", now - self._mark)
         self._mark = now
         c = self.costs
         if not self.options.cost_aware or not c.known:
             return True
         chains = [self.value_chain(conf)[1] for conf in confidences]
         expected = sum(self.expected_tokens(chain) for chain in chains)
-        spent = c.rest + c.first + (steps - 1) * c.step
+        spent = c.rest + steps * c.step
         rate = self.table.position_rate(steps)
         gain = sum(v for v in (chains[i][-1] * rate for i in still) if v >= self.verify_threshold)
         return gain * spent > expected * c.step

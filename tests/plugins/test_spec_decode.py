@@ -137,7 +137,7 @@ def test_deepspark_table_learns_and_budget_keeps_prefixes():
     assert buckets == [0, 3, 3] and chain == sorted(chain, reverse=True)
 
 
-def _timed_deepspark(step_seconds: float, rest_seconds: float, first_seconds: float, tick: float | None = None):
+def _timed_deepspark(step_seconds: float, rest_seconds: float, tick: float | None = None):
     """A deepspark drafter (no model) that has measured these round costs, whose clock advances
     ``tick`` (default: step_seconds) between calls, and whose table has learnt that 60% of drafts
     at each position are accepted."""
@@ -153,7 +153,7 @@ def _timed_deepspark(step_seconds: float, rest_seconds: float, first_seconds: fl
             d.table.record(0, pos, i % 5 < 3)
     d.costs = RoundCosts()
     d.free_verification = False
-    d.costs.rest, d.costs.first, d.costs.step = rest_seconds, first_seconds, step_seconds
+    d.costs.rest, d.costs.step = rest_seconds, step_seconds
     tick = step_seconds if tick is None else tick
     d.clock, d._mark = itertools.count(100.0, tick).__next__, 100.0 - tick
     return d
@@ -166,13 +166,13 @@ def test_deepspark_round_depth_follows_the_measured_costs(batch):
     if that is >= 0.25. Cheap draft steps: draft while P stays over min_value; expensive ones:
     stop after the first."""
     conf = [[0.5] * j for j in range(1, 5)]
-    cheap = _timed_deepspark(step_seconds=0.001, rest_seconds=0.010, first_seconds=0.001)
+    cheap = _timed_deepspark(step_seconds=0.001, rest_seconds=0.010)
     # after 1 draft: E = 1.6 a request, T = 11 ms; G = 0.36 a request in 1 ms: 0.36 > 1.6 / 11
     assert cheap.another_step(1, [conf[0]] * batch, list(range(batch)))
     # after 2: the third draft's P = 0.216 < min_value would not be verified: no gain
     assert not cheap.another_step(2, [conf[1]] * batch, list(range(batch)))
-    costly = _timed_deepspark(step_seconds=0.005, rest_seconds=0.002, first_seconds=0.001)
-    # after 1 draft: T = 3 ms; G / t = 0.36 / 5 ms < E / T = 1.6 / 3 ms
+    costly = _timed_deepspark(step_seconds=0.005, rest_seconds=0.002)
+    # after 1 draft: T = 7 ms; G / t = 0.36 / 5 ms < E / T = 1.6 / 7 ms
     assert not costly.another_step(1, [conf[0]] * batch, list(range(batch)))
     # only the requests still drafting add to the gain: one of 64 does not pay for a step
     if batch > 1:
@@ -182,14 +182,15 @@ def test_deepspark_round_depth_follows_the_measured_costs(batch):
     assert cheap.verify_threshold == 0.0
     assert cheap.another_step(2, [conf[1]] * batch, list(range(batch)))
     # the costs are learnt from the clock: a draft step timed at 3 ms moves a 1 ms average by 20%
-    learning = _timed_deepspark(step_seconds=0.001, rest_seconds=0.010, first_seconds=0.001, tick=0.003)
-    learning.another_step(2, [conf[1]], [0])
+    # (the first draft step of a round too: a round that stops there still measures one)
+    learning = _timed_deepspark(step_seconds=0.001, rest_seconds=0.010, tick=0.003)
+    learning.another_step(1, [conf[0]], [0])
     assert learning.costs.step == pytest.approx(0.0014)
-    assert learning.costs.first == 0.001 and learning.costs.rest == 0.010
+    assert learning.costs.rest == 0.010
 
 
 def test_deepspark_without_cost_awareness_always_goes_on():
-    d = _timed_deepspark(step_seconds=0.005, rest_seconds=0.002, first_seconds=0.001)
+    d = _timed_deepspark(step_seconds=0.005, rest_seconds=0.002)
     d.options = d.options.model_copy(update={"cost_aware": False})
     assert d.another_step(1, [[0.5]], [0])
 
