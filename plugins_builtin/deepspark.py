@@ -12,7 +12,9 @@ the batch; since P_j shrinks along j, the chosen drafts of each request stay a p
 
 Round depth (``cost_aware``). A round costs C0 (the target's verification step and the engine's
 work around it) plus t per draft step, both measured as it runs (moving averages of wall time;
-every round times its first draft step, so t stays current even when rounds stop there). After j
+every round times its first draft step, so t stays current even when rounds stop there; the first
+step costs a little more than later ones, and C0 leaves out that eager verification grows with
+the drafts verified: both lean towards shallow rounds). After j
 drafts the round expects E tokens (per request, 1 plus the P_i of its verified drafts) for
 T = C0 + j t. Another draft step adds
 G = sum over the requests still drafting of P_j * a_j (a_j: the table's acceptance at the next
@@ -26,7 +28,9 @@ Verification in device graphs. When the engine replays verification steps from g
 devices), every request's k + 1 rows are computed whether or not its drafts are verified, so
 verifying costs nothing more: the threshold for verifying (and for a request's early stop) drops
 from ``min_value`` to 0, and what is worth doing is decided by the round depth alone
-(``verify_all_in_graphs``, on by default).
+(``verify_all_in_graphs``, on by default). It is decided once, when the engine enables graphs:
+the steps that still verify eagerly (a batch larger than the largest captured size, a sequence
+longer than ``max_seq_len_to_capture``, a prefill chunk in the step) then verify every draft too.
 """
 from __future__ import annotations
 
@@ -68,7 +72,8 @@ class RoundCosts:
 
     def update(self, name: str, seconds: float) -> None:
         old = getattr(self, name)
-        setattr(self, name, seconds if old is None else old + self.weight * (min(seconds, 4 * old) - old))
+        new = seconds if old is None else old + self.weight * (min(seconds, 4 * old) - old)
+        setattr(self, name, max(new, 1e-9))  # a coarse clock's 0 must not pin the average there
 
     @property
     def known(self) -> bool:

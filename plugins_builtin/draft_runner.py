@@ -144,7 +144,8 @@ class DraftRunner:
             logits = self._forward_last(feeds)
             # greedy rows need only the argmax and its probability: one batched softmax for all
             best_p, best = logits.softmax(-1).max(-1)
-            best_p, best = torch.stack((best_p.double(), best.double())).tolist()  # one copy to the host
+            # one copy to the host (float32 holds token ids exactly: vocabularies are below 2^24)
+            best_p, best = torch.stack((best_p, best.float())).tolist()
             best = [int(t) for t in best]
             still = []
             for row, i in enumerate(active):

@@ -84,6 +84,7 @@ class TritonAttention(AttentionBackend):
     name = "triton"
     Options = TritonAttentionOptions
     supports_graphs = True  # the decode path reads only device tensors; max_seq_len sizes its grid
+    handles_single_runs = True
     supports_kv_groups = True
 
     @classmethod
@@ -134,9 +135,11 @@ class TritonAttention(AttentionBackend):
             # kernel, whose output the one-token runs keep (decided on the device, from the flags)
             common["extra_groups"] = tuple((g.slot_mapping, g.block_tables, g.block_tables)
                                            for g in batch.kv_groups[1:])
+            # (the other sequences get length 0 there: the decode kernel reads none of their keys)
             return TritonAttentionMetadata(
                 decode_only=False, decode_rows=batch.query_start_loc[:-1].to(torch.long),
-                decode_tables=batch.block_tables, decode_seq_lens=batch.seq_lens,
+                decode_tables=batch.block_tables,
+                decode_seq_lens=torch.where(batch.single_runs, batch.seq_lens, 0).to(torch.int32),
                 decode_max_seq_len=batch.max_seq_len, decode_select=batch.single_runs, **common)
         singles = [] if batch.is_decode_only else [i for i, n in enumerate(batch.query_lens_cpu) if n == 1]
         idx = torch.tensor(singles, dtype=torch.long, device=batch.seq_lens.device) if singles else None

@@ -115,6 +115,10 @@ class AttentionBackend(Plugin, ABC):
     #: (a sequence of length 0 is padding: its output is ignored and a negative slot is never
     #: written) and take ``max_seq_len`` as an upper bound, never as the exact maximum
     supports_graphs: ClassVar[bool] = False
+    #: in graphs of several query rows per sequence (speculative verification), gives the
+    #: sequences flagged in ``StepBatch.single_runs`` what it gives a one-token run in an eager
+    #: step; without it, verification steps with a one-token run are not replayed from graphs
+    handles_single_runs: ClassVar[bool] = False
     #: reads each layer's block table and slots from ``StepBatch.kv_groups[layer.kv_group]`` and
     #: skips negative slots, so sliding-window layers may keep a KV pool of their own
     supports_kv_groups: ClassVar[bool] = False

@@ -203,9 +203,11 @@ class ModelRunner:
             graph_size = self.graphs.size_for(len(seqs), max(start + 1 for _, start, _ in seqs))
         elif self.verify_graphs is not None and not pending and out.draft_tokens:
             # one-token runs (requests not speculating this step) are flagged in the graph's inputs,
-            # and attention gives them the decode kernel there, as in an eager step
+            # and attention gives them the decode kernel there, as in an eager step; a backend that
+            # cannot verifies such steps eagerly
             q = self.verify_graphs.query_len
-            if all(1 <= len(t) <= q for t, _, _ in seqs):
+            least = 1 if self.attention.handles_single_runs else 2
+            if all(least <= len(t) <= q for t, _, _ in seqs):
                 padded_size = self.verify_graphs.size_for(len(seqs), max(s + len(t) for t, s, _ in seqs))
         if graph_size is not None:
             hidden = self.graphs.run(graph_size, [t[0] for t, _, _ in seqs], [s for _, s, _ in seqs],

@@ -16,7 +16,8 @@ HEADS, KV_HEADS, DIM, BS, SPLIT = 4, 2, 16, 4, 16
 
 def _step(q_lens, starts, tables, device, q_per_seq=None, single_runs=None) -> StepBatch:
     """A step computing q_lens[i] tokens of sequence i from position starts[i]; with q_per_seq, in
-    a graph's layout: every sequence owns q_per_seq rows, padded at its end."""
+    a graph's layout: every sequence owns q_per_seq rows, padded at its end (a sequence of 0 tokens
+    is a padding sequence: length 0, no keys)."""
     rows = [q_per_seq or n for n in q_lens]
     qsl = [0]
     for n in rows:
@@ -42,7 +43,10 @@ def test_verification_layout_gives_the_eager_steps_bits(window, device):
                                                torch.float32, device)
     kv = torch.stack([k_cache, v_cache])
     real = randn(sum(q_lens), HEADS, DIM, dtype=torch.float32, device=device)
-    padded = randn(len(q_lens) * q, HEADS, DIM, dtype=torch.float32, device=device, seed=2)  # padding rows: noise
+    # the graph holds one padding sequence more (a captured size above the batch); its rows and
+    # the real sequences' padding rows are noise
+    padded = randn((len(q_lens) + 1) * q, HEADS, DIM, dtype=torch.float32, device=device, seed=2)
+    graph_tables = torch.cat([tables, torch.zeros_like(tables[:1])])
     graph_rows, at = [], 0
     for i, n in enumerate(q_lens):
         graph_rows += range(i * q, i * q + n)
@@ -54,12 +58,13 @@ def test_verification_layout_gives_the_eager_steps_bits(window, device):
         return attn.forward(layer, query, kv_new, kv_new, kv, attn.build_metadata(batch))
 
     eager = forward(_step(q_lens, starts, tables, device), real)
-    flags = [n == 1 for n in q_lens]
-    graph = forward(_step(q_lens, starts, tables, device, q, flags), padded)
+    flags = [n == 1 for n in q_lens] + [False]
+    graph_lens, graph_starts = [*q_lens, 0], [*starts, 0]
+    graph = forward(_step(graph_lens, graph_starts, graph_tables, device, q, flags), padded)
     assert torch.equal(graph[graph_rows], eager)
     # what the flags change: without them the one-token runs get the prefill kernel's numbers,
     # which differ in their last bits (so the equality above tells the two kernels apart)
-    unflagged = forward(_step(q_lens, starts, tables, device, q, [False] * len(q_lens)), padded)
+    unflagged = forward(_step(graph_lens, graph_starts, graph_tables, device, q, [False] * len(flags)), padded)
     singles = [i * q for i, n in enumerate(q_lens) if n == 1]
     assert not torch.equal(unflagged[singles], graph[singles])
     torch.testing.assert_close(unflagged[singles], graph[singles], atol=1e-5, rtol=1e-5)

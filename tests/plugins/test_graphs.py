@@ -174,6 +174,7 @@ def draft_both(model_dir: str, graphs_factory, drafter: str = "draft-model", **e
     replayed: dict[str, Counter[int]] = {"one-token": Counter(), "verify": Counter(), "draft-first": Counter()}
     proposals: list = []
     flags_wrong: list = []  # padded steps whose one-token flags disagree with their runs
+    draft_firsts: list = []  # the draft's graphs for a round's first step
     run, run_padded, propose = DecodeGraphs.run, DecodeGraphs.run_padded, DraftRunner.propose
 
     def counting(self, size, *args):
@@ -181,7 +182,7 @@ def draft_both(model_dir: str, graphs_factory, drafter: str = "draft-model", **e
         return run(self, size, *args)
 
     def counting_padded(self, size, tokens, *args):
-        replayed["draft-first" if self.query_len == 2 else "verify"][size] += 1
+        replayed["draft-first" if any(self is g for g in draft_firsts) else "verify"][size] += 1
         hidden = run_padded(self, size, tokens, *args)
         flags = self.single_runs[:size].tolist()
         if flags != [len(t) == 1 for t in tokens] + [False] * (size - len(tokens)):
@@ -205,6 +206,7 @@ def draft_both(model_dir: str, graphs_factory, drafter: str = "draft-model", **e
                 d = llm.engine.drafter
                 graphs = graphs_factory()  # one for all three, as the engine does (one memory pool)
                 d.enable_graphs(graphs, [1, 2, 4], 80)
+                draft_firsts.append(d.runner.first_graphs)
                 llm.engine.runner.enable_graphs(graphs, [1, 2, 4], 80)
                 llm.engine.runner.enable_verify_graphs(graphs, [1, 2, 4], 80, d.max_draft_tokens + 1)
             res = llm.generate(prompts, params, use_tqdm=False)
