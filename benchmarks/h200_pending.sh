@@ -44,6 +44,13 @@ elif [ "$1" = f ]; then
     timeout 80 python3 -m deepinfer.cli bench spec --device sm90 --drafters deepspark --batch 64 --output-len 256 \
       --repeats 5 --plugin-options "{\"deepspark\": $opts}" 2>&1 | filter | tail -1 >> "$OUT/spec_ablation.txt"
   done
+elif [ "$1" = g ]; then
+  # session 4's review fixes (in-graph decode pass over the flagged runs only) on the GPU
+  timeout 150 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_triton_backend_layouts.py > "$OUT/gpu_tests.txt" 2>&1
+  timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/plugins/test_graphs.py \
+    tests/plugins/test_spec_decode.py >> "$OUT/gpu_tests.txt" 2>&1
+  timeout 120 python3 -m deepinfer.cli bench spec --device sm90 --drafters none,draft-model,deepspark --batch 64 \
+    --output-len 256 --repeats 5 2>&1 | filter > "$OUT/spec.txt"
 else
   # issue 8: draft and verification steps from CUDA graphs (written in session 3, never run on a GPU)
   timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/plugins/test_graphs.py \
