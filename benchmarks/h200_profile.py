@@ -1,12 +1,9 @@
 """H200: where a batch-1 and a batch-64 decode step spends its time (cProfile of the host). Writes $OUT/profile_*.txt. Run after benchmarks/h200_setup.sh."""
-import cProfile
-import io
 import os
-import pstats
 import sys
-import time
 
 import torch
+from host_profile import profiled, timed
 
 from deepinfer import LLM, SamplingParams
 from deepinfer.bench.models import build_random_model
@@ -20,20 +17,14 @@ llm = LLM(model, device="sm90", dtype="bfloat16", plugins=[attn], kv_cache_memor
 for batch in (1, 64):
     prompts = [{"prompt_token_ids": [(7 * i + j) % 1000 + 10 for j in range(512)]} for i in range(batch)]
     sp = SamplingParams(temperature=0, max_tokens=128, ignore_eos=True)
-    llm.generate(prompts, sp, use_tqdm=False)
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    llm.generate(prompts, sp, use_tqdm=False)
-    torch.cuda.synchronize()
-    wall = time.perf_counter() - t
-    pr = cProfile.Profile()
-    pr.enable()
-    llm.generate(prompts, sp, use_tqdm=False)
-    pr.disable()
-    s = io.StringIO()
-    pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(35)
+    def run(prompts=prompts, sp=sp):
+        llm.generate(prompts, sp, use_tqdm=False)
+
+    run()
+    wall = timed(run, torch.cuda.synchronize)
+    report = profiled(run, 35)
     with open(f"{out}/profile_{shape}_{attn}_b{batch}.txt", "w") as f:
         f.write(f"{shape} {attn} batch {batch}: 128 tokens in {wall:.3f} s = {batch * 128 / wall:.1f} tok/s, "
                 f"{1000 * wall / 128:.2f} ms/step\n")
-        f.write(s.getvalue())
+        f.write(report)
     print(f"{shape} {attn} batch {batch}: {1000 * wall / 128:.2f} ms/step, {batch * 128 / wall:.1f} tok/s")

@@ -6,13 +6,10 @@
 from __future__ import annotations
 
 import argparse
-import cProfile
-import io
-import pstats
-import time
 from pathlib import Path
 
 import torch
+from host_profile import profiled, timed
 
 from deepinfer.bench.spec import stdlib_prompts
 from deepinfer.core.sampling_params import SamplingParams
@@ -33,26 +30,21 @@ def main() -> None:
         llm = LLM(None, progress=False, device=a.device, plugins=[] if drafter == "none" else [drafter])
         prompts = [{"prompt_token_ids": p} for p in stdlib_prompts(llm.get_tokenizer(), a.batch, 64)]
         params = SamplingParams(temperature=0, max_tokens=a.output_len, ignore_eos=True)
-        llm.generate(prompts, params, use_tqdm=False)  # warm-up: compiles, captures
-        t = time.perf_counter()
-        llm.generate(prompts, params, use_tqdm=False)
-        plain = time.perf_counter() - t
-        prof = cProfile.Profile()
-        prof.enable()
-        llm.generate(prompts, params, use_tqdm=False)
-        prof.disable()
-        s = io.StringIO()
-        st = pstats.Stats(prof, stream=s)
-        st.sort_stats("tottime").print_stats(30)
-        st.sort_stats("cumulative").print_stats(45)
+
+        def run(llm=llm, prompts=prompts, params=params):
+            llm.generate(prompts, params, use_tqdm=False)
+
+        run()  # warm-up: compiles, captures
+        plain = timed(run)
+        report = profiled(run, 30, ("tottime", "cumulative"))
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                                 torch.profiler.ProfilerActivity.CUDA]) as tp:
             llm.generate(prompts, params, use_tqdm=False)
         table = tp.key_averages().table(sort_by="cuda_time_total", row_limit=30)
         text = f"{drafter} batch {a.batch}: {plain:.3f} s, {a.batch * a.output_len / plain:.1f} tok/s\n"
         print(text, flush=True)
-        (out / f"{drafter}.txt").write_text(text + s.getvalue() + "\n\n" + table)
-        del llm
+        (out / f"{drafter}.txt").write_text(text + report + "\n\n" + table)
+        del llm, run
         torch.cuda.empty_cache()
 
 

@@ -76,12 +76,12 @@ class DraftRunner:
             g = self.graphs if longest == 1 else self.first_graphs
             size = g.size_for(len(feeds), max(start + len(t) for t, start, _ in feeds))
             if size is not None:
-                starts, tables = [s for _, s, _ in feeds], [b for _, _, b in feeds]
+                tokens, starts, tables = zip(*feeds, strict=True)
                 if longest == 1:
-                    hidden = g.run(size, [t[0] for t, _, _ in feeds], starts, tables, None)
+                    hidden = g.run(size, [t[0] for t in tokens], starts, tables, None)
                 else:  # sequence i's rows are 2i and 2i + 1
-                    hidden = g.run_padded(size, [t for t, _, _ in feeds], starts, tables)
-                    hidden = hidden[[2 * i + len(t) - 1 for i, (t, _, _) in enumerate(feeds)]]
+                    hidden = g.run_padded(size, tokens, starts, tables)
+                    hidden = hidden[[2 * i + len(t) - 1 for i, t in enumerate(tokens)]]
                 return self.model.compute_logits(hidden).float()
         batch = build_step_batch(feeds, self.block_size, self.device)
         meta = self.attention.build_metadata(batch)

@@ -209,12 +209,12 @@ class ModelRunner:
             least = 1 if self.attention.handles_single_runs else 2
             if all(least <= len(t) <= q for t, _, _ in seqs):
                 padded_size = self.verify_graphs.size_for(len(seqs), max(s + len(t) for t, s, _ in seqs))
+        if graph_size is not None or padded_size is not None:
+            tokens, starts, tables = zip(*seqs, strict=True)
         if graph_size is not None:
-            hidden = self.graphs.run(graph_size, [t[0] for t, _, _ in seqs], [s for _, s, _ in seqs],
-                                     [b for _, _, b in seqs], prev, mark)
+            hidden = self.graphs.run(graph_size, [t[0] for t in tokens], starts, tables, prev, mark)
         elif padded_size is not None:  # sequence i's rows start at i * query_len
-            hidden = self.verify_graphs.run_padded(padded_size, [t for t, _, _ in seqs], [s for _, s, _ in seqs],
-                                                   [b for _, _, b in seqs], mark)
+            hidden = self.verify_graphs.run_padded(padded_size, tokens, starts, tables, mark)
         else:
             if mark is not None:
                 mark()
