@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import ClassVar
 
 import torch
@@ -16,6 +17,9 @@ class CUDAOptions(BaseModel):
     device_index: int = Field(0, ge=0)
     activation_reserve_gb: float = Field(2.0, ge=0, description="memory kept free for activations")
     fused_kernels: bool = Field(True, description="use deepinfer's Triton RMSNorm, rotary and SiLU-mul kernels")
+    single_token_gemv: bool = Field(True, description="single-token steps (batch-1 decode) run each projection "
+                                    "as one Triton GEMV with its norm, rotary, SiLU-mul or residual add "
+                                    "folded in (needs fused_kernels)")
 
 
 class CUDAGraphs(DeviceGraphs):
@@ -109,7 +113,11 @@ class CUDADevice(Device):
             import deepinfer_kernels
         except ImportError:  # no triton: plain torch layers
             return None
-        return deepinfer_kernels
+        if self.options.single_token_gemv:
+            return deepinfer_kernels
+        # the same kernels less the single-token GEMVs (models test for ``gemv``)
+        return SimpleNamespace(rms_norm=deepinfer_kernels.rms_norm, apply_rotary=deepinfer_kernels.apply_rotary,
+                               silu_and_mul=deepinfer_kernels.silu_and_mul)
 
     @property
     def supports_batch_invariance(self) -> bool:

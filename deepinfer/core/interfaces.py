@@ -67,7 +67,9 @@ class Device(Plugin, ABC):
         """Fused kernels the models should use here: an object with ``rms_norm(x, weight, eps,
         residual=None)``, ``apply_rotary(q, k, cos, sin, positions, q_norm=None, k_norm=None,
         eps=1e-6)`` (with per-head RMSNorm weights, q and k are normalised first) and
-        ``silu_and_mul(x)`` (deepinfer_kernels' signatures), or None for plain torch."""
+        ``silu_and_mul(x)`` (deepinfer_kernels' signatures), or None for plain torch. Optionally
+        also ``gemv(x, weight, norm_weight=, eps=, residual=, silu_mul=)`` and ``gemv_qkv_rotary``:
+        with them, the models run steps of a single token through those (see deepinfer_kernels.gemv)."""
         return None
 
     @property

@@ -38,6 +38,20 @@ class Attention(nn.Module):
         out = backend.forward(s, q, k, v, kv_cache, meta)
         return self.o_proj(out.reshape(-1, self.q_size))
 
+    def forward_one(self, ops, residual, norm: RMSNorm, positions, rotary, backend, kv_cache, meta):
+        """One token, through the device's GEMV kernels: the input norm, the q/k norms and the
+        rotary embedding ride in the qkv projection; returns the attention output [1, H * D]."""
+        s = self.spec
+        qkv = ops.gemv_qkv_rotary(residual, self.qkv_proj.weight, norm.weight, norm.eps, rotary.cos, rotary.sin,
+                                  positions, s.num_heads, s.num_kv_heads,
+                                  self.q_norm.weight if self.q_norm is not None else None,
+                                  self.k_norm.weight if self.k_norm is not None else None,
+                                  self.q_norm.eps if self.q_norm is not None else 1e-6)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        out = backend.forward(s, q.view(1, s.num_heads, s.head_dim), k.view(1, s.num_kv_heads, s.head_dim),
+                              v.view(1, s.num_kv_heads, s.head_dim), kv_cache, meta)
+        return out.reshape(1, self.q_size).contiguous()
+
 
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, spec: AttentionLayerSpec, bias: bool, qk_norm: bool) -> None:
@@ -46,8 +60,16 @@ class DecoderLayer(nn.Module):
         self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        # the single-token GEMV path has no qkv bias, and one eps for the q and k norms
+        self.gemv_ok = not bias
 
     def forward(self, x, residual, positions, rotary, backend, kv_cache, meta):
+        """(x, residual) in and out, as Hugging Face's layers pass them. x None: x is already added
+        into residual (the single-token path leaves it so; the next layer or the final norm reads
+        residual alone)."""
+        ops = self.mlp.fused_ops
+        if x is None or (x.shape[0] == 1 and self.gemv_ok and getattr(ops, "gemv", None) is not None):
+            return self._forward_one(ops, x, residual, positions, rotary, backend, kv_cache, meta)
         if residual is None:
             residual, x = x, self.input_layernorm(x)
         else:
@@ -55,6 +77,19 @@ class DecoderLayer(nn.Module):
         x = self.self_attn(x, positions, rotary, backend, kv_cache, meta)
         x, residual = self.post_attention_layernorm(x, residual)
         return self.mlp(x), residual
+
+    def _forward_one(self, ops, x, residual, positions, rotary, backend, kv_cache, meta):
+        """A step of one token in four kernels besides attention: norm + qkv + rotary; o + residual
+        add; norm + gate/up + SiLU-mul; down + residual add. Returns (None, residual)."""
+        if x is not None:  # the stream starts here (the embedding: ours to update in place)
+            residual = x.contiguous() if residual is None else x + residual
+        attn = self.self_attn.forward_one(ops, residual, self.input_layernorm, positions, rotary, backend,
+                                          kv_cache, meta)
+        ops.gemv(attn, self.self_attn.o_proj.weight, residual=residual)
+        norm = self.post_attention_layernorm
+        act = ops.gemv(residual, self.mlp.gate_up_proj.weight, norm_weight=norm.weight, eps=norm.eps, silu_mul=True)
+        ops.gemv(act, self.mlp.down_proj.weight, residual=residual)
+        return None, residual
 
 
 class Decoder(nn.Module):
@@ -97,8 +132,7 @@ class LlamaForCausalLM(CausalLM):
         residual = None
         for layer, cache in zip(self.model.layers, kv_caches, strict=True):
             x, residual = layer(x, residual, positions, self.rotary, self.attention, cache, attn_metadata)
-        x, _ = self.model.norm(x, residual)
-        return x
+        return self.model.norm(residual) if x is None else self.model.norm(x, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight

@@ -22,7 +22,8 @@ import json, sys
 import deepinfer_kernels
 from deepinfer import LLM, SamplingParams
 path = sys.argv[1]
-prompts = [{"prompt_token_ids": p} for p in ([5, 6, 7], list(range(10, 40)))]
+batch = [{"prompt_token_ids": p} for p in ([5, 6, 7], list(range(10, 40)))]
+one = [{"prompt_token_ids": [9]}]  # a one-token prompt: every step is single-token, prefill included
 params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, prompt_logprobs=0)
 class Counting:
     def __init__(self, ops):
@@ -33,15 +34,17 @@ class Counting:
             self.calls[name] = self.calls.get(name, 0) + 1
             return fn(*args, **kwargs)
         return counted
-ops = Counting(deepinfer_kernels)
 out = {}
-for fused in (False, True):
-    llm = LLM(path, dtype="float32", block_size=4, progress=False)
-    if fused:
-        llm.engine.runner.model.use_fused_ops(ops)
-    res = llm.generate(prompts, params, use_tqdm=False)
-    out[str(fused)] = [[o.outputs[0].token_ids, [list(lp.values())[0] for lp in o.prompt_logprobs[1:]]] for o in res]
-out["calls"] = ops.calls
+for name, prompts in (("batch", batch), ("one", one)):
+    ops = Counting(deepinfer_kernels)
+    for fused in (False, True):
+        llm = LLM(path, dtype="float32", block_size=4, progress=False)
+        if fused:
+            llm.engine.runner.model.use_fused_ops(ops)
+        res = llm.generate(prompts, params, use_tqdm=False)
+        out[name + str(fused)] = [[o.outputs[0].token_ids, [list(lp.values())[0] for lp in o.prompt_logprobs[1:]]]
+                                  for o in res]
+    out[name + "calls"] = ops.calls
 print(json.dumps(out))
 """
 
@@ -55,7 +58,13 @@ def test_fused_kernels_match_plain_layers(tmp_path, arch):
                          timeout=600, env=env, cwd=ROOT, check=False)
     assert res.returncode == 0, res.stderr[-3000:]
     out = json.loads(res.stdout.strip().splitlines()[-1])
-    assert set(out.pop("calls")) == {"rms_norm", "apply_rotary", "silu_and_mul"}
-    for (tokens, lps), (tokens_f, lps_f) in zip(out["False"], out["True"], strict=True):
-        assert tokens == tokens_f
-        assert max(abs(a - b) for a, b in zip(lps, lps_f, strict=True)) < 1e-4
+    # two sequences: the multi-token kernels in every step, prompts and decode alike (T >= 2)
+    assert set(out["batchcalls"]) == {"rms_norm", "apply_rotary", "silu_and_mul"}
+    # one sequence from a one-token prompt: every step is single-token, so the GEMV path runs
+    # (3 GEMVs a layer and one qkv GEMV a layer, every step) and only the final norm besides
+    layers, steps = 2, 6
+    assert out["onecalls"] == {"gemv_qkv_rotary": layers * steps, "gemv": 3 * layers * steps, "rms_norm": steps}
+    for name in ("batch", "one"):
+        for (tokens, lps), (tokens_f, lps_f) in zip(out[name + "False"], out[name + "True"], strict=True):
+            assert tokens == tokens_f
+            assert max((abs(a - b) for a, b in zip(lps, lps_f, strict=True)), default=0.0) < 1e-4

@@ -1,0 +1,118 @@
+"""H200: tiles of the single-token GEMV kernels on the Llama-3.2-1B shapes (bf16), against cuBLAS
+plus the small kernels they replace. Times CUDA-graph replays of 20 launches; writes
+$OUT/gemv_sweep.txt and $OUT/gemv_best.json."""
+import itertools
+import json
+import os
+
+import torch
+import torch.nn.functional as F
+
+import deepinfer_kernels as dk
+from deepinfer_kernels import GemvConfig
+from deepinfer_kernels.gemv import default_config
+
+out_dir = os.environ.get("OUT", ".")
+dev = torch.device("cuda")
+dt = torch.bfloat16
+torch.manual_seed(0)
+HID, INTER, H, KV, D = 2048, 8192, 32, 8, 64
+REPS = 20
+
+
+def graph_time(fn):
+    """Median device time of one fn() call, from graph replays of REPS calls."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=s):
+        for _ in range(REPS):
+            fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(15):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b) * 1000 / REPS)
+    times.sort()
+    return times[len(times) // 2]
+
+
+x = torch.randn(1, HID, device=dev, dtype=dt)
+xi = torch.randn(1, INTER, device=dev, dtype=dt) * 0.1
+nw = torch.rand(HID, device=dev, dtype=dt) + 0.5
+w_qkv = torch.randn((H + 2 * KV) * D, HID, device=dev, dtype=dt) * 0.02
+w_o = torch.randn(HID, H * D, device=dev, dtype=dt) * 0.02
+w_gu = torch.randn(2 * INTER, HID, device=dev, dtype=dt) * 0.02
+w_down = torch.randn(HID, INTER, device=dev, dtype=dt) * 0.02
+res = torch.randn(1, HID, device=dev, dtype=dt)
+ang = torch.outer(torch.arange(1024.0), torch.rand(D // 2))
+cos = torch.cat([ang, ang], -1).cos().to(dev, dt)
+sin = torch.cat([ang, ang], -1).sin().to(dev, dt)
+pos = torch.tensor([600], device=dev)
+
+cases = {
+    "qkv_rotary": (w_qkv, lambda cfg: dk.gemv_qkv_rotary(x, w_qkv, nw, 1e-5, cos, sin, pos, H, KV, config=cfg),
+                   lambda: dk.apply_rotary(*[t.view(1, -1, D) for t in F.linear(dk.rms_norm(x, nw, 1e-5), w_qkv)
+                                             .split([H * D, KV * D], -1)[:2]], cos, sin, pos)),
+    "o_residual": (w_o, lambda cfg: dk.gemv(x, w_o, residual=res, config=cfg),
+                   lambda: dk.rms_norm(F.linear(x, w_o), nw, 1e-5, res)),
+    "gate_up_silu": (w_gu, lambda cfg: dk.gemv(x, w_gu, norm_weight=nw, eps=1e-5, silu_mul=True, config=cfg),
+                     lambda: dk.silu_and_mul(F.linear(dk.rms_norm(x, nw, 1e-5, res)[0], w_gu))),
+    "down_residual": (w_down, lambda cfg: dk.gemv(xi, w_down, residual=res, config=cfg),
+                      lambda: F.linear(xi, w_down)),
+}
+lines, best = [], {}
+# correctness first: each fused kernel against its eager reference, bf16
+checks = {
+    "qkv_rotary": (dk.gemv_qkv_rotary(x, w_qkv, nw, 1e-5, cos, sin, pos, H, KV),
+                   dk.gemv_qkv_rotary_ref(x, w_qkv, nw, 1e-5, cos, sin, pos, H, KV)),
+    "gate_up_silu": (dk.gemv(x, w_gu, norm_weight=nw, eps=1e-5, silu_mul=True),
+                     dk.gemv_ref(x, w_gu, norm_weight=nw, eps=1e-5, silu_mul=True)),
+    "down_residual": (dk.gemv(xi, w_down, residual=res.clone()), dk.gemv_ref(xi, w_down, residual=res.clone())),
+}
+for name, (got, want) in checks.items():
+    err = (got.float() - want.float()).abs().max().item()
+    lines.append(f"check {name}: max abs err {err:.4g} (scale {want.float().abs().max().item():.3g})")
+for name, (w, fused, eager) in cases.items():
+    mb = w.numel() * w.element_size() / 1e6
+    t_eager = graph_time(eager)
+    cfg0 = default_config(w.shape[0] // (2 if name in ("gate_up_silu", "qkv_rotary") else 1), w.shape[1], dev,
+                          paired=name in ("gate_up_silu", "qkv_rotary"), row_quantum=D // 2 if name == "qkv_rotary" else None)
+    t_def = graph_time(lambda: fused(None))
+    lines.append(f"{name}: {mb:.1f} MB; cuBLAS + small kernels {t_eager:.2f} us ({mb / t_eager:.2f} TB/s); "
+                 f"default {cfg0} {t_def:.2f} us ({mb / t_def:.2f} TB/s)")
+    results = []
+    paired = name in ("gate_up_silu", "qkv_rotary")
+    for bn, bk, sk in itertools.product([2, 4, 8, 16] if paired else [4, 8, 16, 32],
+                                         [256, 512] if paired else [512, 1024], [1, 2, 4, 8]):
+        if name == "qkv_rotary" and (D // 2) % bn:
+            continue
+        if w.shape[1] // sk < bk:
+            continue
+        cfg = GemvConfig(bn, bk, sk, 4)
+        try:
+            results.append((graph_time(lambda: fused(cfg)), cfg))
+        except Exception as e:  # noqa: BLE001 - a tile that does not compile is reported and skipped
+            lines.append(f"  {cfg}: {type(e).__name__}: {str(e)[:120]}")
+    results.sort(key=lambda r: r[0])
+    for t, cfg in results[:3]:
+        for nwarps in (2, 8):
+            c2 = GemvConfig(cfg.block_n, cfg.block_k, cfg.split_k, nwarps)
+            results.append((graph_time(lambda: fused(c2)), c2))
+    results.sort(key=lambda r: r[0])
+    for t, cfg in results[:8]:
+        lines.append(f"  {t:7.2f} us {mb / t:5.2f} TB/s  {cfg}")
+    best[name] = {"us": results[0][0], "config": vars(results[0][1]), "default_us": t_def, "eager_us": t_eager}
+    print("\n".join(lines[-9:]), flush=True)
+with open(f"{out_dir}/gemv_sweep.txt", "w") as f:
+    f.write("\n".join(lines) + "\n")
+with open(f"{out_dir}/gemv_best.json", "w") as f:
+    json.dump(best, f, indent=1)

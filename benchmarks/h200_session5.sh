@@ -1,0 +1,19 @@
+# H200, session 5 (issue 6, batch-1 decode through the single-token GEMV kernels), one call each:
+#   run(command="bash benchmarks/h200_session5.sh a", carry=[".whl"], timeout_s=600)
+# after ../shared/gpu/wheels.sh. grep --line-buffered: when the device call's own limit kills the
+# whole pipe, a plain grep loses the lines it has buffered.
+set -u
+. benchmarks/h200_setup.sh > "$OUT/env.txt" 2>&1
+filter() { grep --line-buffered -v -e Writing -e "Loading weights"; }
+LAT="python3 -m deepinfer.cli bench latency --random-model llama-1b --dtype bfloat16 --device sm90 --batch 1 \
+  --input-len 512 --output-len 256 --kv-cache-memory-gb 8"
+if [ "${1:-a}" = a ]; then
+  # the kernels compiled (float32, float16, bfloat16), then a tile sweep, then the benchmark with
+  # the default tiles, with the GEMVs off, and the kernel profile of an eager step
+  timeout 120 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_gemv.py > "$OUT/gemv_tests.txt" 2>&1
+  timeout 240 python3 benchmarks/h200_gemv_sweep.py > "$OUT/sweep_log.txt" 2>&1
+  timeout 80 $LAT --repeats 3 2>&1 | filter > "$OUT/latency.txt"
+  timeout 60 $LAT --repeats 2 --plugin-options '{"sm90": {"single_token_gemv": false}}' 2>&1 | filter \
+    > "$OUT/latency_no_gemv.txt"
+  timeout 90 python3 benchmarks/h200_kernels_profile.py llama-1b > "$OUT/kprof.txt" 2>&1
+fi

@@ -1,0 +1,92 @@
+"""Single-token projections (with norm, residual, SiLU-mul, rotary folded in) against the eager ops."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from deepinfer_kernels import GemvConfig, gemv, gemv_qkv_rotary, gemv_qkv_rotary_ref, gemv_ref
+from deepinfer_kernels.gemv import _COUNTERS
+from tests.kernels.paged import DTYPES, randn
+
+TOL = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
+#: one program over all of K, and split K (with a ragged last slice, and a loop inside each slice)
+CONFIGS = [GemvConfig(8, 16, 1), GemvConfig(4, 8, 3), GemvConfig(2, 4, 4)]
+
+
+def _close(got, want, dtype):
+    torch.testing.assert_close(got, want, atol=TOL[dtype], rtol=TOL[dtype])
+
+
+def _counters_zero():
+    return all(int(c.abs().sum()) == 0 for c in _COUNTERS.values())
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("cfg", CONFIGS, ids=str)
+def test_plain_and_normed_projection(dtype, cfg, device):
+    x = randn(1, 40, dtype=dtype, device=device)  # K = 40, N = 27: neither fills a tile
+    w = randn(27, 40, dtype=dtype, device=device, seed=1) * 0.3
+    nw = randn(40, dtype=dtype, device=device, seed=2)
+    _close(gemv(x, w, config=cfg), gemv_ref(x, w), dtype)
+    _close(gemv(x, w, norm_weight=nw, eps=1e-5, config=cfg), gemv_ref(x, w, norm_weight=nw, eps=1e-5), dtype)
+    assert _counters_zero()  # the split-K hand-off leaves its counters ready for the next launch
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("cfg", CONFIGS, ids=str)
+def test_residual_add_in_place(dtype, cfg, device):
+    x = randn(1, 40, dtype=dtype, device=device)
+    w = randn(24, 40, dtype=dtype, device=device, seed=1) * 0.3
+    res = randn(1, 24, dtype=dtype, device=device, seed=3)
+    want = gemv_ref(x, w, residual=res.clone())
+    got = gemv(x, w, residual=res, config=cfg)
+    assert got.data_ptr() == res.data_ptr()
+    _close(res, want, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("cfg", CONFIGS, ids=str)
+def test_gate_up_with_silu_mul(dtype, cfg, device):
+    x = randn(1, 40, dtype=dtype, device=device)
+    w = randn(2 * 19, 40, dtype=dtype, device=device, seed=1) * 0.3  # I = 19
+    nw = randn(40, dtype=dtype, device=device, seed=2)
+    got = gemv(x, w, norm_weight=nw, silu_mul=True, config=cfg)
+    assert got.shape == (1, 19)
+    _close(got, gemv_ref(x, w, norm_weight=nw, silu_mul=True), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("qk_norm", [False, True])
+@pytest.mark.parametrize("cfg", [None, GemvConfig(2, 16, 1), GemvConfig(4, 8, 2)], ids=str)
+def test_qkv_with_rotary(dtype, qk_norm, cfg, device):
+    h, kv, d, k = 4, 2, 8, 48
+    x = randn(1, k, dtype=dtype, device=device)
+    w = randn((h + 2 * kv) * d, k, dtype=dtype, device=device, seed=1) * 0.3
+    nw = randn(k, dtype=dtype, device=device, seed=2)
+    ang = torch.outer(torch.arange(16.0), torch.rand(d // 2, generator=torch.Generator().manual_seed(4)))
+    cos = torch.cat([ang, ang], -1).cos().to(dtype).to(device)
+    sin = torch.cat([ang, ang], -1).sin().to(dtype).to(device)
+    pos = torch.tensor([11], device=device)
+    qn = randn(d, dtype=dtype, device=device, seed=5) if qk_norm else None
+    kn = randn(d, dtype=dtype, device=device, seed=6) if qk_norm else None
+    args = (x, w, nw, 1e-6, cos, sin, pos, h, kv, qn, kn, 1e-6)
+    got = gemv_qkv_rotary(*args, config=cfg)
+    want = gemv_qkv_rotary_ref(*args)
+    _close(got, want, dtype)
+    # the v heads are the plain projection: no rotation, no norm
+    _close(got[:, (h + kv) * d:], gemv_ref(x, w, norm_weight=nw)[:, (h + kv) * d:], dtype)
+
+
+def test_bad_shapes_are_refused(device):
+    x = randn(2, 16, dtype=torch.float32, device=device)
+    w = randn(8, 16, dtype=torch.float32, device=device)
+    with pytest.raises(ValueError, match=r"one row x \[1, K\]"):
+        gemv(x, w)
+    with pytest.raises(ValueError, match="silu_mul takes gate"):
+        gemv(x[:1], w[:7], silu_mul=True)
+    with pytest.raises(ValueError, match="residual must be"):
+        gemv(x[:1], w, residual=torch.zeros(1, 9, device=device))
+    with pytest.raises(ValueError, match="block_n 4 must divide"):
+        cos = torch.zeros(4, 4, device=device)
+        gemv_qkv_rotary(x[:1], randn(4 * 4, 16, dtype=torch.float32, device=device), torch.ones(16, device=device),
+                        1e-6, cos, cos, torch.tensor([0], device=device), 2, 1, config=GemvConfig(4, 8, 1))
