@@ -61,7 +61,7 @@ pos = torch.tensor([600], device=dev)
 cases = {
     "qkv_rotary": (w_qkv, lambda cfg: dk.gemv_qkv_rotary(x, w_qkv, nw, 1e-5, cos, sin, pos, H, KV, config=cfg),
                    lambda: dk.apply_rotary(*[t.view(1, -1, D) for t in F.linear(dk.rms_norm(x, nw, 1e-5), w_qkv)
-                                             .split([H * D, KV * D], -1)[:2]], cos, sin, pos)),
+                                             .split([H * D, KV * D, KV * D], -1)[:2]], cos, sin, pos)),
     "o_residual": (w_o, lambda cfg: dk.gemv(x, w_o, residual=res, config=cfg),
                    lambda: dk.rms_norm(F.linear(x, w_o), nw, 1e-5, res)),
     "gate_up_silu": (w_gu, lambda cfg: dk.gemv(x, w_gu, norm_weight=nw, eps=1e-5, silu_mul=True, config=cfg),

@@ -17,3 +17,9 @@ if [ "${1:-a}" = a ]; then
     > "$OUT/latency_no_gemv.txt"
   timeout 90 python3 benchmarks/h200_kernels_profile.py llama-1b > "$OUT/kprof.txt" 2>&1
 fi
+if [ "${1:-a}" = b ]; then
+  # the tile sweep alone (call a's stopped at a bug in the script's eager reference), and the
+  # decode-attention split at batch 1
+  timeout 300 python3 benchmarks/h200_gemv_sweep.py > "$OUT/sweep_log.txt" 2>&1
+  timeout 60 $LAT --repeats 2 --plugin-options '{"triton": {"split_size": 64}}' 2>&1 | filter > "$OUT/latency_split64.txt"
+fi
