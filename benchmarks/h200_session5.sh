@@ -23,3 +23,11 @@ if [ "${1:-a}" = b ]; then
   timeout 300 python3 benchmarks/h200_gemv_sweep.py > "$OUT/sweep_log.txt" 2>&1
   timeout 60 $LAT --repeats 2 --plugin-options '{"triton": {"split_size": 64}}' 2>&1 | filter > "$OUT/latency_split64.txt"
 fi
+if [ "${1:-a}" = c ]; then
+  # the sweep again, cycling through weight copies (call b's tiles read weights from L2), the
+  # argmax kernel's tests and the benchmark with it
+  timeout 100 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_argmax.py tests/kernels/test_gemv.py \
+    > "$OUT/kernel_tests.txt" 2>&1
+  timeout 400 python3 benchmarks/h200_gemv_sweep.py > "$OUT/sweep_log.txt" 2>&1
+  timeout 60 $LAT --repeats 2 2>&1 | filter > "$OUT/latency.txt"
+fi

@@ -179,7 +179,10 @@ def build_engine(config: EngineConfig, progress: bool = True) -> LLMEngine:
         if any(n.startswith("deepinfer_") for n in dir(obj)):
             pm.register(obj)
     pm.hook.deepinfer_register_metrics(metrics=ctx.metrics)
-    runner = ModelRunner(model, attention, kv_caches, config.block_size, device.torch_device, Sampler(config.seed),
+    sampler = Sampler(config.seed)
+    if ops is not None and getattr(ops, "argmax", None) is not None:
+        sampler.argmax = ops.argmax
+    runner = ModelRunner(model, attention, kv_caches, config.block_size, device.torch_device, sampler,
                          kv_groups=1 if kv.sliding is None else 2)
     # graphs replay single-group decode steps (swa-replay's separate sliding-window pool runs eagerly)
     graphs = None if config.enforce_eager or kv.sliding is not None else device.graphs()

@@ -133,7 +133,7 @@ class GemvConfig:
 
 
 _SM_COUNT: dict[int, int] = {}
-_COUNTERS: dict[torch.device, torch.Tensor] = {}
+_COUNTERS: dict[tuple[torch.device, str], torch.Tensor] = {}
 
 
 def _programs_wanted(device: torch.device) -> int:
@@ -165,12 +165,13 @@ def default_config(rows: int, k: int, device: torch.device, paired: bool = False
     return GemvConfig(block_n, block_k, split)
 
 
-def _counters(device: torch.device, n: int) -> torch.Tensor:
-    """Zeroed int32 counters for the split-K hand-off; every launch leaves them zero again."""
-    have = _COUNTERS.get(device)
+def counters(device: torch.device, n: int, user: str) -> torch.Tensor:
+    """Zeroed int32 counters for a last-program hand-off, one set per ``user`` kernel and device;
+    every launch leaves its counters zero again, so launches in one stream can share them."""
+    have = _COUNTERS.get((device, user))
     if have is None or have.numel() < n:
         have = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
-        _COUNTERS[device] = have
+        _COUNTERS[(device, user)] = have
     return have
 
 
@@ -194,7 +195,7 @@ def _launch(x, weight, out, rows, cfg: GemvConfig, mode, pair, *, norm_weight=No
     k_slice = triton.cdiv(k, cfg.split_k)
     if cfg.split_k > 1:
         part = torch.empty(blocks * cfg.split_k * 2 * cfg.block_n, dtype=torch.float32, device=x.device)
-        count = _counters(x.device, blocks + cfg.block_n)
+        count = counters(x.device, blocks + cfg.block_n, "gemv")
     else:
         part = count = out
     cos, sin, pos, qn, kn, qk_eps, half, rot_rows, q_rows = rotary or (x, x, x, x, x, 0.0, 1, 0, 0)

@@ -16,7 +16,8 @@ class CUDAOptions(BaseModel):
 
     device_index: int = Field(0, ge=0)
     activation_reserve_gb: float = Field(2.0, ge=0, description="memory kept free for activations")
-    fused_kernels: bool = Field(True, description="use deepinfer's Triton RMSNorm, rotary and SiLU-mul kernels")
+    fused_kernels: bool = Field(True, description="use deepinfer's Triton RMSNorm, rotary, SiLU-mul and greedy "
+                                "argmax kernels")
     single_token_gemv: bool = Field(True, description="single-token steps (batch-1 decode) run each projection "
                                     "as one Triton GEMV with its norm, rotary, SiLU-mul or residual add "
                                     "folded in (needs fused_kernels)")
@@ -117,7 +118,7 @@ class CUDADevice(Device):
             return deepinfer_kernels
         # the same kernels less the single-token GEMVs (models test for ``gemv``)
         return SimpleNamespace(rms_norm=deepinfer_kernels.rms_norm, apply_rotary=deepinfer_kernels.apply_rotary,
-                               silu_and_mul=deepinfer_kernels.silu_and_mul)
+                               silu_and_mul=deepinfer_kernels.silu_and_mul, argmax=deepinfer_kernels.argmax)
 
     @property
     def supports_batch_invariance(self) -> bool:

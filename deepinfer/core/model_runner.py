@@ -286,7 +286,7 @@ class ModelRunner:
         index = [row + j for _, drafts, row in verifying for j in range(len(drafts) + 1)]
         logits = self.model.compute_logits(hidden[index]).float()
         # every greedy request's argmax in one kernel and one copy to the host
-        best = logits.argmax(-1).tolist() if any(r.params.greedy for r, _, _ in verifying) else None
+        best = self.sampler.argmax(logits).tolist() if any(r.params.greedy for r, _, _ in verifying) else None
         at = 0
         for r, drafts, _ in verifying:
             rows = logits[at:at + len(drafts) + 1]

@@ -5,7 +5,7 @@ from its own generator, so its tokens do not depend on what it is batched with.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -49,13 +49,15 @@ class Sampler:
 
     def __init__(self, seed: int = 0) -> None:
         self.generator = torch.Generator().manual_seed(seed)
+        #: row-wise argmax of logits [B, V] (a device's fused kernel replaces it; same results)
+        self.argmax: Callable[[torch.Tensor], torch.Tensor] = lambda logits: logits.argmax(-1)
 
     def __call__(self, logits: torch.Tensor, requests: Sequence[Request]) -> tuple[list[int], list[dict[int, float] | None]]:
         logits = logits.float()
         want_logprobs = any(r.params.logprobs is not None for r in requests)
         raw_logprobs = logits.log_softmax(-1) if want_logprobs else None
         if _plain_greedy(requests):
-            tokens = logits.argmax(-1).tolist()
+            tokens = self.argmax(logits).tolist()
         else:
             tokens = [self._sample_row(logits[i].clone(), r) for i, r in enumerate(requests)]
         logprobs: list[dict[int, float] | None] = [None] * len(requests)
@@ -69,7 +71,7 @@ class Sampler:
         """The same tokens as ``__call__`` (requests without logprobs), as an int64 tensor on the
         logits' device; greedy rows never leave it."""
         if _plain_greedy(requests):
-            return logits.argmax(-1)
+            return self.argmax(logits)
         tokens = self(logits, requests)[0]
         return torch.tensor(tokens, dtype=torch.long, device=logits.device)
 

@@ -39,8 +39,9 @@ for name, prompts in (("batch", batch), ("one", one)):
     ops = Counting(deepinfer_kernels)
     for fused in (False, True):
         llm = LLM(path, dtype="float32", block_size=4, progress=False)
-        if fused:
+        if fused:  # as the builder wires a device's fused ops
             llm.engine.runner.model.use_fused_ops(ops)
+            llm.engine.runner.sampler.argmax = ops.argmax
         res = llm.generate(prompts, params, use_tqdm=False)
         out[name + str(fused)] = [[o.outputs[0].token_ids, [list(lp.values())[0] for lp in o.prompt_logprobs[1:]]]
                                   for o in res]
@@ -59,11 +60,12 @@ def test_fused_kernels_match_plain_layers(tmp_path, arch):
     assert res.returncode == 0, res.stderr[-3000:]
     out = json.loads(res.stdout.strip().splitlines()[-1])
     # two sequences: the multi-token kernels in every step, prompts and decode alike (T >= 2)
-    assert set(out["batchcalls"]) == {"rms_norm", "apply_rotary", "silu_and_mul"}
+    assert set(out["batchcalls"]) == {"rms_norm", "apply_rotary", "silu_and_mul", "argmax"}
     # one sequence from a one-token prompt: every step is single-token, so the GEMV path runs
     # (3 GEMVs a layer and one qkv GEMV a layer, every step) and only the final norm besides
     layers, steps = 2, 6
-    assert out["onecalls"] == {"gemv_qkv_rotary": layers * steps, "gemv": 3 * layers * steps, "rms_norm": steps}
+    assert out["onecalls"] == {"gemv_qkv_rotary": layers * steps, "gemv": 3 * layers * steps, "rms_norm": steps,
+                               "argmax": steps}
     for name in ("batch", "one"):
         for (tokens, lps), (tokens_f, lps_f) in zip(out[name + "False"], out[name + "True"], strict=True):
             assert tokens == tokens_f
