@@ -31,3 +31,14 @@ if [ "${1:-a}" = c ]; then
   timeout 400 python3 benchmarks/h200_gemv_sweep.py > "$OUT/sweep_log.txt" 2>&1
   timeout 60 $LAT --repeats 2 2>&1 | filter > "$OUT/latency.txt"
 fi
+if [ "${1:-a}" = d ]; then
+  # tuned default tiles, weights read a tile ahead, programmatic dependent launch: kernel tests,
+  # the 16-layer projection chain, the benchmark with PDL on and off, float32 equality at batch 1
+  timeout 100 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_argmax.py tests/kernels/test_gemv.py \
+    > "$OUT/kernel_tests.txt" 2>&1
+  timeout 120 python3 benchmarks/h200_gemv_chain.py > "$OUT/chain_log.txt" 2>&1
+  timeout 60 $LAT --repeats 3 2>&1 | filter > "$OUT/latency.txt"
+  timeout 60 $LAT --repeats 2 --plugin-options '{"sm90": {"programmatic_launch": false}}' 2>&1 | filter \
+    > "$OUT/latency_no_pdl.txt"
+  timeout 200 python3 benchmarks/h200_triton_equal.py "$OUT/triton_equal.md" > "$OUT/equal_log.txt" 2>&1
+fi

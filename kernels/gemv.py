@@ -30,7 +30,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from deepinfer_kernels._launch import kernel, next_pow2
+from deepinfer_kernels._launch import kernel, next_pow2, triton_interpreted
 
 _PLAIN, _SILU_MUL, _ROTARY = 0, 1, 2
 
@@ -41,7 +41,8 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, nw_ptr, res_ptr, part_ptr, count_ptr,
                  N: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, MODE: tl.constexpr, PAIR: tl.constexpr,
                  HALF: tl.constexpr, ROT_ROWS: tl.constexpr, Q_ROWS: tl.constexpr,
                  NORM: tl.constexpr, RESIDUAL: tl.constexpr, QK_NORM: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, K_SLICE: tl.constexpr):
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, K_SLICE: tl.constexpr,
+                 PDL: tl.constexpr):
     b = tl.program_id(0)
     s = tl.program_id(1)
     ty = x_ptr.dtype.element_ty
@@ -55,24 +56,39 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, nw_ptr, res_ptr, part_ptr, count_ptr,
     rmask = r1 < N
     w1_rows = w_ptr + r1.to(tl.int64)[:, None] * stride_w
     w2_rows = w_ptr + (r1 + PAIR).to(tl.int64)[:, None] * stride_w
+    # weights are read one tile ahead of their use: the first tile before waiting for the previous
+    # kernel (with PDL this launch starts while it finishes; the weights never depend on it)
+    k_lo = s * K_SLICE
+    kr = tl.arange(0, BLOCK_K)
+    kk = k_lo + kr
+    m2 = rmask[:, None] & ((kk < K) & (kr < K_SLICE))[None, :]
+    w1 = tl.load(w1_rows + kk[None, :], mask=m2, other=0.0)
+    w2 = tl.load(w2_rows + kk[None, :], mask=m2 & (MODE != 0), other=0.0)
+    if PDL:
+        tl.extra.cuda.gdc_wait()  # x, the residual and the counters are the previous kernel's
+        tl.extra.cuda.gdc_launch_dependents()
     if NORM:  # the input RMSNorm's scale, over the whole row
         xs = tl.arange(0, KP)
         xf = tl.load(x_ptr + xs, mask=xs < K, other=0.0).to(tl.float32)
         inv = tl.rsqrt(tl.sum(xf * xf, 0) / K + eps)
     acc1 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
     acc2 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-    k_lo = s * K_SLICE
     for k0 in range(0, K_SLICE, BLOCK_K):
-        kk = k_lo + k0 + tl.arange(0, BLOCK_K)
-        kmask = (kk < K) & (k0 + tl.arange(0, BLOCK_K) < K_SLICE)
+        kk = k_lo + k0 + kr
+        kmask = (kk < K) & (k0 + kr < K_SLICE)
+        nk = kk + BLOCK_K  # the next tile's columns
+        nm2 = rmask[:, None] & ((nk < K) & (k0 + BLOCK_K + kr < K_SLICE))[None, :]
+        w1_next = tl.load(w1_rows + nk[None, :], mask=nm2, other=0.0)
+        w2_next = tl.load(w2_rows + nk[None, :], mask=nm2 & (MODE != 0), other=0.0)
         xk = tl.load(x_ptr + kk, mask=kmask, other=0.0).to(tl.float32)
         if NORM:
             wn = tl.load(nw_ptr + kk, mask=kmask, other=0.0).to(tl.float32)
             xk = ((xk * inv).to(ty).to(tl.float32) * wn).to(ty).to(tl.float32)
-        m2 = rmask[:, None] & kmask[None, :]
-        acc1 += tl.load(w1_rows + kk[None, :], mask=m2, other=0.0).to(tl.float32) * xk[None, :]
+        acc1 += w1.to(tl.float32) * xk[None, :]
         if MODE != 0:
-            acc2 += tl.load(w2_rows + kk[None, :], mask=m2, other=0.0).to(tl.float32) * xk[None, :]
+            acc2 += w2.to(tl.float32) * xk[None, :]
+        w1 = w1_next
+        w2 = w2_next
     y1 = tl.sum(acc1, 1)
     y2 = tl.sum(acc2, 1)
     omask = rmask
@@ -136,33 +152,39 @@ _SM_COUNT: dict[int, int] = {}
 _COUNTERS: dict[tuple[torch.device, str], torch.Tensor] = {}
 
 
-def _programs_wanted(device: torch.device) -> int:
-    """Enough programs to keep every SM loading: four per SM on a GPU (a few in the interpreter)."""
+def _sm_count(device: torch.device) -> int:
     if device.type != "cuda":
-        return 4
+        return 4  # the interpreter: a few programs, so that split K is exercised there too
     idx = device.index if device.index is not None else torch.cuda.current_device()
     if idx not in _SM_COUNT:
         _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-    return 4 * _SM_COUNT[idx]
+    return _SM_COUNT[idx]
 
 
 def default_config(rows: int, k: int, device: torch.device, paired: bool = False,
                    row_quantum: int | None = None) -> GemvConfig:
-    """A tile for ``rows`` output rows (pairs when ``paired``) over K = ``k``: 8 rows (4 pairs)
-    a program, 16 KiB of bf16 weights a loop step, and K split until the GPU has enough programs.
-    ``row_quantum``: block_n must divide it (a rotary half-head)."""
-    block_n = 4 if paired else 8
+    """The tile for ``rows`` output rows (pairs when ``paired``) over K = ``k``.
+
+    From the H200 sweep (benchmarks/h200_gemv_sweep.py, docs/benchmarks.md): plain rows 4 a
+    program with up to 2,048 columns a step; pairs 2 a program by 512 columns, or 8 by 256 when
+    there are many (gate/up). K is split only when there are fewer row blocks than SMs.
+    ``row_quantum``: block_n must divide it (a rotary half-head).
+    """
+    if paired:
+        block_n, block_k, warps = (8, 256, 2) if rows >= 4096 else (2, 512, 4)
+    else:
+        block_n, block_k, warps = 4, 2048, 8 if k <= 2048 else 4
     if row_quantum is not None:
         block_n = min(block_n, row_quantum)
         while row_quantum % block_n:
             block_n //= 2
-    block_k = min(next_pow2(k), 512 if paired else 1024)
+    block_k = min(block_k, next_pow2(k))
     blocks = triton.cdiv(rows, block_n)
     split = 1
-    want = _programs_wanted(device)
-    while blocks * split < want and k // (split * 2) >= block_k and split < 16:
+    while blocks * split < _sm_count(device) and k // (split * 2) >= min(block_k, 256) and split < 16:
         split *= 2
-    return GemvConfig(block_n, block_k, split)
+    block_k = min(block_k, next_pow2(triton.cdiv(k, split)))
+    return GemvConfig(block_n, block_k, split, warps)
 
 
 def counters(device: torch.device, n: int, user: str) -> torch.Tensor:
@@ -186,8 +208,19 @@ def _check(x: torch.Tensor, weight: torch.Tensor, name: str) -> None:
         raise ValueError(f"{name} needs a weight and x contiguous along K")
 
 
+_PDL: dict[torch.device, bool] = {}
+
+
+def pdl_supported(device: torch.device) -> bool:
+    """Programmatic dependent launch: compiled kernels on compute capability 9.0 or newer."""
+    if device not in _PDL:
+        _PDL[device] = (device.type == "cuda" and not triton_interpreted()
+                        and torch.cuda.get_device_capability(device)[0] >= 9)
+    return _PDL[device]
+
+
 def _launch(x, weight, out, rows, cfg: GemvConfig, mode, pair, *, norm_weight=None, eps=1e-6, residual=None,
-            rotary=None):
+            rotary=None, pdl=False):
     k = x.shape[1]
     if cfg.split_k < 1 or cfg.block_n < 1 or cfg.block_k < 1:
         raise ValueError(f"a GEMV tile needs positive sizes; got {cfg}")
@@ -206,16 +239,18 @@ def _launch(x, weight, out, rows, cfg: GemvConfig, mode, pair, *, norm_weight=No
         N=(rows if mode != _ROTARY else weight.shape[0]), K=k, KP=next_pow2(k), MODE=mode, PAIR=pair, HALF=half,
         ROT_ROWS=rot_rows, Q_ROWS=q_rows, NORM=norm_weight is not None, RESIDUAL=residual is not None,
         QK_NORM=qn is not None, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k,
-        K_SLICE=k_slice, num_warps=cfg.num_warps)
+        K_SLICE=k_slice, PDL=pdl, num_warps=cfg.num_warps, **({"launch_pdl": True} if pdl else {}))
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: torch.Tensor | None = None, eps: float = 1e-6,
          residual: torch.Tensor | None = None, silu_mul: bool = False,
-         config: GemvConfig | None = None) -> torch.Tensor:
+         config: GemvConfig | None = None, pdl: bool = False) -> torch.Tensor:
     """``x @ weight.T`` for one row x [1, K], weight [N, K].
 
     ``norm_weight`` [K]: RMS-normalise x first (eps). ``residual`` [1, N]: add the product into it
     in place and return it. ``silu_mul``: weight is gate | up [2I, K]; returns silu(gate) * up [1, I].
+    ``pdl``: launch with programmatic dependent launch (see :func:`pdl_supported`): the kernel may
+    start while the previous one finishes, reads its weights, then waits for that kernel.
     """
     _check(x, weight, "gemv")
     n, k = weight.shape
@@ -232,18 +267,19 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: torch.Tensor | N
                          f"{tuple(residual.shape)} {residual.dtype}")
     cfg = config or default_config(rows, k, x.device, paired=silu_mul)
     out = residual if residual is not None else torch.empty(1, rows, dtype=x.dtype, device=x.device)
-    _launch(x, weight, out, rows, cfg, mode, pair, norm_weight=norm_weight, eps=eps, residual=residual)
+    _launch(x, weight, out, rows, cfg, mode, pair, norm_weight=norm_weight, eps=eps, residual=residual, pdl=pdl)
     return out
 
 
 def gemv_qkv_rotary(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor, eps: float,
                     cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor, num_heads: int,
                     num_kv_heads: int, q_norm: torch.Tensor | None = None, k_norm: torch.Tensor | None = None,
-                    qk_eps: float = 1e-6, config: GemvConfig | None = None) -> torch.Tensor:
+                    qk_eps: float = 1e-6, config: GemvConfig | None = None, pdl: bool = False) -> torch.Tensor:
     """The fused q | k | v projection of one token: ``rotary(qk_norm(rms_norm(x) @ weight.T))``.
 
     weight [(H + 2 * KV) * D, K]; cos/sin tables [max_positions, D]; positions [1]. ``q_norm`` and
     ``k_norm`` [D] (Qwen3) normalise each q and k head first. Returns qkv [1, (H + 2 * KV) * D].
+    ``pdl`` as in :func:`gemv`.
     """
     _check(x, weight, "gemv_qkv_rotary")
     d = cos.shape[-1] if cos.dim() == 2 else 0
@@ -266,7 +302,7 @@ def gemv_qkv_rotary(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Te
     out = torch.empty(1, weight.shape[0], dtype=x.dtype, device=x.device)
     rotary = (cos, sin, positions, q_norm, k_norm, qk_eps, half, (num_heads + num_kv_heads) * d, num_heads * d)
     _launch(x, weight, out, weight.shape[0] // 2, cfg, _ROTARY, half, norm_weight=norm_weight, eps=eps,
-            rotary=rotary)
+            rotary=rotary, pdl=pdl)
     return out
 
 
@@ -275,7 +311,7 @@ def _rms_ref(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return w * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
-def gemv_ref(x, weight, *, norm_weight=None, eps=1e-6, residual=None, silu_mul=False, config=None):
+def gemv_ref(x, weight, *, norm_weight=None, eps=1e-6, residual=None, silu_mul=False, config=None, pdl=False):
     """Torch reference of :func:`gemv` (the eager layers' arithmetic)."""
     h = _rms_ref(x, norm_weight, eps) if norm_weight is not None else x
     y = F.linear(h, weight)
@@ -289,7 +325,7 @@ def gemv_ref(x, weight, *, norm_weight=None, eps=1e-6, residual=None, silu_mul=F
 
 
 def gemv_qkv_rotary_ref(x, weight, norm_weight, eps, cos, sin, positions, num_heads, num_kv_heads,
-                        q_norm=None, k_norm=None, qk_eps=1e-6, config=None):
+                        q_norm=None, k_norm=None, qk_eps=1e-6, config=None, pdl=False):
     """Torch reference of :func:`gemv_qkv_rotary`."""
     from deepinfer_kernels.rotary import apply_rotary_ref
 
@@ -299,3 +335,29 @@ def gemv_qkv_rotary_ref(x, weight, norm_weight, eps, cos, sin, positions, num_he
     q, k = apply_rotary_ref(q.view(1, num_heads, d), k.view(1, num_kv_heads, d), cos, sin, positions,
                             q_norm, k_norm, qk_eps)
     return torch.cat([q.reshape(1, -1), k.reshape(1, -1), v], dim=-1)
+
+
+class FusedOps:
+    """The fused kernels a CUDA device hands to the models (see ``Device.fused_ops``).
+
+    ``single_token_gemv``: offer ``gemv`` and ``gemv_qkv_rotary`` (the models then run steps of a
+    single token through them; None otherwise). ``pdl``: launch those with programmatic dependent
+    launch where the GPU supports it.
+    """
+
+    def __init__(self, single_token_gemv: bool = True, pdl: bool = True) -> None:
+        from deepinfer_kernels import activation, argmax, rms_norm, rotary
+
+        self.rms_norm = rms_norm.rms_norm
+        self.apply_rotary = rotary.apply_rotary
+        self.silu_and_mul = activation.silu_and_mul
+        self.argmax = argmax.argmax
+        self.pdl = pdl
+        self.gemv = self._gemv if single_token_gemv else None
+        self.gemv_qkv_rotary = self._gemv_qkv_rotary if single_token_gemv else None
+
+    def _gemv(self, x, weight, **kwargs):
+        return gemv(x, weight, pdl=self.pdl and pdl_supported(x.device), **kwargs)
+
+    def _gemv_qkv_rotary(self, x, weight, *args, **kwargs):
+        return gemv_qkv_rotary(x, weight, *args, pdl=self.pdl and pdl_supported(x.device), **kwargs)

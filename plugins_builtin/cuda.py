@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from types import SimpleNamespace
 from typing import ClassVar
 
 import torch
@@ -21,6 +20,9 @@ class CUDAOptions(BaseModel):
     single_token_gemv: bool = Field(True, description="single-token steps (batch-1 decode) run each projection "
                                     "as one Triton GEMV with its norm, rotary, SiLU-mul or residual add "
                                     "folded in (needs fused_kernels)")
+    programmatic_launch: bool = Field(True, description="launch the single-token GEMVs with programmatic "
+                                      "dependent launch (compute capability 9.0+): each starts reading its "
+                                      "weights while the previous kernel finishes")
 
 
 class CUDAGraphs(DeviceGraphs):
@@ -114,11 +116,8 @@ class CUDADevice(Device):
             import deepinfer_kernels
         except ImportError:  # no triton: plain torch layers
             return None
-        if self.options.single_token_gemv:
-            return deepinfer_kernels
-        # the same kernels less the single-token GEMVs (models test for ``gemv``)
-        return SimpleNamespace(rms_norm=deepinfer_kernels.rms_norm, apply_rotary=deepinfer_kernels.apply_rotary,
-                               silu_and_mul=deepinfer_kernels.silu_and_mul, argmax=deepinfer_kernels.argmax)
+        return deepinfer_kernels.FusedOps(single_token_gemv=self.options.single_token_gemv,
+                                          pdl=self.options.programmatic_launch)
 
     @property
     def supports_batch_invariance(self) -> bool:

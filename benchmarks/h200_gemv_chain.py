@@ -1,0 +1,99 @@
+"""H200: the four single-token projections of 16 Llama-3.2-1B-shaped layers (distinct weights,
+bf16) as one CUDA graph, as a decode step runs them (without attention): GEMV kernels with and
+without programmatic dependent launch, against cuBLAS plus the small kernels they replace. Also
+each projection alone with the default tile, PDL on and off. Writes $OUT/gemv_chain.txt."""
+import os
+
+import torch
+import torch.nn.functional as F
+
+import deepinfer_kernels as dk
+
+out_dir = os.environ.get("OUT", ".")
+dev = torch.device("cuda")
+dt = torch.bfloat16
+torch.manual_seed(0)
+HID, INTER, H, KV, D, LAYERS = 2048, 8192, 32, 8, 64, 16
+
+
+def graph_time(fn, reps=1):
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=s):
+        for _ in range(reps):
+            fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(20):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b) * 1000 / reps)
+    times.sort()
+    return times[len(times) // 2]
+
+
+layers = [dict(qkv=torch.randn((H + 2 * KV) * D, HID, device=dev, dtype=dt) * 0.02,
+               o=torch.randn(HID, H * D, device=dev, dtype=dt) * 0.02,
+               gu=torch.randn(2 * INTER, HID, device=dev, dtype=dt) * 0.02,
+               down=torch.randn(HID, INTER, device=dev, dtype=dt) * 0.02,
+               n1=torch.rand(HID, device=dev, dtype=dt) + 0.5, n2=torch.rand(HID, device=dev, dtype=dt) + 0.5)
+          for _ in range(LAYERS)]
+ang = torch.outer(torch.arange(1024.0), torch.rand(D // 2))
+cos = torch.cat([ang, ang], -1).cos().to(dev, dt)
+sin = torch.cat([ang, ang], -1).sin().to(dev, dt)
+pos = torch.tensor([600], device=dev)
+res0 = torch.randn(1, HID, device=dev, dtype=dt)
+weight_mb = sum(t.numel() * t.element_size() for ly in layers for k, t in ly.items() if k in ("qkv", "o", "gu", "down")) / 1e6
+
+
+def fused_chain(pdl):
+    res = res0.clone()
+    for ly in layers:
+        qkv = dk.gemv_qkv_rotary(res, ly["qkv"], ly["n1"], 1e-5, cos, sin, pos, H, KV, pdl=pdl)
+        dk.gemv(qkv[:, :H * D], ly["o"], residual=res, pdl=pdl)
+        act = dk.gemv(res, ly["gu"], norm_weight=ly["n2"], eps=1e-5, silu_mul=True, pdl=pdl)
+        dk.gemv(act, ly["down"], residual=res, pdl=pdl)
+    return res
+
+
+def eager_chain():
+    x, res = res0.clone(), torch.zeros_like(res0)
+    for ly in layers:
+        h, res = dk.rms_norm(x, ly["n1"], 1e-5, res)
+        q, k, _ = F.linear(h, ly["qkv"]).split([H * D, KV * D, KV * D], -1)
+        q, k = dk.apply_rotary(q.view(1, H, D), k.view(1, KV, D), cos, sin, pos)
+        o = F.linear(q.reshape(1, -1), ly["o"])
+        h, res = dk.rms_norm(o, ly["n2"], 1e-5, res)
+        x = F.linear(dk.silu_and_mul(F.linear(h, ly["gu"])), ly["down"])
+    return x
+
+
+lines = [f"16 layers' projections, {weight_mb:.0f} MB of weights (one decode step without attention):"]
+a, b = fused_chain(False), fused_chain(True)
+lines.append(f"  PDL on and off give the same residual: {torch.equal(a, b)}")
+for name, fn in (("cuBLAS + small kernels", eager_chain), ("GEMV kernels", lambda: fused_chain(False)),
+                 ("GEMV kernels, PDL", lambda: fused_chain(True))):
+    t = graph_time(fn)
+    lines.append(f"  {name:24s} {t:8.1f} us  {weight_mb / t:.2f} TB/s")
+    print(lines[-1], flush=True)
+x = res0
+act_in = torch.randn(1, INTER, device=dev, dtype=dt) * 0.1
+for name, fn in (("qkv_rotary", lambda p, ly: dk.gemv_qkv_rotary(x, ly["qkv"], ly["n1"], 1e-5, cos, sin, pos, H, KV, pdl=p)),
+                 ("o_residual", lambda p, ly: dk.gemv(x, ly["o"], residual=res0, pdl=p)),
+                 ("gate_up_silu", lambda p, ly: dk.gemv(x, ly["gu"], norm_weight=ly["n2"], eps=1e-5, silu_mul=True, pdl=p)),
+                 ("down_residual", lambda p, ly: dk.gemv(act_in, ly["down"], residual=res0, pdl=p))):
+    per = []
+    for p in (False, True):
+        per.append(graph_time(lambda: [fn(p, ly) for ly in layers], reps=1) / LAYERS)
+    lines.append(f"  {name:14s} default tile, a launch: {per[0]:.2f} us, with PDL {per[1]:.2f} us")
+    print(lines[-1], flush=True)
+with open(f"{out_dir}/gemv_chain.txt", "w") as f:
+    f.write("\n".join(lines) + "\n")
