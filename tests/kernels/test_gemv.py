@@ -90,3 +90,13 @@ def test_bad_shapes_are_refused(device):
         cos = torch.zeros(4, 4, device=device)
         gemv_qkv_rotary(x[:1], randn(4 * 4, 16, dtype=torch.float32, device=device), torch.ones(16, device=device),
                         1e-6, cos, cos, torch.tensor([0], device=device), 2, 1, config=GemvConfig(4, 8, 1))
+
+
+def test_fused_ops_offer_the_gemvs_only_when_asked(device):
+    from deepinfer_kernels import FusedOps, rms_norm
+
+    on, off = FusedOps(), FusedOps(single_token_gemv=False)
+    assert off.gemv is None and off.gemv_qkv_rotary is None and off.rms_norm is rms_norm
+    x = randn(1, 16, dtype=torch.float32, device=device)
+    w = randn(8, 16, dtype=torch.float32, device=device, seed=1)
+    _close(on.gemv(x, w), gemv_ref(x, w), torch.float32)  # no PDL off a Hopper GPU; same result on one
