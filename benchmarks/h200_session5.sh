@@ -42,3 +42,11 @@ if [ "${1:-a}" = d ]; then
     > "$OUT/latency_no_pdl.txt"
   timeout 200 python3 benchmarks/h200_triton_equal.py "$OUT/triton_equal.md" > "$OUT/equal_log.txt" 2>&1
 fi
+if [ "${1:-a}" = e ]; then
+  # call d's benchmark and equality runs again, after the fix to FusedOps (call d stopped there)
+  timeout 60 $LAT --repeats 3 2>&1 | filter > "$OUT/latency.txt"
+  timeout 60 $LAT --repeats 2 --plugin-options '{"sm90": {"programmatic_launch": false}}' 2>&1 | filter \
+    > "$OUT/latency_no_pdl.txt"
+  timeout 200 python3 benchmarks/h200_triton_equal.py "$OUT/triton_equal.md" > "$OUT/equal_log.txt" 2>&1
+  timeout 90 python3 benchmarks/h200_kernels_profile.py llama-1b > "$OUT/kprof.txt" 2>&1
+fi
