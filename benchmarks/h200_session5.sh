@@ -50,3 +50,13 @@ if [ "${1:-a}" = e ]; then
   timeout 200 python3 benchmarks/h200_triton_equal.py "$OUT/triton_equal.md" > "$OUT/equal_log.txt" 2>&1
   timeout 90 python3 benchmarks/h200_kernels_profile.py llama-1b > "$OUT/kprof.txt" 2>&1
 fi
+if [ "${1:-a}" = f ]; then
+  # the GPU tests with the GEMV path in place (graphs, speculative decoding's single-token draft
+  # steps), throughput (batch > 1: the argmax kernel only) and the speculative-decoding benchmark
+  timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/kernels tests/plugins/test_triton_attn.py \
+    tests/plugins/test_graphs.py tests/plugins/test_spec_decode.py > "$OUT/gpu_tests.txt" 2>&1
+  timeout 110 python3 -m deepinfer.cli bench throughput --random-model qwen3-0.6b --dtype bfloat16 --device sm90 \
+    --num-requests 256 --min-len 100 --max-len 1024 --repeats 1 2>&1 | filter > "$OUT/throughput.txt"
+  timeout 150 python3 -m deepinfer.cli bench spec --device sm90 --batch 1,64 --output-len 256 --repeats 3 \
+    2>&1 | filter > "$OUT/spec.txt"
+fi
