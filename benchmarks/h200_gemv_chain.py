@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import deepinfer_kernels as dk
+import deepinfer_kernels.gemv as gemv_mod
 
 out_dir = os.environ.get("OUT", ".")
 dev = torch.device("cuda")
@@ -79,11 +80,20 @@ def eager_chain():
 lines = [f"16 layers' projections, {weight_mb:.0f} MB of weights (one decode step without attention):"]
 a, b = fused_chain(False), fused_chain(True)
 lines.append(f"  PDL on and off give the same residual: {torch.equal(a, b)}")
-for name, fn in (("cuBLAS + small kernels", eager_chain), ("GEMV kernels", lambda: fused_chain(False)),
-                 ("GEMV kernels, PDL", lambda: fused_chain(True))):
+best = {}
+for name, fn, prefetch in (("cuBLAS + small kernels", eager_chain, True),
+                           ("GEMV kernels", lambda: fused_chain(False), True),
+                           ("GEMV kernels, PDL", lambda: fused_chain(True), True),
+                           ("GEMV kernels, no prefetch", lambda: fused_chain(False), False),
+                           ("GEMV kernels, PDL, no prefetch", lambda: fused_chain(True), False)):
+    gemv_mod.PREFETCH = prefetch
     t = graph_time(fn)
-    lines.append(f"  {name:24s} {t:8.1f} us  {weight_mb / t:.2f} TB/s")
+    best[name] = t
+    lines.append(f"  {name:32s} {t:8.1f} us  {weight_mb / t:.2f} TB/s")
     print(lines[-1], flush=True)
+gemv_mod.PREFETCH = best["GEMV kernels, PDL"] <= best["GEMV kernels, PDL, no prefetch"]
+lines.append(f"PREFETCH={gemv_mod.PREFETCH}")
+print(lines[-1], flush=True)
 x = res0
 act_in = torch.randn(1, INTER, device=dev, dtype=dt) * 0.1
 for name, fn in (("qkv_rotary", lambda p, ly: dk.gemv_qkv_rotary(x, ly["qkv"], ly["n1"], 1e-5, cos, sin, pos, H, KV, pdl=p)),

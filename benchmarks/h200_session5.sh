@@ -60,3 +60,12 @@ if [ "${1:-a}" = f ]; then
   timeout 150 python3 -m deepinfer.cli bench spec --device sm90 --batch 1,64 --output-len 256 --repeats 3 \
     2>&1 | filter > "$OUT/spec.txt"
 fi
+if [ "${1:-a}" = g ]; then
+  # weights a tile ahead or not: the kernel tests, the chain both ways; the faster becomes the
+  # default (PREFETCH in kernels/gemv.py, set here the way the chain chose) for the benchmark
+  timeout 100 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_gemv.py > "$OUT/kernel_tests.txt" 2>&1
+  timeout 150 python3 benchmarks/h200_gemv_chain.py > "$OUT/chain_log.txt" 2>&1
+  if grep -q "PREFETCH=False" "$OUT/gemv_chain.txt"; then sed -i 's/^PREFETCH = True/PREFETCH = False/' kernels/gemv.py; fi
+  grep -n "^PREFETCH" kernels/gemv.py > "$OUT/prefetch_used.txt"
+  timeout 60 $LAT --repeats 3 2>&1 | filter > "$OUT/latency.txt"
+fi

@@ -42,7 +42,7 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, nw_ptr, res_ptr, part_ptr, count_ptr,
                  HALF: tl.constexpr, ROT_ROWS: tl.constexpr, Q_ROWS: tl.constexpr,
                  NORM: tl.constexpr, RESIDUAL: tl.constexpr, QK_NORM: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, K_SLICE: tl.constexpr,
-                 PDL: tl.constexpr):
+                 PDL: tl.constexpr, PREFETCH: tl.constexpr):
     b = tl.program_id(0)
     s = tl.program_id(1)
     ty = x_ptr.dtype.element_ty
@@ -56,14 +56,16 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, nw_ptr, res_ptr, part_ptr, count_ptr,
     rmask = r1 < N
     w1_rows = w_ptr + r1.to(tl.int64)[:, None] * stride_w
     w2_rows = w_ptr + (r1 + PAIR).to(tl.int64)[:, None] * stride_w
-    # weights are read one tile ahead of their use: the first tile before waiting for the previous
-    # kernel (with PDL this launch starts while it finishes; the weights never depend on it)
+    # with PREFETCH, weights are read one tile ahead of their use, the first tile before waiting
+    # for the previous kernel (with PDL this launch starts while it finishes; weights never depend
+    # on it)
     k_lo = s * K_SLICE
     kr = tl.arange(0, BLOCK_K)
-    kk = k_lo + kr
-    m2 = rmask[:, None] & ((kk < K) & (kr < K_SLICE))[None, :]
-    w1 = tl.load(w1_rows + kk[None, :], mask=m2, other=0.0)
-    w2 = tl.load(w2_rows + kk[None, :], mask=m2 & (MODE != 0), other=0.0)
+    if PREFETCH:
+        kk = k_lo + kr
+        m2 = rmask[:, None] & ((kk < K) & (kr < K_SLICE))[None, :]
+        w1 = tl.load(w1_rows + kk[None, :], mask=m2, other=0.0)
+        w2 = tl.load(w2_rows + kk[None, :], mask=m2 & (MODE != 0), other=0.0)
     if PDL:
         tl.extra.cuda.gdc_wait()  # x, the residual and the counters are the previous kernel's
         tl.extra.cuda.gdc_launch_dependents()
@@ -76,10 +78,15 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, nw_ptr, res_ptr, part_ptr, count_ptr,
     for k0 in range(0, K_SLICE, BLOCK_K):
         kk = k_lo + k0 + kr
         kmask = (kk < K) & (k0 + kr < K_SLICE)
-        nk = kk + BLOCK_K  # the next tile's columns
-        nm2 = rmask[:, None] & ((nk < K) & (k0 + BLOCK_K + kr < K_SLICE))[None, :]
-        w1_next = tl.load(w1_rows + nk[None, :], mask=nm2, other=0.0)
-        w2_next = tl.load(w2_rows + nk[None, :], mask=nm2 & (MODE != 0), other=0.0)
+        if PREFETCH:
+            nk = kk + BLOCK_K  # the next tile's columns
+            nm2 = rmask[:, None] & ((nk < K) & (k0 + BLOCK_K + kr < K_SLICE))[None, :]
+            w1_next = tl.load(w1_rows + nk[None, :], mask=nm2, other=0.0)
+            w2_next = tl.load(w2_rows + nk[None, :], mask=nm2 & (MODE != 0), other=0.0)
+        else:
+            m2 = rmask[:, None] & kmask[None, :]
+            w1 = tl.load(w1_rows + kk[None, :], mask=m2, other=0.0)
+            w2 = tl.load(w2_rows + kk[None, :], mask=m2 & (MODE != 0), other=0.0)
         xk = tl.load(x_ptr + kk, mask=kmask, other=0.0).to(tl.float32)
         if NORM:
             wn = tl.load(nw_ptr + kk, mask=kmask, other=0.0).to(tl.float32)
@@ -87,8 +94,9 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, nw_ptr, res_ptr, part_ptr, count_ptr,
         acc1 += w1.to(tl.float32) * xk[None, :]
         if MODE != 0:
             acc2 += w2.to(tl.float32) * xk[None, :]
-        w1 = w1_next
-        w2 = w2_next
+        if PREFETCH:
+            w1 = w1_next
+            w2 = w2_next
     y1 = tl.sum(acc1, 1)
     y2 = tl.sum(acc2, 1)
     omask = rmask
@@ -140,15 +148,18 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, nw_ptr, res_ptr, part_ptr, count_ptr,
 @dataclass(frozen=True)
 class GemvConfig:
     """Tile of one program: ``block_n`` output rows (pairs, in the paired modes) by ``block_k``
-    columns a loop step, over one of ``split_k`` slices of K."""
+    columns a loop step, over one of ``split_k`` slices of K; ``prefetch``: load each weight tile
+    one step ahead of its use."""
 
     block_n: int
     block_k: int
     split_k: int
     num_warps: int = 4
+    prefetch: bool = True
 
 
 _SM_COUNT: dict[int, int] = {}
+PREFETCH = True  # default_config's choice (H200: see docs/benchmarks.md)
 _COUNTERS: dict[tuple[torch.device, str], torch.Tensor] = {}
 
 
@@ -184,7 +195,7 @@ def default_config(rows: int, k: int, device: torch.device, paired: bool = False
     while blocks * split < _sm_count(device) and k // (split * 2) >= min(block_k, 256) and split < 16:
         split *= 2
     block_k = min(block_k, next_pow2(triton.cdiv(k, split)))
-    return GemvConfig(block_n, block_k, split, warps)
+    return GemvConfig(block_n, block_k, split, warps, PREFETCH)
 
 
 def counters(device: torch.device, n: int, user: str) -> torch.Tensor:
@@ -239,7 +250,7 @@ def _launch(x, weight, out, rows, cfg: GemvConfig, mode, pair, *, norm_weight=No
         N=(rows if mode != _ROTARY else weight.shape[0]), K=k, KP=next_pow2(k), MODE=mode, PAIR=pair, HALF=half,
         ROT_ROWS=rot_rows, Q_ROWS=q_rows, NORM=norm_weight is not None, RESIDUAL=residual is not None,
         QK_NORM=qn is not None, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k,
-        K_SLICE=k_slice, PDL=pdl, num_warps=cfg.num_warps, **({"launch_pdl": True} if pdl else {}))
+        K_SLICE=k_slice, PDL=pdl, PREFETCH=cfg.prefetch, num_warps=cfg.num_warps, **({"launch_pdl": True} if pdl else {}))
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: torch.Tensor | None = None, eps: float = 1e-6,
@@ -296,7 +307,7 @@ def gemv_qkv_rotary(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Te
     half = d // 2
     cfg = config or default_config(weight.shape[0] // 2, x.shape[1], x.device, paired=True, row_quantum=half)
     if q_norm is not None and cfg.block_n != half:
-        cfg = GemvConfig(half, cfg.block_k, cfg.split_k, cfg.num_warps)  # the q/k norm needs whole heads
+        cfg = GemvConfig(half, cfg.block_k, cfg.split_k, cfg.num_warps, cfg.prefetch)  # the q/k norm needs whole heads
     if half % cfg.block_n:
         raise ValueError(f"gemv_qkv_rotary: block_n {cfg.block_n} must divide the half head {half}")
     out = torch.empty(1, weight.shape[0], dtype=x.dtype, device=x.device)

@@ -22,6 +22,7 @@ from deepinfer_kernels._launch import Kernel
 _PTR = {torch.float32: "*fp32", torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.int32: "*i32",
         torch.int64: "*i64"}
 _OPTIONS = ("num_warps", "num_stages")
+_LAUNCH_ONLY = ("launch_pdl",)  # how a launch is made, not part of the compiled kernel
 H100_SHARED = 232448  # bytes of shared memory one block may use on sm_90
 
 
@@ -35,7 +36,7 @@ def record_launches(calls) -> list[tuple[Kernel, dict[str, Any], dict[str, Any]]
                 def launch(*a, **kw):
                     names = self.fn.__code__.co_varnames[:self.fn.__code__.co_argcount]
                     bound = dict(zip(names, a, strict=False))
-                    bound.update({k: v for k, v in kw.items() if k not in _OPTIONS})
+                    bound.update({k: v for k, v in kw.items() if k not in _OPTIONS + _LAUNCH_ONLY})
                     launches.append((self, bound, {k: v for k, v in kw.items() if k in _OPTIONS}))
                 return launch
         return At()
@@ -86,6 +87,13 @@ def _all_calls(dtype: torch.dtype, attention_only: bool) -> None:
     K.apply_rotary(q, q[:, :2], cache[:, 0], cache[:, 0], torch.zeros(3, dtype=torch.int64),
                    torch.zeros(128, dtype=dtype), torch.zeros(128, dtype=dtype), 1e-6)
     K.silu_and_mul(q[:, :2].reshape(3, 256))
+    x, w, nw = torch.zeros(1, 256, dtype=dtype), torch.zeros(64, 256, dtype=dtype), torch.zeros(256, dtype=dtype)
+    K.gemv(x, w, norm_weight=nw, pdl=True)  # programmatic dependent launch: the grid-dependency waits
+    K.gemv(x, w, residual=torch.zeros(1, 64, dtype=dtype), config=K.GemvConfig(4, 64, 2))  # split-K hand-off
+    K.gemv(x, w, norm_weight=nw, silu_mul=True)
+    K.gemv_qkv_rotary(x, w, nw, 1e-6, cache[:, 0, :16], cache[:, 0, :16], torch.zeros(1, dtype=torch.int64), 2, 1,
+                      torch.zeros(16, dtype=dtype), torch.zeros(16, dtype=dtype), 1e-6, pdl=True)
+    K.argmax(torch.zeros(2, 5000, dtype=dtype))
 
 
 def main() -> int:

@@ -10,7 +10,7 @@ from tests.kernels.paged import DTYPES, randn
 
 TOL = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
 #: one program over all of K, and split K (with a ragged last slice, and a loop inside each slice)
-CONFIGS = [GemvConfig(8, 16, 1), GemvConfig(4, 8, 3), GemvConfig(2, 4, 4)]
+CONFIGS = [GemvConfig(8, 16, 1), GemvConfig(4, 8, 3), GemvConfig(2, 4, 4), GemvConfig(4, 8, 2, prefetch=False)]
 
 
 def _close(got, want, dtype):
