@@ -69,3 +69,12 @@ if [ "${1:-a}" = g ]; then
   grep -n "^PREFETCH" kernels/gemv.py > "$OUT/prefetch_used.txt"
   timeout 60 $LAT --repeats 3 2>&1 | filter > "$OUT/latency.txt"
 fi
+if [ "${1:-a}" = h ]; then
+  # the review fixes (a CTA barrier before the split-K release; whole-head tiles for the q/k
+  # norm): compiled kernel tests, equality at batch 1 (Qwen3 takes the new tiles), the demo pair
+  timeout 60 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_gemv.py tests/kernels/test_argmax.py \
+    > "$OUT/kernel_tests.txt" 2>&1
+  timeout 150 python3 benchmarks/h200_triton_equal.py "$OUT/triton_equal.md" > "$OUT/equal_log.txt" 2>&1
+  timeout 70 python3 -m deepinfer.cli bench spec --device sm90 --drafters none,deepspark --batch 1 --output-len 256 \
+    --repeats 3 2>&1 | filter > "$OUT/spec.txt"
+fi

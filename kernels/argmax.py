@@ -27,6 +27,7 @@ def _argmax_kernel(x_ptr, val_ptr, idx_ptr, count_ptr, out_ptr, stride_x, V,
     first = tl.min(tl.where(x == m, offs, 2147483647), 0)
     tl.store(val_ptr + row * CHUNKS + c, m)
     tl.store(idx_ptr + row * CHUNKS + c, first)
+    tl.debug_barrier()  # the chunk's result is stored before the release below
     done = tl.atomic_add(count_ptr + row, 1, sem="acq_rel")
     j = tl.arange(0, CHUNKS_P)
     # the test is broadcast to a vector: the interpreter rejects a scalar in a mask

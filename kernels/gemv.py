@@ -104,6 +104,7 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, nw_ptr, res_ptr, part_ptr, count_ptr,
         mine = part_ptr + (b * SPLIT_K + s) * (2 * BLOCK_N)
         tl.store(mine + n, y1)
         tl.store(mine + BLOCK_N + n, y2)
+        tl.debug_barrier()  # every warp's partial is stored before the release below
         done = tl.atomic_add(count_ptr + b, 1, sem="acq_rel")
         # the test is broadcast to a vector: the interpreter rejects a scalar in a mask
         last = (tl.zeros([BLOCK_N], tl.int32) + done) == SPLIT_K - 1
@@ -173,18 +174,23 @@ def _sm_count(device: torch.device) -> int:
 
 
 def default_config(rows: int, k: int, device: torch.device, paired: bool = False,
-                   row_quantum: int | None = None) -> GemvConfig:
+                   row_quantum: int | None = None, block_n: int | None = None) -> GemvConfig:
     """The tile for ``rows`` output rows (pairs when ``paired``) over K = ``k``.
 
     From the H200 sweep (benchmarks/h200_gemv_sweep.py, docs/benchmarks.md): plain rows 4 a
     program with up to 2,048 columns a step; pairs 2 a program by 512 columns, or 8 by 256 when
     there are many (gate/up). K is split only when there are fewer row blocks than SMs.
-    ``row_quantum``: block_n must divide it (a rotary half-head).
+    ``row_quantum``: block_n must divide it (a rotary half-head). ``block_n``: fixed by the caller
+    (whole heads for the q/k norm); the step then keeps the tile at 4,096 weights or fewer.
     """
     if paired:
-        block_n, block_k, warps = (8, 256, 2) if rows >= 4096 else (2, 512, 4)
+        bn, block_k, warps = (8, 256, 2) if rows >= 4096 else (2, 512, 4)
     else:
-        block_n, block_k, warps = 4, 2048, 8 if k <= 2048 else 4
+        bn, block_k, warps = 4, 2048, 8 if k <= 2048 else 4
+    if block_n is not None:
+        block_k = max(16, min(block_k, 4096 // next_pow2(block_n)))
+    else:
+        block_n = bn
     if row_quantum is not None:
         block_n = min(block_n, row_quantum)
         while row_quantum % block_n:
@@ -198,11 +204,18 @@ def default_config(rows: int, k: int, device: torch.device, paired: bool = False
     return GemvConfig(block_n, block_k, split, warps, PREFETCH)
 
 
+_OUTGROWN: list[torch.Tensor] = []
+
+
 def counters(device: torch.device, n: int, user: str) -> torch.Tensor:
     """Zeroed int32 counters for a last-program hand-off, one set per ``user`` kernel and device;
-    every launch leaves its counters zero again, so launches in one stream can share them."""
+    every launch leaves its counters zero again, so launches in one stream can share them (not
+    launches on two streams at once). A set that a launch outgrows stays allocated: a captured
+    graph may still use it."""
     have = _COUNTERS.get((device, user))
     if have is None or have.numel() < n:
+        if have is not None:
+            _OUTGROWN.append(have)
         have = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
         _COUNTERS[(device, user)] = have
     return have
@@ -223,9 +236,11 @@ _PDL: dict[torch.device, bool] = {}
 
 
 def pdl_supported(device: torch.device) -> bool:
-    """Programmatic dependent launch: compiled kernels on compute capability 9.0 or newer."""
+    """Programmatic dependent launch: compiled kernels on compute capability 9.0 or newer, with a
+    Triton that has grid-dependency control (3.4 and later)."""
     if device not in _PDL:
         _PDL[device] = (device.type == "cuda" and not triton_interpreted()
+                        and hasattr(getattr(tl.extra, "cuda", None), "gdc_wait")
                         and torch.cuda.get_device_capability(device)[0] >= 9)
     return _PDL[device]
 
@@ -305,9 +320,15 @@ def gemv_qkv_rotary(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Te
     if (q_norm is None) != (k_norm is None) or (q_norm is not None and (q_norm.shape != (d,) or k_norm.shape != (d,))):
         raise ValueError(f"q_norm and k_norm must both be given, as weights [{d}], or both be None")
     half = d // 2
-    cfg = config or default_config(weight.shape[0] // 2, x.shape[1], x.device, paired=True, row_quantum=half)
+    if q_norm is not None and half & (half - 1):
+        raise ValueError(f"gemv_qkv_rotary with q/k norm needs a power-of-two half head; head_dim is {d}")
+    if config is None:  # the q/k norm needs whole heads in a program
+        config = default_config(weight.shape[0] // 2, x.shape[1], x.device, paired=True, row_quantum=half,
+                                block_n=half if q_norm is not None else None)
+    cfg = config
     if q_norm is not None and cfg.block_n != half:
-        cfg = GemvConfig(half, cfg.block_k, cfg.split_k, cfg.num_warps, cfg.prefetch)  # the q/k norm needs whole heads
+        raise ValueError(f"gemv_qkv_rotary with q/k norm takes whole heads: block_n must be {half}, not "
+                         f"{cfg.block_n}")
     if half % cfg.block_n:
         raise ValueError(f"gemv_qkv_rotary: block_n {cfg.block_n} must divide the half head {half}")
     out = torch.empty(1, weight.shape[0], dtype=x.dtype, device=x.device)

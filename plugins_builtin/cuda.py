@@ -121,7 +121,9 @@ class CUDADevice(Device):
 
     @property
     def supports_batch_invariance(self) -> bool:
-        return True
+        # the single-token GEMVs sum in another order than the batched projections: a sequence
+        # decoded alone does not get the bits it gets in a batch
+        return not (self.options.fused_kernels and self.options.single_token_gemv)
 
     def graphs(self) -> CUDAGraphs:
         return CUDAGraphs(self.torch_device)

@@ -75,6 +75,8 @@ class Device(Plugin, ABC):
 
     @property
     def supports_batch_invariance(self) -> bool:
+        """Whether this device's kernels, as configured, give a sequence the same bits whatever it
+        is batched with."""
         return False
 
     def graphs(self) -> DeviceGraphs | None:

@@ -60,8 +60,10 @@ class DecoderLayer(nn.Module):
         self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        # the single-token GEMV path has no qkv bias, and one eps for the q and k norms
-        self.gemv_ok = not bias
+        # the single-token GEMV path: no qkv bias; q/k norms (both built with rms_norm_eps: one
+        # eps) over whole heads of a power-of-two half (one program holds a head)
+        half = spec.head_dim // 2
+        self.gemv_ok = not bias and (not qk_norm or half & (half - 1) == 0)
 
     def forward(self, x, residual, positions, rotary, backend, kv_cache, meta):
         """(x, residual) in and out, as Hugging Face's layers pass them. x None: x is already added

@@ -70,6 +70,10 @@ def test_qkv_with_rotary(dtype, qk_norm, cfg, device):
     qn = randn(d, dtype=dtype, device=device, seed=5) if qk_norm else None
     kn = randn(d, dtype=dtype, device=device, seed=6) if qk_norm else None
     args = (x, w, nw, 1e-6, cos, sin, pos, h, kv, qn, kn, 1e-6)
+    if qk_norm and cfg is not None:  # the q/k norm takes whole heads in a program
+        with pytest.raises(ValueError, match="whole heads"):
+            gemv_qkv_rotary(*args, config=GemvConfig(d // 4, 16, 1))
+        cfg = GemvConfig(d // 2, cfg.block_k, cfg.split_k)
     got = gemv_qkv_rotary(*args, config=cfg)
     want = gemv_qkv_rotary_ref(*args)
     _close(got, want, dtype)
