@@ -172,6 +172,38 @@ def bench_elementwise(table: Table, t_tok: int, ms: int) -> None:
          2 * kv.numel() * 2, ms)
 
 
+def bench_single_token(table: Table, hidden: int, inter: int, h: int, kvh: int, d: int, vocab: int, ms: int) -> None:
+    """The single-token GEMVs (batch-1 decode's projections) and the argmax, against their
+    references. do_bench flushes the L2 between runs, so every weight is read from memory."""
+    def w(rows, cols):
+        return torch.randn(rows, cols, device=DEV, dtype=BF16) * cols ** -0.5
+
+    x = torch.randn(1, hidden, device=DEV, dtype=BF16)
+    nw = torch.rand(hidden, device=DEV, dtype=BF16) + 0.5
+    w_qkv, w_o, w_gu, w_down = w((h + 2 * kvh) * d, hidden), w(hidden, h * d), w(2 * inter, hidden), w(hidden, inter)
+    inv = 1.0 / 500000 ** (torch.arange(0, d, 2, device=DEV).float() / d)
+    emb = torch.outer(torch.arange(64, device=DEV).float(), inv).repeat(1, 2)
+    cos, sin = emb.cos().to(BF16), emb.sin().to(BF16)
+    pos = torch.tensor([37], device=DEV)
+    qkv_args = (x, w_qkv, nw, 1e-5, cos, sin, pos, h, kvh)
+    _row(table, "gemv_qkv_rotary", f"[{(h + 2 * kvh) * d}, {hidden}] H={h}/{kvh} D={d}",
+         lambda: K.gemv_qkv_rotary(*qkv_args), lambda: K.gemv_qkv_rotary_ref(*qkv_args), w_qkv.numel() * 2, ms)
+    res = torch.randn(1, hidden, device=DEV, dtype=BF16)
+    a = torch.randn(1, h * d, device=DEV, dtype=BF16)
+    # the residual is added in place: each call starts from a fresh copy of it
+    _row(table, "gemv +residual", f"[{hidden}, {h * d}]", lambda: K.gemv(a, w_o, residual=res.clone()),
+         lambda: K.gemv_ref(a, w_o, residual=res.clone()), w_o.numel() * 2, ms)
+    _row(table, "gemv norm+silu_mul", f"[{2 * inter}, {hidden}]",
+         lambda: K.gemv(x, w_gu, norm_weight=nw, eps=1e-5, silu_mul=True),
+         lambda: K.gemv_ref(x, w_gu, norm_weight=nw, eps=1e-5, silu_mul=True), w_gu.numel() * 2, ms)
+    act = torch.randn(1, inter, device=DEV, dtype=BF16)
+    _row(table, "gemv +residual", f"[{hidden}, {inter}]", lambda: K.gemv(act, w_down, residual=res.clone()),
+         lambda: K.gemv_ref(act, w_down, residual=res.clone()), w_down.numel() * 2, ms)
+    logits = torch.randn(4, vocab, device=DEV, dtype=BF16)
+    _row(table, "argmax", f"[4, {vocab}]", lambda: K.argmax(logits), lambda: K.argmax_ref(logits),
+         logits.numel() * 2, ms)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="directory for kernels.md")
@@ -191,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     for n, new, cached, window in prefill[:2] if args.quick else prefill:
         bench_prefill(table, n, new, cached, 32, 8, 128, window, ms)
     bench_elementwise(table, 8192, ms)
+    bench_single_token(table, 2048, 8192, 32, 8, 64, 128256, ms)  # Llama-3.2-1B
     props = torch.cuda.get_device_properties(0)
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     text = (f"# deepinfer_kernels on {props.name}\n\n`python -m deepinfer_kernels.bench_kernels --out {args.out}"

@@ -15,5 +15,6 @@ def test_bench_script_checks_every_kernel_on_tiny_shapes(monkeypatch, device):
     bench_kernels.bench_decode(table, 2, 40, 4, 2, 16, 17, 1)
     bench_kernels.bench_prefill(table, 2, 20, 12, 4, 2, 16, 7, 1)
     bench_kernels.bench_elementwise(table, 4, 1)
+    bench_kernels.bench_single_token(table, 32, 48, 4, 2, 8, 300, 1)
     assert not table.failed, table.markdown()
-    assert len(table.rows) == 7 and table.markdown().count("| ok |") == 7
+    assert len(table.rows) == 12 and table.markdown().count("| ok |") == 12
