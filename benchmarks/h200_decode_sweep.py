@@ -10,29 +10,11 @@ import torch
 
 import deepinfer_kernels as K
 from deepinfer_kernels.bench_kernels import paged
+from graph_timing import graph_time
 
 
 def graph_us(fn, calls=20, reps=20):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / calls)
-    return sorted(times)[len(times) // 2]
+    return graph_time(fn, reps=calls, trials=reps)
 
 
 g = torch.Generator(device="cuda").manual_seed(0)

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import deepinfer_kernels as dk
+from graph_timing import graph_time
 import deepinfer_kernels.gemv as gemv_mod
 
 out_dir = os.environ.get("OUT", ".")
@@ -15,30 +16,6 @@ dev = torch.device("cuda")
 dt = torch.bfloat16
 torch.manual_seed(0)
 HID, INTER, H, KV, D, LAYERS = 2048, 8192, 32, 8, 64, 16
-
-
-def graph_time(fn, reps=1):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g, stream=s):
-        for _ in range(reps):
-            fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(20):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) * 1000 / reps)
-    times.sort()
-    return times[len(times) // 2]
 
 
 layers = [dict(qkv=torch.randn((H + 2 * KV) * D, HID, device=dev, dtype=dt) * 0.02,

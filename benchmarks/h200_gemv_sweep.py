@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import deepinfer_kernels as dk
+from graph_timing import graph_time as _graph_time
 from deepinfer_kernels import GemvConfig
 from deepinfer_kernels.gemv import default_config
 
@@ -23,27 +24,7 @@ REPS = 20
 
 def graph_time(fn):
     """Median device time of one fn() call, from graph replays of REPS calls."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g, stream=s):
-        for _ in range(REPS):
-            fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(15):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) * 1000 / REPS)
-    times.sort()
-    return times[len(times) // 2]
+    return _graph_time(fn, reps=REPS, trials=15)
 
 
 x = torch.randn(1, HID, device=dev, dtype=dt)
