@@ -78,3 +78,13 @@ if [ "${1:-a}" = h ]; then
   timeout 70 python3 -m deepinfer.cli bench spec --device sm90 --drafters none,deepspark --batch 1 --output-len 256 \
     --repeats 3 2>&1 | filter > "$OUT/spec.txt"
 fi
+if [ "${1:-a}" = i ]; then
+  # the KV write and decode attention also launched with PDL in single-token steps: their kernel
+  # tests compiled, the benchmark with it on and off, equality at batch 1 (Llama shape)
+  timeout 40 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_paged_attention.py \
+    tests/kernels/test_kv_cache.py > "$OUT/kernel_tests.txt" 2>&1
+  timeout 40 $LAT --repeats 3 2>&1 | filter > "$OUT/latency.txt"
+  timeout 35 $LAT --repeats 2 --plugin-options '{"triton": {"programmatic_launch": false}}' 2>&1 | filter \
+    > "$OUT/latency_attn_no_pdl.txt"
+  timeout 100 python3 benchmarks/h200_triton_equal.py "$OUT/triton_equal.md" llama-1b > "$OUT/equal_log.txt" 2>&1
+fi

@@ -3,7 +3,8 @@
 float32: greedy tokens must be equal; bfloat16: prompt logprobs must agree within bf16 tolerance.
 Then batch-1 decode (every step a single token: the device's GEMV kernels) against plain torch
 layers (the `torch` backend, no fused kernels): float32 greedy tokens equal, bfloat16 logprobs of
-the greedy tokens close. Writes a markdown table to the path given as the first argument.
+the greedy tokens close. Writes a markdown table to the path given as the first argument; a second
+argument picks the shapes (comma-separated; default llama-1b,qwen3-0.6b).
 """
 from __future__ import annotations
 
@@ -29,11 +30,11 @@ def run(model_dir: str, backend: str, dtype: str, prompts, params, options=None)
     return outs
 
 
-def main(out_path: str) -> int:
+def main(out_path: str, shapes=("llama-1b", "qwen3-0.6b")) -> int:
     g = torch.Generator().manual_seed(0)
     lines = ["| shape | dtype | check | result |", "| --- | --- | --- | --- |"]
     ok = True
-    for shape in ("llama-1b", "qwen3-0.6b"):
+    for shape in shapes:
         for dtype in ("float32", "bfloat16"):
             model_dir = build_random_model(shape, dtype, "cuda")
             vocab = 128256 if shape == "llama-1b" else 151936
@@ -78,4 +79,4 @@ def main(out_path: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    sys.exit(main(sys.argv[1], *([sys.argv[2].split(",")] if len(sys.argv) > 2 else [])))

@@ -17,7 +17,10 @@ from deepinfer_kernels._launch import kernel, next_pow2
 def _write_kv_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
                      stride_kt, stride_kh, stride_vt, stride_vh, stride_cs, stride_ch,
                      NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-                     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+                     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
+    if PDL:  # launched early (programmatic dependent launch): wait for the previous kernel first
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     t = tl.program_id(0)
     slot = tl.load(slot_ptr + t).to(tl.int64)
     h = tl.arange(0, BLOCK_H)[:, None]
@@ -33,8 +36,9 @@ def _write_kv_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
 
 
 def write_kv_cache(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                   slot_mapping: torch.Tensor) -> None:
-    """Write k, v [T, kv_heads, head_dim] into the caches [num_slots, kv_heads, head_dim] in place."""
+                   slot_mapping: torch.Tensor, pdl: bool = False) -> None:
+    """Write k, v [T, kv_heads, head_dim] into the caches [num_slots, kv_heads, head_dim] in place.
+    ``pdl``: launch with programmatic dependent launch (the kernel waits for the previous one)."""
     t, h, d = k.shape
     if v.shape != k.shape or k_cache.shape[1:] != (h, d) or v_cache.shape != k_cache.shape:
         raise ValueError(f"k {tuple(k.shape)} / v {tuple(v.shape)} do not fit the caches "
@@ -51,11 +55,12 @@ def write_kv_cache(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_ca
     _write_kv_kernel[(t,)](k, v, k_cache, v_cache, slot_mapping,
                            k.stride(0), k.stride(1), v.stride(0), v.stride(1),
                            k_cache.stride(0), k_cache.stride(1),
-                           NUM_HEADS=h, HEAD_DIM=d, BLOCK_H=next_pow2(h), BLOCK_D=next_pow2(d))
+                           NUM_HEADS=h, HEAD_DIM=d, BLOCK_H=next_pow2(h), BLOCK_D=next_pow2(d), PDL=pdl,
+                           **({"launch_pdl": True} if pdl else {}))
 
 
 def write_kv_cache_ref(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                       slot_mapping: torch.Tensor) -> None:
+                       slot_mapping: torch.Tensor, pdl: bool = False) -> None:
     """Torch reference of :func:`write_kv_cache`."""
     keep = slot_mapping >= 0
     slots = slot_mapping[keep].to(torch.long)

@@ -37,7 +37,10 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_
                          stride_pb, stride_ph, stride_ps, stride_lb, stride_lh,
                          GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                          BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
-                         WINDOWED: tl.constexpr, IEEE: tl.constexpr):
+                         WINDOWED: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr):
+    if PDL:  # launched early (programmatic dependent launch): wait for the previous kernel first
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     seq_len = tl.load(seq_lens_ptr + b)
@@ -102,7 +105,10 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_
 def _decode_reduce_kernel(part_out_ptr, part_lse_ptr, seq_lens_ptr, out_ptr, window, max_splits,
                           stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ob, stride_oh,
                           HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SPLIT: tl.constexpr,
-                          WINDOWED: tl.constexpr):
+                          WINDOWED: tl.constexpr, PDL: tl.constexpr):
+    if PDL:  # launched early (programmatic dependent launch): wait for the previous kernel first
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     b = tl.program_id(0)
     h = tl.program_id(1)
     seq_len = tl.load(seq_lens_ptr + b)
@@ -139,8 +145,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            block_tables: torch.Tensor, seq_lens: torch.Tensor, block_size: int, scale: float,
                            sliding_window: int | None = None, max_seq_len: int | None = None,
                            split_size: int = DEFAULT_SPLIT, max_programs: int = DEFAULT_MAX_PROGRAMS,
-                           block_n: int | None = None, num_warps: int = 4, num_stages: int | None = 2
-                           ) -> torch.Tensor:
+                           block_n: int | None = None, num_warps: int = 4, num_stages: int | None = 2,
+                           pdl: bool = False) -> torch.Tensor:
     """Attention of q [B, H, D] (the token at position seq_len-1 of each sequence) over the cached
     keys/values [num_slots, kv_heads, D]; block_tables [B, max_blocks] int32, seq_lens [B] int32.
     Returns [B, H, D] in q's dtype. ``max_seq_len`` saves a device sync when the caller knows it.
@@ -149,7 +155,9 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     default the largest of 128, 64, 32, 16 that does, at most 64 for float32 or head_dim > 128),
     ``num_warps`` and ``num_stages`` (None: Triton's default) tune pass 1; the defaults were the
     fastest on an H200. The tiles fix the order of the sums, so they may change the last bits
-    (never batch invariance: they do not depend on the batch)."""
+    (never batch invariance: they do not depend on the batch). ``pdl``: launch both passes with
+    programmatic dependent launch (each waits for the previous kernel before reading anything;
+    see deepinfer_kernels.gemv.pdl_supported)."""
     b, h, d = q.shape
     kvh = k_cache.shape[1]
     _check_shapes(q, k_cache, v_cache, block_tables, seq_lens, split_size)
@@ -179,12 +187,13 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         part_out.stride(0), part_out.stride(1), part_out.stride(2), part_lse.stride(0), part_lse.stride(1),
         GROUP=group, HEAD_DIM=d, BLOCK_SIZE=block_size, BLOCK_G=max(16, next_pow2(group)),
         BLOCK_D=max(16, next_pow2(d)), BLOCK_N=block_n, SPLIT=split_size, WINDOWED=sliding_window is not None,
-        IEEE=k_cache.dtype == torch.float32, **tuning)
+        IEEE=k_cache.dtype == torch.float32, PDL=pdl, **tuning, **({"launch_pdl": True} if pdl else {}))
     _decode_reduce_kernel[(b, h)](
         part_out, part_lse, seq_lens, out, window, splits,
         part_out.stride(0), part_out.stride(1), part_out.stride(2), part_lse.stride(0), part_lse.stride(1),
         out.stride(0), out.stride(1),
-        HEAD_DIM=d, BLOCK_D=next_pow2(d), SPLIT=split_size, WINDOWED=sliding_window is not None, num_warps=1)
+        HEAD_DIM=d, BLOCK_D=next_pow2(d), SPLIT=split_size, WINDOWED=sliding_window is not None, PDL=pdl,
+        num_warps=1, **({"launch_pdl": True} if pdl else {}))
     return out
 
 

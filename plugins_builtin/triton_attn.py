@@ -40,6 +40,9 @@ class TritonAttentionOptions(BaseModel):
 
     split_size: int = Field(256, ge=16, description="key positions per decode split (a multiple of 16); "
                                                     "fixed, so results do not depend on the batch")
+    programmatic_launch: bool = Field(True, description="in steps of a single token (batch-1 decode), launch "
+                                      "the KV write and decode kernels with programmatic dependent launch "
+                                      "(compute capability 9.0+): each starts while the previous kernel finishes")
 
     @field_validator("split_size")
     @classmethod
@@ -160,11 +163,14 @@ class TritonAttention(AttentionBackend):
         kern, m = self.kernels, metadata
         k_cache, v_cache = kv_cache[0], kv_cache[1]
         slots, tables, decode_tables = m.group(layer.kv_group)
-        kern.write_kv_cache(k, v, k_cache, v_cache, slots)  # negative slots are skipped
+        # a single-token step: a chain of small kernels (the device's single-token GEMVs around
+        # them launch the same way), each launched while the one before finishes
+        pdl = q.shape[0] == 1 and self.options.programmatic_launch and kern.pdl_supported(q.device)
+        kern.write_kv_cache(k, v, k_cache, v_cache, slots, pdl=pdl)  # negative slots are skipped
         split = self.options.split_size
         if m.decode_only:
             return kern.paged_decode_attention(q, k_cache, v_cache, tables, m.seq_lens, m.block_size,
-                                               layer.scale, layer.sliding_window, m.max_seq_len, split)
+                                               layer.scale, layer.sliding_window, m.max_seq_len, split, pdl=pdl)
         out = kern.paged_prefill_attention(q, k_cache, v_cache, m.query_start_loc, m.seq_lens, m.context_lens,
                                            tables, m.block_size, layer.scale, layer.sliding_window,
                                            m.max_query_len,
