@@ -7,10 +7,10 @@ import itertools
 from functools import partial
 
 import torch
+from graph_timing import graph_time
 
 import deepinfer_kernels as K
 from deepinfer_kernels.bench_kernels import paged
-from graph_timing import graph_time
 
 
 def graph_us(fn, calls=20, reps=20):

@@ -6,9 +6,9 @@ import os
 
 import torch
 import torch.nn.functional as F
+from graph_timing import graph_time
 
 import deepinfer_kernels as dk
-from graph_timing import graph_time
 import deepinfer_kernels.gemv as gemv_mod
 
 out_dir = os.environ.get("OUT", ".")
@@ -18,11 +18,11 @@ torch.manual_seed(0)
 HID, INTER, H, KV, D, LAYERS = 2048, 8192, 32, 8, 64, 16
 
 
-layers = [dict(qkv=torch.randn((H + 2 * KV) * D, HID, device=dev, dtype=dt) * 0.02,
-               o=torch.randn(HID, H * D, device=dev, dtype=dt) * 0.02,
-               gu=torch.randn(2 * INTER, HID, device=dev, dtype=dt) * 0.02,
-               down=torch.randn(HID, INTER, device=dev, dtype=dt) * 0.02,
-               n1=torch.rand(HID, device=dev, dtype=dt) + 0.5, n2=torch.rand(HID, device=dev, dtype=dt) + 0.5)
+layers = [{"qkv": torch.randn((H + 2 * KV) * D, HID, device=dev, dtype=dt) * 0.02,
+           "o": torch.randn(HID, H * D, device=dev, dtype=dt) * 0.02,
+           "gu": torch.randn(2 * INTER, HID, device=dev, dtype=dt) * 0.02,
+           "down": torch.randn(HID, INTER, device=dev, dtype=dt) * 0.02,
+           "n1": torch.rand(HID, device=dev, dtype=dt) + 0.5, "n2": torch.rand(HID, device=dev, dtype=dt) + 0.5}
           for _ in range(LAYERS)]
 ang = torch.outer(torch.arange(1024.0), torch.rand(D // 2))
 cos = torch.cat([ang, ang], -1).cos().to(dev, dt)
@@ -79,7 +79,7 @@ for name, fn in (("qkv_rotary", lambda p, ly: dk.gemv_qkv_rotary(x, ly["qkv"], l
                  ("down_residual", lambda p, ly: dk.gemv(act_in, ly["down"], residual=res0, pdl=p))):
     per = []
     for p in (False, True):
-        per.append(graph_time(lambda: [fn(p, ly) for ly in layers], reps=1) / LAYERS)
+        per.append(graph_time(lambda fn=fn, p=p: [fn(p, ly) for ly in layers]) / LAYERS)
     lines.append(f"  {name:14s} default tile, a launch: {per[0]:.2f} us, with PDL {per[1]:.2f} us")
     print(lines[-1], flush=True)
 with open(f"{out_dir}/gemv_chain.txt", "w") as f:

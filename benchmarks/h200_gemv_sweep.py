@@ -5,12 +5,13 @@ them is in the 50 MB L2 when it is read); writes $OUT/gemv_sweep.txt and $OUT/ge
 import itertools
 import json
 import os
+from functools import partial
 
 import torch
 import torch.nn.functional as F
+from graph_timing import graph_time as _graph_time
 
 import deepinfer_kernels as dk
-from graph_timing import graph_time as _graph_time
 from deepinfer_kernels import GemvConfig
 from deepinfer_kernels.gemv import default_config
 
@@ -88,13 +89,13 @@ print("\n".join(lines), flush=True)
 for name, (w, fused, eager) in cases.items():
     mb = w.numel() * w.element_size() / 1e6
     t_eager = graph_time(eager)
-    cfg0 = default_config(w.shape[0] // (2 if name in ("gate_up_silu", "qkv_rotary") else 1), w.shape[1], dev,
-                          paired=name in ("gate_up_silu", "qkv_rotary"), row_quantum=D // 2 if name == "qkv_rotary" else None)
-    t_def = graph_time(lambda: fused(None))
+    paired = name in ("gate_up_silu", "qkv_rotary")
+    cfg0 = default_config(w.shape[0] // (2 if paired else 1), w.shape[1], dev, paired=paired,
+                          row_quantum=D // 2 if name == "qkv_rotary" else None)
+    t_def = graph_time(partial(fused, None))
     lines.append(f"{name}: {mb:.1f} MB; cuBLAS + small kernels {t_eager:.2f} us ({mb / t_eager:.2f} TB/s); "
                  f"default {cfg0} {t_def:.2f} us ({mb / t_def:.2f} TB/s)")
     results = []
-    paired = name in ("gate_up_silu", "qkv_rotary")
     for bn, bk, sk, nwarps in itertools.product([1, 2, 4, 8] if paired else [1, 2, 4, 8, 16],
                                                 [128, 256, 512] if paired else [256, 512, 1024, 2048],
                                                 [1, 2, 4, 8], [2, 4]):
@@ -104,14 +105,14 @@ for name, (w, fused, eager) in cases.items():
             continue
         cfg = GemvConfig(bn, bk, sk, nwarps)
         try:
-            results.append((graph_time(lambda: fused(cfg)), cfg))
+            results.append((graph_time(partial(fused, cfg)), cfg))
         except Exception as e:  # noqa: BLE001 - a tile that does not compile is reported and skipped
             lines.append(f"  {cfg}: {type(e).__name__}: {str(e)[:120]}")
     results.sort(key=lambda r: r[0])
     for t, cfg in results[:4]:
         for nwarps in (1, 8):
             c2 = GemvConfig(cfg.block_n, cfg.block_k, cfg.split_k, nwarps)
-            results.append((graph_time(lambda: fused(c2)), c2))
+            results.append((graph_time(partial(fused, c2)), c2))
     results.sort(key=lambda r: r[0])
     for t, cfg in results[:12]:
         lines.append(f"  {t:7.2f} us {mb / t:5.2f} TB/s  {cfg}")

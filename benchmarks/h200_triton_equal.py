@@ -16,7 +16,6 @@ import torch
 from deepinfer import LLM, SamplingParams
 from deepinfer.bench.models import build_random_model
 
-
 PLAIN = {"sm90": {"fused_kernels": False}}
 
 

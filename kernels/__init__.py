@@ -7,7 +7,15 @@ Importing this package needs triton; it never initialises CUDA.
 from deepinfer_kernels._launch import triton_interpreted
 from deepinfer_kernels.activation import silu_and_mul, silu_and_mul_ref
 from deepinfer_kernels.argmax import argmax, argmax_ref
-from deepinfer_kernels.gemv import FusedOps, GemvConfig, pdl_supported, gemv, gemv_qkv_rotary, gemv_qkv_rotary_ref, gemv_ref
+from deepinfer_kernels.gemv import (
+    FusedOps,
+    GemvConfig,
+    gemv,
+    gemv_qkv_rotary,
+    gemv_qkv_rotary_ref,
+    gemv_ref,
+    pdl_supported,
+)
 from deepinfer_kernels.kv_cache import write_kv_cache, write_kv_cache_ref
 from deepinfer_kernels.paged_attention import (
     DEFAULT_SPLIT,

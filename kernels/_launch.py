@@ -50,6 +50,8 @@ class Kernel:
 
     def __getitem__(self, grid: tuple[int, ...]) -> Callable[..., Any]:
         def launch(*args: Any, **kwargs: Any) -> Any:
+            if kwargs.get("PDL"):  # a kernel that waits for its predecessor (gdc_wait) may launch early
+                kwargs["launch_pdl"] = True
             return self._pick(args)[grid](*args, **kwargs)
 
         return launch
@@ -59,7 +61,9 @@ def kernel(fn: Callable[..., Any] | None = None, *, do_not_specialize: Sequence[
     """Decorator: ``@kernel`` or ``@kernel(do_not_specialize=[...])`` in place of ``@triton.jit``.
 
     Kernels written this way must not call other ``@triton.jit`` functions of this package (a
-    helper would be fixed to one mode at import); inline helpers instead.
+    helper would be fixed to one mode at import); inline helpers instead. A launch with the
+    constexpr ``PDL=True`` is made with programmatic dependent launch: such a kernel must call
+    ``tl.extra.cuda.gdc_wait()`` before it reads or writes anything the previous kernel touches.
     """
     if fn is None:
         return lambda f: Kernel(f, do_not_specialize)

@@ -265,7 +265,7 @@ def _launch(x, weight, out, rows, cfg: GemvConfig, mode, pair, *, norm_weight=No
         N=(rows if mode != _ROTARY else weight.shape[0]), K=k, KP=next_pow2(k), MODE=mode, PAIR=pair, HALF=half,
         ROT_ROWS=rot_rows, Q_ROWS=q_rows, NORM=norm_weight is not None, RESIDUAL=residual is not None,
         QK_NORM=qn is not None, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k,
-        K_SLICE=k_slice, PDL=pdl, PREFETCH=cfg.prefetch, num_warps=cfg.num_warps, **({"launch_pdl": True} if pdl else {}))
+        K_SLICE=k_slice, PDL=pdl, PREFETCH=cfg.prefetch, num_warps=cfg.num_warps)
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: torch.Tensor | None = None, eps: float = 1e-6,

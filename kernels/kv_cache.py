@@ -55,8 +55,7 @@ def write_kv_cache(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_ca
     _write_kv_kernel[(t,)](k, v, k_cache, v_cache, slot_mapping,
                            k.stride(0), k.stride(1), v.stride(0), v.stride(1),
                            k_cache.stride(0), k_cache.stride(1),
-                           NUM_HEADS=h, HEAD_DIM=d, BLOCK_H=next_pow2(h), BLOCK_D=next_pow2(d), PDL=pdl,
-                           **({"launch_pdl": True} if pdl else {}))
+                           NUM_HEADS=h, HEAD_DIM=d, BLOCK_H=next_pow2(h), BLOCK_D=next_pow2(d), PDL=pdl)
 
 
 def write_kv_cache_ref(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -187,13 +187,13 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         part_out.stride(0), part_out.stride(1), part_out.stride(2), part_lse.stride(0), part_lse.stride(1),
         GROUP=group, HEAD_DIM=d, BLOCK_SIZE=block_size, BLOCK_G=max(16, next_pow2(group)),
         BLOCK_D=max(16, next_pow2(d)), BLOCK_N=block_n, SPLIT=split_size, WINDOWED=sliding_window is not None,
-        IEEE=k_cache.dtype == torch.float32, PDL=pdl, **tuning, **({"launch_pdl": True} if pdl else {}))
+        IEEE=k_cache.dtype == torch.float32, PDL=pdl, **tuning)
     _decode_reduce_kernel[(b, h)](
         part_out, part_lse, seq_lens, out, window, splits,
         part_out.stride(0), part_out.stride(1), part_out.stride(2), part_lse.stride(0), part_lse.stride(1),
         out.stride(0), out.stride(1),
         HEAD_DIM=d, BLOCK_D=next_pow2(d), SPLIT=split_size, WINDOWED=sliding_window is not None, PDL=pdl,
-        num_warps=1, **({"launch_pdl": True} if pdl else {}))
+        num_warps=1)
     return out
 
 
