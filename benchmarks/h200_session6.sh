@@ -12,3 +12,13 @@ if [ "${1:-a}" = a ]; then
   timeout 150 python3 -m pytest -q -x -p no:cacheprovider tests/kernels/test_decode_layer.py > "$OUT/kernel_tests.txt" 2>&1
   timeout 300 python3 benchmarks/h200_decode_layer.py > "$OUT/layer_log.txt" 2>&1
 fi
+if [ "${1:-a}" = b ]; then
+  # the qkv GEMV writing the KV cache and decode attention merging in pass 1 (single-token
+  # steps): their kernel tests compiled, the benchmark with the fusion on and off, equality at batch 1
+  timeout 150 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_gemv.py tests/kernels/test_paged_attention.py \
+    tests/kernels/test_kv_cache.py > "$OUT/kernel_tests.txt" 2>&1
+  timeout 60 $LAT --repeats 3 2>&1 | filter > "$OUT/latency.txt"
+  timeout 50 $LAT --repeats 2 --plugin-options '{"triton": {"single_token_fusion": false}}' 2>&1 | filter \
+    > "$OUT/latency_no_fusion.txt"
+  timeout 120 python3 benchmarks/h200_triton_equal.py "$OUT/triton_equal.md" llama-1b > "$OUT/equal_log.txt" 2>&1
+fi

@@ -37,11 +37,12 @@ _PLAIN, _SILU_MUL, _ROTARY = 0, 1, 2
 
 @kernel
 def _gemv_kernel(x_ptr, w_ptr, out_ptr, nw_ptr, res_ptr, part_ptr, count_ptr,
-                 cos_ptr, sin_ptr, pos_ptr, qn_ptr, kn_ptr, eps, qk_eps, stride_w, stride_cp,
+                 cos_ptr, sin_ptr, pos_ptr, qn_ptr, kn_ptr, kc_ptr, vc_ptr, slot_ptr,
+                 eps, qk_eps, stride_w, stride_cp, stride_cs, stride_ch,
                  N: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, MODE: tl.constexpr, PAIR: tl.constexpr,
                  HALF: tl.constexpr, ROT_ROWS: tl.constexpr, Q_ROWS: tl.constexpr,
-                 NORM: tl.constexpr, RESIDUAL: tl.constexpr, QK_NORM: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, K_SLICE: tl.constexpr,
+                 NORM: tl.constexpr, RESIDUAL: tl.constexpr, QK_NORM: tl.constexpr, KV_WRITE: tl.constexpr,
+                 D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, K_SLICE: tl.constexpr,
                  PDL: tl.constexpr, PREFETCH: tl.constexpr):
     b = tl.program_id(0)
     s = tl.program_id(1)
@@ -137,8 +138,22 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, nw_ptr, res_ptr, part_ptr, count_ptr,
         s2 = tl.load(sin_ptr + p * stride_cp + HALF + j).to(tl.float32)
         o1 = (y1 * c1).to(ty).to(tl.float32) + (-y2 * s1).to(ty).to(tl.float32)
         o2 = (y2 * c2).to(ty).to(tl.float32) + (y1 * s2).to(ty).to(tl.float32)
-        tl.store(out_ptr + r1, tl.where(rot, o1, y1).to(ty), mask=omask)
-        tl.store(out_ptr + r1 + HALF, tl.where(rot, o2, y2).to(ty), mask=omask)
+        o1 = tl.where(rot, o1, y1).to(ty)
+        o2 = tl.where(rot, o2, y2).to(ty)
+        tl.store(out_ptr + r1, o1, mask=omask)
+        tl.store(out_ptr + r1 + HALF, o2, mask=omask)
+        if KV_WRITE:  # k and v heads also go straight into the paged cache, at the token's slot
+            slot = tl.load(slot_ptr).to(tl.int64)
+            kv_head = r1 // D - Q_ROWS // D  # k heads 0.., then v heads 0..
+            kv_n = (ROT_ROWS - Q_ROWS) // D
+            keep = omask & (r1 >= Q_ROWS) & ((tl.zeros([BLOCK_N], tl.int64) + slot) >= 0)
+            is_v = kv_head >= kv_n
+            at = slot * stride_cs + tl.where(is_v, kv_head - kv_n, kv_head) * stride_ch + r1 % D
+            kd = kc_ptr.dtype.element_ty
+            tl.store(kc_ptr + at, o1.to(kd), mask=keep & ~is_v)
+            tl.store(kc_ptr + at + HALF, o2.to(kd), mask=keep & ~is_v)
+            tl.store(vc_ptr + at, o1.to(kd), mask=keep & is_v)
+            tl.store(vc_ptr + at + HALF, o2.to(kd), mask=keep & is_v)
     elif RESIDUAL:
         r = tl.load(res_ptr + r1, mask=omask, other=0.0).to(tl.float32)
         tl.store(res_ptr + r1, (y1 + r).to(ty), mask=omask)
@@ -246,7 +261,7 @@ def pdl_supported(device: torch.device) -> bool:
 
 
 def _launch(x, weight, out, rows, cfg: GemvConfig, mode, pair, *, norm_weight=None, eps=1e-6, residual=None,
-            rotary=None, pdl=False):
+            rotary=None, kv_write=None, pdl=False):
     k = x.shape[1]
     if cfg.split_k < 1 or cfg.block_n < 1 or cfg.block_k < 1:
         raise ValueError(f"a GEMV tile needs positive sizes; got {cfg}")
@@ -258,13 +273,15 @@ def _launch(x, weight, out, rows, cfg: GemvConfig, mode, pair, *, norm_weight=No
     else:
         part = count = out
     cos, sin, pos, qn, kn, qk_eps, half, rot_rows, q_rows = rotary or (x, x, x, x, x, 0.0, 1, 0, 0)
+    kc, vc, slot = kv_write or (x, x, x)
     _gemv_kernel[(blocks, cfg.split_k)](
         x, weight, out, norm_weight if norm_weight is not None else x, residual if residual is not None else x,
-        part, count, cos, sin, pos, qn if qn is not None else x, kn if kn is not None else x, eps, qk_eps,
-        weight.stride(0), cos.stride(0) if rotary else 0,
+        part, count, cos, sin, pos, qn if qn is not None else x, kn if kn is not None else x, kc, vc, slot,
+        eps, qk_eps, weight.stride(0), cos.stride(0) if rotary else 0, kc.stride(0) if kv_write else 0,
+        kc.stride(1) if kv_write else 0,
         N=(rows if mode != _ROTARY else weight.shape[0]), K=k, KP=next_pow2(k), MODE=mode, PAIR=pair, HALF=half,
         ROT_ROWS=rot_rows, Q_ROWS=q_rows, NORM=norm_weight is not None, RESIDUAL=residual is not None,
-        QK_NORM=qn is not None, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k,
+        QK_NORM=qn is not None, KV_WRITE=kv_write is not None, D=2 * half, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k,
         K_SLICE=k_slice, PDL=pdl, PREFETCH=cfg.prefetch, num_warps=cfg.num_warps)
 
 
@@ -300,12 +317,15 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: torch.Tensor | N
 def gemv_qkv_rotary(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor, eps: float,
                     cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor, num_heads: int,
                     num_kv_heads: int, q_norm: torch.Tensor | None = None, k_norm: torch.Tensor | None = None,
-                    qk_eps: float = 1e-6, config: GemvConfig | None = None, pdl: bool = False) -> torch.Tensor:
+                    qk_eps: float = 1e-6, config: GemvConfig | None = None, pdl: bool = False,
+                    kv_cache: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """The fused q | k | v projection of one token: ``rotary(qk_norm(rms_norm(x) @ weight.T))``.
 
     weight [(H + 2 * KV) * D, K]; cos/sin tables [max_positions, D]; positions [1]. ``q_norm`` and
     ``k_norm`` [D] (Qwen3) normalise each q and k head first. Returns qkv [1, (H + 2 * KV) * D].
-    ``pdl`` as in :func:`gemv`.
+    ``kv_cache`` (k_cache, v_cache, slot): also write the token's key and value into the paged
+    caches [num_slots, KV, D] at slot [1] (a negative slot: not written), as write_kv_cache
+    would. ``pdl`` as in :func:`gemv`.
     """
     _check(x, weight, "gemv_qkv_rotary")
     d = cos.shape[-1] if cos.dim() == 2 else 0
@@ -331,10 +351,17 @@ def gemv_qkv_rotary(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Te
                          f"{cfg.block_n}")
     if half % cfg.block_n:
         raise ValueError(f"gemv_qkv_rotary: block_n {cfg.block_n} must divide the half head {half}")
+    if kv_cache is not None:
+        kc, vc, slot = kv_cache
+        if kc.dim() != 3 or kc.shape[1:] != (num_kv_heads, d) or vc.shape != kc.shape or kc.stride(-1) != 1 \
+                or vc.stride() != kc.stride() or slot.shape != (1,):
+            raise ValueError(f"gemv_qkv_rotary: kv_cache takes caches [num_slots, {num_kv_heads}, {d}] with equal "
+                             f"strides and slot [1]; got {tuple(kc.shape)} / {tuple(vc.shape)}, slot "
+                             f"{tuple(slot.shape)}")
     out = torch.empty(1, weight.shape[0], dtype=x.dtype, device=x.device)
     rotary = (cos, sin, positions, q_norm, k_norm, qk_eps, half, (num_heads + num_kv_heads) * d, num_heads * d)
     _launch(x, weight, out, weight.shape[0] // 2, cfg, _ROTARY, half, norm_weight=norm_weight, eps=eps,
-            rotary=rotary, pdl=pdl)
+            rotary=rotary, kv_write=kv_cache, pdl=pdl)
     return out
 
 
@@ -357,8 +384,9 @@ def gemv_ref(x, weight, *, norm_weight=None, eps=1e-6, residual=None, silu_mul=F
 
 
 def gemv_qkv_rotary_ref(x, weight, norm_weight, eps, cos, sin, positions, num_heads, num_kv_heads,
-                        q_norm=None, k_norm=None, qk_eps=1e-6, config=None, pdl=False):
+                        q_norm=None, k_norm=None, qk_eps=1e-6, config=None, pdl=False, kv_cache=None):
     """Torch reference of :func:`gemv_qkv_rotary`."""
+    from deepinfer_kernels.kv_cache import write_kv_cache_ref
     from deepinfer_kernels.rotary import apply_rotary_ref
 
     d = cos.shape[-1]
@@ -366,6 +394,8 @@ def gemv_qkv_rotary_ref(x, weight, norm_weight, eps, cos, sin, positions, num_he
     q, k, v = qkv.split([num_heads * d, num_kv_heads * d, num_kv_heads * d], dim=-1)
     q, k = apply_rotary_ref(q.view(1, num_heads, d), k.view(1, num_kv_heads, d), cos, sin, positions,
                             q_norm, k_norm, qk_eps)
+    if kv_cache is not None:
+        write_kv_cache_ref(k, v.view(1, num_kv_heads, d), kv_cache[0], kv_cache[1], kv_cache[2])
     return torch.cat([q.reshape(1, -1), k.reshape(1, -1), v], dim=-1)
 
 

@@ -21,6 +21,7 @@ import triton
 import triton.language as tl
 
 from deepinfer_kernels._launch import kernel, next_pow2
+from deepinfer_kernels.gemv import counters
 
 LOG2E = 1.4426950408889634
 DEFAULT_SPLIT = 256  # key positions per split; a multiple of every BLOCK_N used below
@@ -30,12 +31,12 @@ DEFAULT_SPLIT = 256  # key positions per split; a multiple of every BLOCK_N used
 DEFAULT_MAX_PROGRAMS = 4096
 
 
-@kernel(do_not_specialize=["window", "max_splits", "stride_qb", "stride_bt", "stride_pb", "stride_lb"])
+@kernel(do_not_specialize=["window", "max_splits", "stride_qb", "stride_bt", "stride_pb", "stride_lb", "stride_ob"])
 def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
-                         part_out_ptr, part_lse_ptr, scale_log2, window, max_splits,
+                         part_out_ptr, part_lse_ptr, out_ptr, count_ptr, scale_log2, window, max_splits,
                          stride_qb, stride_qh, stride_cs, stride_ch, stride_bt,
-                         stride_pb, stride_ph, stride_ps, stride_lb, stride_lh,
-                         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+                         stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ob, stride_oh,
+                         MERGE: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                          BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
                          WINDOWED: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr):
     if PDL:  # launched early (programmatic dependent launch): wait for the previous kernel first
@@ -100,6 +101,28 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_
                  out, mask=q_mask)
         tl.store(part_lse_ptr + b * stride_lb + heads * stride_lh + j, lse, mask=g < GROUP)
 
+    if MERGE:  # the last program of this sequence and kv head merges the splits, exactly as pass 2 does
+        tl.debug_barrier()  # every warp's partials are stored before the release below
+        at = b * tl.num_programs(1) + kvh
+        if tl.atomic_add(count_ptr + at, 1, sem="acq_rel") == tl.num_programs(2) - 1:
+            lse_at = part_lse_ptr + b * stride_lb + heads * stride_lh
+            mx = tl.full([BLOCK_G], float("-inf"), tl.float32)
+            for i in range(num_splits):
+                mx = tl.maximum(mx, tl.load(lse_at + i, mask=g < GROUP, other=float("-inf"), cache_modifier=".cg"))
+            mx = tl.where(mx == float("-inf"), 0.0, mx)
+            merged = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+            total = tl.zeros([BLOCK_G], tl.float32)
+            for i in range(num_splits):  # in order, one split at a time
+                w = tl.exp2(tl.load(lse_at + i, mask=g < GROUP, other=float("-inf"), cache_modifier=".cg") - mx)
+                o = tl.load(part_out_ptr + b * stride_pb + heads[:, None] * stride_ph + i * stride_ps + d[None, :],
+                            mask=q_mask, other=0.0, cache_modifier=".cg")
+                merged += w[:, None] * o
+                total += w
+            merged = merged / tl.where(total > 0.0, total, 1.0)[:, None]
+            tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + d[None, :],
+                     merged.to(out_ptr.dtype.element_ty), mask=q_mask)
+            tl.store(count_ptr + at, 0)  # zero again for the next launch
+
 
 @kernel(do_not_specialize=["window", "max_splits", "stride_pb", "stride_lb", "stride_ob"])
 def _decode_reduce_kernel(part_out_ptr, part_lse_ptr, seq_lens_ptr, out_ptr, window, max_splits,
@@ -146,7 +169,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            sliding_window: int | None = None, max_seq_len: int | None = None,
                            split_size: int = DEFAULT_SPLIT, max_programs: int = DEFAULT_MAX_PROGRAMS,
                            block_n: int | None = None, num_warps: int = 4, num_stages: int | None = 2,
-                           pdl: bool = False) -> torch.Tensor:
+                           pdl: bool = False, merge_in_pass: bool | None = None) -> torch.Tensor:
     """Attention of q [B, H, D] (the token at position seq_len-1 of each sequence) over the cached
     keys/values [num_slots, kv_heads, D]; block_tables [B, max_blocks] int32, seq_lens [B] int32.
     Returns [B, H, D] in q's dtype. ``max_seq_len`` saves a device sync when the caller knows it.
@@ -157,7 +180,9 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     fastest on an H200. The tiles fix the order of the sums, so they may change the last bits
     (never batch invariance: they do not depend on the batch). ``pdl``: launch both passes with
     programmatic dependent launch (each waits for the previous kernel before reading anything;
-    see deepinfer_kernels.gemv.pdl_supported)."""
+    see deepinfer_kernels.gemv.pdl_supported). ``merge_in_pass``: the last pass-1 program of each
+    sequence and kv head merges the splits (the same arithmetic as pass 2, so the same bits) and
+    pass 2 is not launched; default: for a single sequence, where the launch is what costs."""
     b, h, d = q.shape
     kvh = k_cache.shape[1]
     _check_shapes(q, k_cache, v_cache, block_tables, seq_lens, split_size)
@@ -181,13 +206,17 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     tuning = {"num_warps": num_warps} if num_stages is None else {"num_warps": num_warps, "num_stages": num_stages}
     window = sliding_window or 0
     programs = max(1, min(splits, max_programs // (b * kvh)))
+    merge = b == 1 if merge_in_pass is None else merge_in_pass
+    count = counters(q.device, b * kvh, "decode_attention") if merge else part_lse
     _decode_split_kernel[(b, kvh, programs)](
-        q, k_cache, v_cache, block_tables, seq_lens, part_out, part_lse, scale * LOG2E, window, splits,
+        q, k_cache, v_cache, block_tables, seq_lens, part_out, part_lse, out, count, scale * LOG2E, window, splits,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), block_tables.stride(0),
         part_out.stride(0), part_out.stride(1), part_out.stride(2), part_lse.stride(0), part_lse.stride(1),
-        GROUP=group, HEAD_DIM=d, BLOCK_SIZE=block_size, BLOCK_G=max(16, next_pow2(group)),
+        out.stride(0), out.stride(1), MERGE=merge, GROUP=group, HEAD_DIM=d, BLOCK_SIZE=block_size, BLOCK_G=max(16, next_pow2(group)),
         BLOCK_D=max(16, next_pow2(d)), BLOCK_N=block_n, SPLIT=split_size, WINDOWED=sliding_window is not None,
         IEEE=k_cache.dtype == torch.float32, PDL=pdl, **tuning)
+    if merge:
+        return out
     _decode_reduce_kernel[(b, h)](
         part_out, part_lse, seq_lens, out, window, splits,
         part_out.stride(0), part_out.stride(1), part_out.stride(2), part_lse.stride(0), part_lse.stride(1),

@@ -43,6 +43,9 @@ class TritonAttentionOptions(BaseModel):
     programmatic_launch: bool = Field(True, description="in steps of a single token (batch-1 decode), launch "
                                       "the KV write and decode kernels with programmatic dependent launch "
                                       "(compute capability 9.0+): each starts while the previous kernel finishes")
+    single_token_fusion: bool = Field(True, description="in steps of a single token, let the device's fused qkv "
+                                      "kernel write the key and value into the cache, and merge the decode "
+                                      "splits in the first pass (the same numbers, two launches fewer a layer)")
 
     @field_validator("split_size")
     @classmethod
@@ -158,19 +161,29 @@ class TritonAttention(AttentionBackend):
             decode_tables=batch.block_tables[idx].contiguous(), decode_seq_lens=batch.seq_lens[idx].contiguous(),
             decode_max_seq_len=max(batch.seq_lens_cpu[i] for i in singles), **common)
 
-    def forward(self, layer: AttentionLayerSpec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+    def fused_kv_write(self, layer: AttentionLayerSpec, kv_cache: torch.Tensor,
+                       metadata: TritonAttentionMetadata) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        slots = metadata.group(layer.kv_group)[0]
+        if not (self.options.single_token_fusion and metadata.decode_only and slots.shape[0] == 1):
+            return None
+        return kv_cache[0], kv_cache[1], slots
+
+    def forward(self, layer: AttentionLayerSpec, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None,
                 kv_cache: torch.Tensor, metadata: TritonAttentionMetadata) -> torch.Tensor:
         kern, m = self.kernels, metadata
         k_cache, v_cache = kv_cache[0], kv_cache[1]
         slots, tables, decode_tables = m.group(layer.kv_group)
         # a single-token step: a chain of small kernels (the device's single-token GEMVs around
         # them launch the same way), each launched while the one before finishes
-        pdl = q.shape[0] == 1 and self.options.programmatic_launch and kern.pdl_supported(q.device)
-        kern.write_kv_cache(k, v, k_cache, v_cache, slots, pdl=pdl)  # negative slots are skipped
+        single = q.shape[0] == 1
+        pdl = single and self.options.programmatic_launch and kern.pdl_supported(q.device)
+        if k is not None:  # (None: the fused qkv kernel wrote them, see fused_kv_write)
+            kern.write_kv_cache(k, v, k_cache, v_cache, slots, pdl=pdl)  # negative slots are skipped
         split = self.options.split_size
         if m.decode_only:
             return kern.paged_decode_attention(q, k_cache, v_cache, tables, m.seq_lens, m.block_size,
-                                               layer.scale, layer.sliding_window, m.max_seq_len, split, pdl=pdl)
+                                               layer.scale, layer.sliding_window, m.max_seq_len, split, pdl=pdl,
+                                               merge_in_pass=single and self.options.single_token_fusion)
         out = kern.paged_prefill_attention(q, k_cache, v_cache, m.query_start_loc, m.seq_lens, m.context_lens,
                                            tables, m.block_size, layer.scale, layer.sliding_window,
                                            m.max_query_len,

@@ -69,7 +69,8 @@ class Device(Plugin, ABC):
         eps=1e-6)`` (with per-head RMSNorm weights, q and k are normalised first) and
         ``silu_and_mul(x)`` (deepinfer_kernels' signatures), or None for plain torch. Optionally
         also ``gemv(x, weight, norm_weight=, eps=, residual=, silu_mul=)`` and ``gemv_qkv_rotary``:
-        with them, the models run steps of a single token through those (see deepinfer_kernels.gemv);
+        with them, the models run steps of a single token through those (see deepinfer_kernels.gemv;
+        ``gemv_qkv_rotary(..., kv_cache=)`` takes what the attention backend's ``fused_kv_write`` gives);
         and ``argmax(logits)``, which greedy sampling then uses."""
         return None
 
@@ -143,9 +144,17 @@ class AttentionBackend(Plugin, ABC):
         """Per-step metadata, built once and handed to every layer."""
 
     @abstractmethod
-    def forward(self, layer: AttentionLayerSpec, q: torch.Tensor, k: torch.Tensor,
-                v: torch.Tensor, kv_cache: Any, metadata: Any) -> torch.Tensor:
-        """Write k/v into the cache at the step's slots, attend; q is [T, H, D], returns [T, H, D]."""
+    def forward(self, layer: AttentionLayerSpec, q: torch.Tensor, k: torch.Tensor | None,
+                v: torch.Tensor | None, kv_cache: Any, metadata: Any) -> torch.Tensor:
+        """Write k/v into the cache at the step's slots, attend; q is [T, H, D], returns [T, H, D].
+        k and v are None only after ``fused_kv_write`` offered the cache: they are written already."""
+
+    def fused_kv_write(self, layer: AttentionLayerSpec, kv_cache: Any,
+                       metadata: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """For a step of one token: (k_cache, v_cache, slot [1]), caches [num_slots, kv_heads, D], for
+        the device's fused qkv kernel to write the token's key and value into (a negative slot: not
+        written); ``forward`` then gets k and v None. None (the default): forward writes them."""
+        return None
 
 
 # ----------------------------------------------------------------------------------- cache policy

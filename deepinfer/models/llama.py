@@ -42,14 +42,19 @@ class Attention(nn.Module):
         """One token, through the device's GEMV kernels: the input norm, the q/k norms and the
         rotary embedding ride in the qkv projection; returns the attention output [1, H * D]."""
         s = self.spec
+        # the backend may let the qkv kernel write the key and value into its cache directly
+        cache = backend.fused_kv_write(s, kv_cache, meta)
         qkv = ops.gemv_qkv_rotary(residual, self.qkv_proj.weight, norm.weight, norm.eps, rotary.cos, rotary.sin,
                                   positions, s.num_heads, s.num_kv_heads,
                                   self.q_norm.weight if self.q_norm is not None else None,
                                   self.k_norm.weight if self.k_norm is not None else None,
-                                  self.q_norm.eps if self.q_norm is not None else 1e-6)
+                                  self.q_norm.eps if self.q_norm is not None else 1e-6, kv_cache=cache)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        out = backend.forward(s, q.view(1, s.num_heads, s.head_dim), k.view(1, s.num_kv_heads, s.head_dim),
-                              v.view(1, s.num_kv_heads, s.head_dim), kv_cache, meta)
+        if cache is None:
+            k, v = k.view(1, s.num_kv_heads, s.head_dim), v.view(1, s.num_kv_heads, s.head_dim)
+        else:
+            k = v = None
+        out = backend.forward(s, q.view(1, s.num_heads, s.head_dim), k, v, kv_cache, meta)
         return out.reshape(1, self.q_size).contiguous()
 
 

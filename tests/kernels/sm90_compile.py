@@ -95,6 +95,9 @@ def _all_calls(dtype: torch.dtype, attention_only: bool) -> None:
     K.gemv(x, w, norm_weight=nw, silu_mul=True)
     K.gemv_qkv_rotary(x, w, nw, 1e-6, cache[:, 0, :16], cache[:, 0, :16], torch.zeros(1, dtype=torch.int64), 2, 1,
                       torch.zeros(16, dtype=dtype), torch.zeros(16, dtype=dtype), 1e-6, pdl=True)
+    kv = torch.zeros(64, 1, 16, dtype=dtype)  # the key and value written into the cache too
+    K.gemv_qkv_rotary(x, w, nw, 1e-6, cache[:, 0, :16], cache[:, 0, :16], torch.zeros(1, dtype=torch.int64), 2, 1,
+                      pdl=True, kv_cache=(kv, kv, torch.zeros(1, dtype=torch.int64)))
     K.argmax(torch.zeros(2, 5000, dtype=dtype))
     _decode_layer_calls(dtype)
 

@@ -81,6 +81,36 @@ def test_qkv_with_rotary(dtype, qk_norm, cfg, device):
     _close(got[:, (h + kv) * d:], gemv_ref(x, w, norm_weight=nw)[:, (h + kv) * d:], dtype)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("qk_norm", [False, True])
+@pytest.mark.parametrize("slot", [5, -1])
+def test_qkv_writes_the_kv_cache(dtype, qk_norm, slot, device):
+    """With kv_cache, the token's k (rotated) and v land at its slot, exactly as write_kv_cache puts
+    them; nothing else in the caches changes; a negative slot writes nothing."""
+    h, kv, d, k = 4, 2, 8, 48
+    x = randn(1, k, dtype=dtype, device=device)
+    w = randn((h + 2 * kv) * d, k, dtype=dtype, device=device, seed=1) * 0.3
+    nw = randn(k, dtype=dtype, device=device, seed=2)
+    ang = torch.outer(torch.arange(16.0), torch.rand(d // 2, generator=torch.Generator().manual_seed(4)))
+    cos = torch.cat([ang, ang], -1).cos().to(dtype).to(device)
+    sin = torch.cat([ang, ang], -1).sin().to(dtype).to(device)
+    qn = randn(d, dtype=dtype, device=device, seed=5) if qk_norm else None
+    kn = randn(d, dtype=dtype, device=device, seed=6) if qk_norm else None
+    args = (x, w, nw, 1e-6, cos, sin, torch.tensor([11], device=device), h, kv, qn, kn, 1e-6)
+    caches = [randn(12, kv, d, dtype=dtype, device=device, seed=s) for s in (7, 8)]
+    want = [c.clone() for c in caches]
+    at = torch.tensor([slot], device=device)
+    cfg = GemvConfig(d // 2, 16, 2) if qk_norm else GemvConfig(2, 16, 2)  # split K: the last program writes
+    got = gemv_qkv_rotary(*args, config=cfg, kv_cache=(caches[0], caches[1], at))
+    ref = gemv_qkv_rotary_ref(*args, kv_cache=(want[0], want[1], at))
+    _close(got, ref, dtype)
+    _close(caches[0], want[0], dtype)
+    _close(caches[1], want[1], dtype)
+    if slot >= 0:  # the written key is the returned one, bit for bit
+        assert torch.equal(caches[0][slot].reshape(-1), got[0, h * d:(h + kv) * d])
+        assert torch.equal(caches[1][slot].reshape(-1), got[0, (h + kv) * d:])
+
+
 def test_bad_shapes_are_refused(device):
     x = randn(2, 16, dtype=torch.float32, device=device)
     w = randn(8, 16, dtype=torch.float32, device=device)
@@ -90,6 +120,11 @@ def test_bad_shapes_are_refused(device):
         gemv(x[:1], w[:7], silu_mul=True)
     with pytest.raises(ValueError, match="residual must be"):
         gemv(x[:1], w, residual=torch.zeros(1, 9, device=device))
+    with pytest.raises(ValueError, match="kv_cache takes caches"):
+        cos = torch.zeros(4, 8, device=device)
+        gemv_qkv_rotary(x[:1], randn(4 * 8, 16, dtype=torch.float32, device=device), torch.ones(16, device=device),
+                        1e-6, cos, cos, torch.tensor([0], device=device), 2, 1,
+                        kv_cache=(torch.zeros(4, 2, 8, device=device),) * 2 + (torch.zeros(1, device=device),))
     with pytest.raises(ValueError, match="block_n 4 must divide"):
         cos = torch.zeros(4, 4, device=device)
         gemv_qkv_rotary(x[:1], randn(4 * 4, 16, dtype=torch.float32, device=device), torch.ones(16, device=device),

@@ -87,3 +87,22 @@ def test_decode_rejects_heads_not_a_multiple_of_kv_heads(device):
     q = torch.zeros(1, 3, 16, device=device)
     with pytest.raises(ValueError, match="not a multiple of 2 kv heads"):
         paged_decode_attention(q, k_cache, v_cache, tables, i32([4], device), 4, 1.0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("window", [None, 21])
+@pytest.mark.parametrize("cap", [4096, 8])
+def test_merge_in_pass_one_gives_the_bits_of_pass_two(dtype, window, cap, device):
+    """The last pass-1 program of a sequence and kv head merges its splits (the default for one
+    sequence): the same numbers as the separate merge pass, bit for bit, also when a program takes
+    several splits (a capped grid), and its counters are left at zero."""
+    from deepinfer_kernels.gemv import _COUNTERS
+
+    lens = [70, 1, 33, 0]
+    k_cache, v_cache, tables = random_paged_kv(lens, 4, 2, 16, dtype, device)
+    q = randn(len(lens), 8, 16, dtype=dtype, device=device)
+    args = (q, k_cache, v_cache, tables, i32(lens, device), 4, 0.25, window, 80, 16, cap)
+    two = paged_decode_attention(*args, merge_in_pass=False)
+    one = paged_decode_attention(*args, merge_in_pass=True)
+    assert torch.equal(one[:3], two[:3])  # (row 3 has no keys: its output is unspecified)
+    assert all(int(c.abs().sum()) == 0 for c in _COUNTERS.values())
