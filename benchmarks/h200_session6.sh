@@ -8,7 +8,8 @@ LAT="python3 -m deepinfer.cli bench latency --random-model llama-1b --dtype bflo
   --input-len 512 --output-len 256 --kv-cache-memory-gb 8"
 if [ "${1:-a}" = a ]; then
   # the fused layer's kernel tests compiled, its check against the reference, its time against
-  # the chain of single-token kernels, and a tile sweep
+  # the chain of single-token kernels, and a tile sweep (ran at commit a65c2ad, which has the
+  # layer kernel and benchmarks/h200_decode_layer.py; both were removed after: see docs/benchmarks.md)
   timeout 150 python3 -m pytest -q -x -p no:cacheprovider tests/kernels/test_decode_layer.py > "$OUT/kernel_tests.txt" 2>&1
   timeout 300 python3 benchmarks/h200_decode_layer.py > "$OUT/layer_log.txt" 2>&1
 fi
@@ -21,4 +22,14 @@ if [ "${1:-a}" = b ]; then
   timeout 50 $LAT --repeats 2 --plugin-options '{"triton": {"single_token_fusion": false}}' 2>&1 | filter \
     > "$OUT/latency_no_fusion.txt"
   timeout 120 python3 benchmarks/h200_triton_equal.py "$OUT/triton_equal.md" llama-1b > "$OUT/equal_log.txt" 2>&1
+fi
+if [ "${1:-a}" = c ]; then
+  # the GPU tests after b's fusion (graphs, speculative decoding's single-token draft steps), then
+  # a shorter decode split for single-token steps (triton single_token_split) at batch 1
+  timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu tests/kernels tests/plugins/test_triton_attn.py \
+    tests/plugins/test_graphs.py tests/plugins/test_spec_decode.py > "$OUT/gpu_tests.txt" 2>&1
+  for split in 128 64; do
+    timeout 45 $LAT --repeats 2 --plugin-options "{\"triton\": {\"single_token_split\": $split}}" 2>&1 | filter \
+      > "$OUT/latency_split$split.txt"
+  done
 fi

@@ -99,23 +99,6 @@ def _all_calls(dtype: torch.dtype, attention_only: bool) -> None:
     K.gemv_qkv_rotary(x, w, nw, 1e-6, cache[:, 0, :16], cache[:, 0, :16], torch.zeros(1, dtype=torch.int64), 2, 1,
                       pdl=True, kv_cache=(kv, kv, torch.zeros(1, dtype=torch.int64)))
     K.argmax(torch.zeros(2, 5000, dtype=dtype))
-    _decode_layer_calls(dtype)
-
-
-def _decode_layer_calls(dtype: torch.dtype) -> None:
-    """The fused layer at Llama-3.2-1B's and Qwen3's head shapes, with the tiles a GPU gets."""
-    from deepinfer_kernels.decode_layer import LayerWeights, PagedKV, decode_layer, default_layer_config
-
-    for hid, inter, h, kv, d, qk_norm, window in ((256, 512, 32, 8, 64, False, None), (256, 384, 16, 8, 128, True, 64)):
-        z = lambda *shape: torch.zeros(*shape, dtype=dtype)  # noqa: E731
-        w = LayerWeights(z((h + 2 * kv) * d, hid), z(hid, h * d), z(2 * inter, hid), z(hid, inter), z(hid), z(hid),
-                         1e-6, z(d) if qk_norm else None, z(d) if qk_norm else None)
-        cache = z(64, kv, d)
-        paged = PagedKV(cache, cache, torch.zeros(1, dtype=torch.int64), torch.zeros(4, dtype=torch.int32),
-                        torch.ones(1, dtype=torch.int32), 16, 0.1, window)
-        cfg = default_layer_config(hid, h, d, inter, qk_norm, torch.device("cuda"))
-        decode_layer(z(1, hid), w, h, kv, z(64, d), z(64, d), torch.zeros(1, dtype=torch.int64), paged, config=cfg,
-                     pdl=True)
 
 
 def main() -> int:
