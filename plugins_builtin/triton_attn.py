@@ -46,17 +46,12 @@ class TritonAttentionOptions(BaseModel):
     single_token_fusion: bool = Field(True, description="in steps of a single token, let the device's fused qkv "
                                       "kernel write the key and value into the cache, and merge the decode "
                                       "splits in the first pass (the same numbers, two launches fewer a layer)")
-    single_token_split: int | None = Field(None, ge=16, description="key positions per decode split in steps "
-                                           "where the device's fused qkv kernel wrote the cache (its single-token "
-                                           "GEMVs already give other bits than a batch, so a shorter split that "
-                                           "spreads one sequence over more programs costs no invariance); None: "
-                                           "split_size")
 
-    @field_validator("split_size", "single_token_split")
+    @field_validator("split_size")
     @classmethod
-    def _multiple_of_16(cls, v: int | None) -> int | None:
-        if v is not None and v % 16:
-            raise ValueError(f"splits must be a multiple of 16, got {v}")
+    def _multiple_of_16(cls, v: int) -> int:
+        if v % 16:
+            raise ValueError(f"split_size must be a multiple of 16, got {v}")
         return v
 
 
@@ -185,8 +180,6 @@ class TritonAttention(AttentionBackend):
         if k is not None:  # (None: the fused qkv kernel wrote them, see fused_kv_write)
             kern.write_kv_cache(k, v, k_cache, v_cache, slots, pdl=pdl)  # negative slots are skipped
         split = self.options.split_size
-        if k is None and self.options.single_token_split is not None:
-            split = self.options.single_token_split
         if m.decode_only:
             return kern.paged_decode_attention(q, k_cache, v_cache, tables, m.seq_lens, m.block_size,
                                                layer.scale, layer.sliding_window, m.max_seq_len, split, pdl=pdl,
