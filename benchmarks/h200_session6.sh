@@ -33,3 +33,14 @@ if [ "${1:-a}" = c ]; then
       > "$OUT/latency_split$split.txt"
   done
 fi
+if [ "${1:-a}" = d ]; then
+  # final figures with this session's defaults: batch 1 with the fusion on and off in one call,
+  # offline throughput (batch > 1: nothing changed there), the demo pair at batch 1
+  timeout 60 $LAT --repeats 3 2>&1 | filter > "$OUT/latency.txt"
+  timeout 50 $LAT --repeats 2 --plugin-options '{"triton": {"single_token_fusion": false}}' 2>&1 | filter \
+    > "$OUT/latency_no_fusion.txt"
+  timeout 110 python3 -m deepinfer.cli bench throughput --random-model qwen3-0.6b --dtype bfloat16 --device sm90 \
+    --num-requests 256 --min-len 100 --max-len 1024 --repeats 1 2>&1 | filter > "$OUT/throughput.txt"
+  timeout 80 python3 -m deepinfer.cli bench spec --device sm90 --drafters none,deepspark --batch 1 --output-len 256 \
+    --repeats 3 2>&1 | filter > "$OUT/spec.txt"
+fi
