@@ -354,10 +354,13 @@ def gemv_qkv_rotary(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Te
     if kv_cache is not None:
         kc, vc, slot = kv_cache
         if kc.dim() != 3 or kc.shape[1:] != (num_kv_heads, d) or vc.shape != kc.shape or kc.stride(-1) != 1 \
-                or vc.stride() != kc.stride() or slot.shape != (1,):
-            raise ValueError(f"gemv_qkv_rotary: kv_cache takes caches [num_slots, {num_kv_heads}, {d}] with equal "
-                             f"strides and slot [1]; got {tuple(kc.shape)} / {tuple(vc.shape)}, slot "
-                             f"{tuple(slot.shape)}")
+                or vc.stride() != kc.stride() or vc.dtype != kc.dtype or not kc.dtype.is_floating_point \
+                or slot.shape != (1,) or slot.dtype not in (torch.int32, torch.int64) \
+                or {kc.device, vc.device, slot.device} != {x.device}:
+            raise ValueError(f"gemv_qkv_rotary: kv_cache takes float caches [num_slots, {num_kv_heads}, {d}] of one "
+                             f"dtype with equal strides and an int32/int64 slot [1], all on {x.device}; got "
+                             f"{kc.dtype} {tuple(kc.shape)} on {kc.device} / {vc.dtype} {tuple(vc.shape)}, slot "
+                             f"{slot.dtype} {tuple(slot.shape)} on {slot.device}")
     out = torch.empty(1, weight.shape[0], dtype=x.dtype, device=x.device)
     rotary = (cos, sin, positions, q_norm, k_norm, qk_eps, half, (num_heads + num_kv_heads) * d, num_heads * d)
     _launch(x, weight, out, weight.shape[0] // 2, cfg, _ROTARY, half, norm_weight=norm_weight, eps=eps,

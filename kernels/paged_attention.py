@@ -169,7 +169,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            sliding_window: int | None = None, max_seq_len: int | None = None,
                            split_size: int = DEFAULT_SPLIT, max_programs: int = DEFAULT_MAX_PROGRAMS,
                            block_n: int | None = None, num_warps: int = 4, num_stages: int | None = 2,
-                           pdl: bool = False, merge_in_pass: bool | None = None) -> torch.Tensor:
+                           pdl: bool = False, merge_in_pass: bool = False) -> torch.Tensor:
     """Attention of q [B, H, D] (the token at position seq_len-1 of each sequence) over the cached
     keys/values [num_slots, kv_heads, D]; block_tables [B, max_blocks] int32, seq_lens [B] int32.
     Returns [B, H, D] in q's dtype. ``max_seq_len`` saves a device sync when the caller knows it.
@@ -182,7 +182,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     programmatic dependent launch (each waits for the previous kernel before reading anything;
     see deepinfer_kernels.gemv.pdl_supported). ``merge_in_pass``: the last pass-1 program of each
     sequence and kv head merges the splits (the same arithmetic as pass 2, so the same bits) and
-    pass 2 is not launched; default: for a single sequence, where the launch is what costs."""
+    pass 2 is not launched: one launch fewer, worth it where launches are what costs (a single
+    sequence); the merge then runs in as many programs as there are sequences and kv heads."""
     b, h, d = q.shape
     kvh = k_cache.shape[1]
     _check_shapes(q, k_cache, v_cache, block_tables, seq_lens, split_size)
@@ -206,7 +207,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     tuning = {"num_warps": num_warps} if num_stages is None else {"num_warps": num_warps, "num_stages": num_stages}
     window = sliding_window or 0
     programs = max(1, min(splits, max_programs // (b * kvh)))
-    merge = b == 1 if merge_in_pass is None else merge_in_pass
+    merge = bool(merge_in_pass)
     count = counters(q.device, b * kvh, "decode_attention") if merge else part_lse
     _decode_split_kernel[(b, kvh, programs)](
         q, k_cache, v_cache, block_tables, seq_lens, part_out, part_lse, out, count, scale * LOG2E, window, splits,

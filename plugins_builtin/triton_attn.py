@@ -2,7 +2,8 @@
 
 The KV cache has the torch backend's layout (per layer [2, num_blocks * block_size, kv_heads,
 head_dim]; slot = block_id * block_size + offset), so the two backends are interchangeable. Each
-layer writes its keys and values with one kernel, then attends:
+layer writes its keys and values with one kernel (in a step of one token the device's fused qkv
+kernel may write them instead: ``fused_kv_write``), then attends:
 
 - a decode-only step (one query token per sequence) runs the split-KV decode kernel;
 - any other step runs the prefill/extend kernel, and the one-token runs in it still go through

@@ -48,7 +48,8 @@ class Attention(nn.Module):
                                   positions, s.num_heads, s.num_kv_heads,
                                   self.q_norm.weight if self.q_norm is not None else None,
                                   self.k_norm.weight if self.k_norm is not None else None,
-                                  self.q_norm.eps if self.q_norm is not None else 1e-6, kv_cache=cache)
+                                  self.q_norm.eps if self.q_norm is not None else 1e-6,
+                                  **({} if cache is None else {"kv_cache": cache}))
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         if cache is None:
             k, v = k.view(1, s.num_kv_heads, s.head_dim), v.view(1, s.num_kv_heads, s.head_dim)

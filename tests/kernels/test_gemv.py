@@ -106,7 +106,9 @@ def test_qkv_writes_the_kv_cache(dtype, qk_norm, slot, device):
     _close(got, ref, dtype)
     _close(caches[0], want[0], dtype)
     _close(caches[1], want[1], dtype)
-    if slot >= 0:  # the written key is the returned one, bit for bit
+    others = torch.arange(12, device=device) != slot
+    assert torch.equal(caches[0][others], want[0][others]) and torch.equal(caches[1][others], want[1][others])
+    if slot >= 0:  # the written key and value are the returned ones, bit for bit
         assert torch.equal(caches[0][slot].reshape(-1), got[0, h * d:(h + kv) * d])
         assert torch.equal(caches[1][slot].reshape(-1), got[0, (h + kv) * d:])
 
@@ -120,7 +122,7 @@ def test_bad_shapes_are_refused(device):
         gemv(x[:1], w[:7], silu_mul=True)
     with pytest.raises(ValueError, match="residual must be"):
         gemv(x[:1], w, residual=torch.zeros(1, 9, device=device))
-    with pytest.raises(ValueError, match="kv_cache takes caches"):
+    with pytest.raises(ValueError, match="kv_cache takes float caches"):
         cos = torch.zeros(4, 8, device=device)
         gemv_qkv_rotary(x[:1], randn(4 * 8, 16, dtype=torch.float32, device=device), torch.ones(16, device=device),
                         1e-6, cos, cos, torch.tensor([0], device=device), 2, 1,

@@ -93,8 +93,8 @@ def test_decode_rejects_heads_not_a_multiple_of_kv_heads(device):
 @pytest.mark.parametrize("window", [None, 21])
 @pytest.mark.parametrize("cap", [4096, 8])
 def test_merge_in_pass_one_gives_the_bits_of_pass_two(dtype, window, cap, device):
-    """The last pass-1 program of a sequence and kv head merges its splits (the default for one
-    sequence): the same numbers as the separate merge pass, bit for bit, also when a program takes
+    """The last pass-1 program of a sequence and kv head merges its splits (merge_in_pass, which
+    the triton plugin asks for in steps of one token): the same numbers as the separate merge pass, bit for bit, also when a program takes
     several splits (a capped grid), and its counters are left at zero."""
     from deepinfer_kernels.gemv import _COUNTERS
 
@@ -104,5 +104,5 @@ def test_merge_in_pass_one_gives_the_bits_of_pass_two(dtype, window, cap, device
     args = (q, k_cache, v_cache, tables, i32(lens, device), 4, 0.25, window, 80, 16, cap)
     two = paged_decode_attention(*args, merge_in_pass=False)
     one = paged_decode_attention(*args, merge_in_pass=True)
-    assert torch.equal(one[:3], two[:3])  # (row 3 has no keys: its output is unspecified)
+    assert torch.equal(one, two)  # row 3 has no keys: zeros both ways
     assert all(int(c.abs().sum()) == 0 for c in _COUNTERS.values())

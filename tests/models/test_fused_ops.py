@@ -37,10 +37,13 @@ class Counting:
         return counted
 out = {}
 # "tri": the one-token prompt with the triton backend, whose cache the qkv kernel then writes
-for name, prompts, plugins in (("batch", batch, []), ("one", one, []), ("tri", one, ["triton"])):
+# ("trioff": with that fusion off, the backend writes k and v itself)
+off = {"triton": {"single_token_fusion": False}}
+for name, prompts, plugins, opts in (("batch", batch, [], {}), ("one", one, [], {}), ("tri", one, ["triton"], {}),
+                                     ("trioff", one, ["triton"], off)):
     ops = Counting(deepinfer_kernels)
-    for fused in (False, True) if name != "tri" else (True,):
-        llm = LLM(path, dtype="float32", block_size=4, progress=False, plugins=plugins)
+    for fused in (False, True) if not name.startswith("tri") else (True,):
+        llm = LLM(path, dtype="float32", block_size=4, progress=False, plugins=plugins, plugin_options=opts)
         if fused:  # as the builder wires a device's fused ops
             llm.engine.runner.model.use_fused_ops(ops)
             llm.engine.runner.sampler.argmax = ops.argmax
@@ -74,8 +77,9 @@ def test_fused_kernels_match_plain_layers(tmp_path, arch):
     if arch != "qwen2":  # the triton backend lets the qkv GEMV write the cache: no separate KV write
         assert out["tricalls"] == {"gemv_qkv_rotary+kv_cache": layers * steps, "gemv": 3 * layers * steps,
                                    "rms_norm": steps, "argmax": steps}
-    for name in ("batch", "one", "tri"):
-        plain = out[("one" if name == "tri" else name) + "False"]
+        assert out["trioffcalls"] == out["onecalls"]  # fusion off: the cache is the backend's to write
+    for name in ("batch", "one", "tri", "trioff"):
+        plain = out[("one" if name.startswith("tri") else name) + "False"]
         for (tokens, lps), (tokens_f, lps_f) in zip(plain, out[name + "True"], strict=True):
             assert tokens == tokens_f
             assert max((abs(a - b) for a, b in zip(lps, lps_f, strict=True)), default=0.0) < 1e-4
