@@ -1,12 +1,7 @@
 # H200, session 5 (issue 6, batch-1 decode through the single-token GEMV kernels), one call each:
 #   run(command="bash benchmarks/h200_session5.sh a", carry=[".whl"], timeout_s=600)
-# after ../shared/gpu/wheels.sh. grep --line-buffered: when the device call's own limit kills the
-# whole pipe, a plain grep loses the lines it has buffered.
-set -u
-. benchmarks/h200_setup.sh > "$OUT/env.txt" 2>&1
-filter() { grep --line-buffered -v -e Writing -e "Loading weights"; }
-LAT="python3 -m deepinfer.cli bench latency --random-model llama-1b --dtype bfloat16 --device sm90 --batch 1 \
-  --input-len 512 --output-len 256 --kv-cache-memory-gb 8"
+# after ../shared/gpu/wheels.sh.
+. benchmarks/h200_common.sh
 if [ "${1:-a}" = a ]; then
   # the kernels compiled (float32, float16, bfloat16), then a tile sweep, then the benchmark with
   # the default tiles, with the GEMVs off, and the kernel profile of an eager step

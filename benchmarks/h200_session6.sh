@@ -1,11 +1,7 @@
-# H200, session 6 (issue 6: a whole decoder layer in one kernel for batch-1 decode), one call each:
+# H200, session 6 (issue 6, batch-1 decode: a whole-layer kernel tried, then two launches fewer a layer), one call each:
 #   run(command="bash benchmarks/h200_session6.sh a", carry=[".whl"], timeout_s=600)
 # after ../shared/gpu/wheels.sh.
-set -u
-. benchmarks/h200_setup.sh > "$OUT/env.txt" 2>&1
-filter() { grep --line-buffered -v -e Writing -e "Loading weights"; }
-LAT="python3 -m deepinfer.cli bench latency --random-model llama-1b --dtype bfloat16 --device sm90 --batch 1 \
-  --input-len 512 --output-len 256 --kv-cache-memory-gb 8"
+. benchmarks/h200_common.sh
 if [ "${1:-a}" = a ]; then
   # the fused layer's kernel tests compiled, its check against the reference, its time against
   # the chain of single-token kernels, and a tile sweep (ran at commit a65c2ad, which has the

@@ -55,10 +55,8 @@ def test_gate_up_with_silu_mul(dtype, cfg, device):
     _close(got, gemv_ref(x, w, norm_weight=nw, silu_mul=True), dtype)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("qk_norm", [False, True])
-@pytest.mark.parametrize("cfg", [None, GemvConfig(2, 16, 1), GemvConfig(4, 8, 2)], ids=str)
-def test_qkv_with_rotary(dtype, qk_norm, cfg, device):
+def _qkv_args(dtype, device, qk_norm):
+    """gemv_qkv_rotary's positional arguments: 4 q heads, 2 kv heads, head_dim 8, K = 48, position 11."""
     h, kv, d, k = 4, 2, 8, 48
     x = randn(1, k, dtype=dtype, device=device)
     w = randn((h + 2 * kv) * d, k, dtype=dtype, device=device, seed=1) * 0.3
@@ -66,10 +64,17 @@ def test_qkv_with_rotary(dtype, qk_norm, cfg, device):
     ang = torch.outer(torch.arange(16.0), torch.rand(d // 2, generator=torch.Generator().manual_seed(4)))
     cos = torch.cat([ang, ang], -1).cos().to(dtype).to(device)
     sin = torch.cat([ang, ang], -1).sin().to(dtype).to(device)
-    pos = torch.tensor([11], device=device)
     qn = randn(d, dtype=dtype, device=device, seed=5) if qk_norm else None
     kn = randn(d, dtype=dtype, device=device, seed=6) if qk_norm else None
-    args = (x, w, nw, 1e-6, cos, sin, pos, h, kv, qn, kn, 1e-6)
+    return (x, w, nw, 1e-6, cos, sin, torch.tensor([11], device=device), h, kv, qn, kn, 1e-6)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("qk_norm", [False, True])
+@pytest.mark.parametrize("cfg", [None, GemvConfig(2, 16, 1), GemvConfig(4, 8, 2)], ids=str)
+def test_qkv_with_rotary(dtype, qk_norm, cfg, device):
+    args = _qkv_args(dtype, device, qk_norm)
+    x, w, nw, h, kv, d = args[0], args[1], args[2], args[7], args[8], args[4].shape[1]
     if qk_norm and cfg is not None:  # the q/k norm takes whole heads in a program
         with pytest.raises(ValueError, match="whole heads"):
             gemv_qkv_rotary(*args, config=GemvConfig(d // 4, 16, 1))
@@ -87,16 +92,8 @@ def test_qkv_with_rotary(dtype, qk_norm, cfg, device):
 def test_qkv_writes_the_kv_cache(dtype, qk_norm, slot, device):
     """With kv_cache, the token's k (rotated) and v land at its slot, exactly as write_kv_cache puts
     them; nothing else in the caches changes; a negative slot writes nothing."""
-    h, kv, d, k = 4, 2, 8, 48
-    x = randn(1, k, dtype=dtype, device=device)
-    w = randn((h + 2 * kv) * d, k, dtype=dtype, device=device, seed=1) * 0.3
-    nw = randn(k, dtype=dtype, device=device, seed=2)
-    ang = torch.outer(torch.arange(16.0), torch.rand(d // 2, generator=torch.Generator().manual_seed(4)))
-    cos = torch.cat([ang, ang], -1).cos().to(dtype).to(device)
-    sin = torch.cat([ang, ang], -1).sin().to(dtype).to(device)
-    qn = randn(d, dtype=dtype, device=device, seed=5) if qk_norm else None
-    kn = randn(d, dtype=dtype, device=device, seed=6) if qk_norm else None
-    args = (x, w, nw, 1e-6, cos, sin, torch.tensor([11], device=device), h, kv, qn, kn, 1e-6)
+    args = _qkv_args(dtype, device, qk_norm)
+    h, kv, d = args[7], args[8], args[4].shape[1]
     caches = [randn(12, kv, d, dtype=dtype, device=device, seed=s) for s in (7, 8)]
     want = [c.clone() for c in caches]
     at = torch.tensor([slot], device=device)

@@ -1,0 +1,8 @@
+# Sourced by the per-session H200 scripts: the setup (output to $OUT/env.txt), a filter for the
+# benchmarks' progress lines, and the batch-1 decode command of issue 6. grep --line-buffered:
+# when the device call's own limit kills the whole pipe, a plain grep loses the lines it has buffered.
+set -u
+. benchmarks/h200_setup.sh > "$OUT/env.txt" 2>&1
+filter() { grep --line-buffered -v -e Writing -e "Loading weights"; }
+LAT="python3 -m deepinfer.cli bench latency --random-model llama-1b --dtype bfloat16 --device sm90 --batch 1 \
+  --input-len 512 --output-len 256 --kv-cache-memory-gb 8"
