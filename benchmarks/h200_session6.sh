@@ -40,16 +40,3 @@ if [ "${1:-a}" = d ]; then
   timeout 80 python3 -m deepinfer.cli bench spec --device sm90 --drafters none,deepspark --batch 1 --output-len 256 \
     --repeats 3 2>&1 | filter > "$OUT/spec.txt"
 fi
-if [ "${1:-a}" = e ]; then
-  # weight tiles loaded two steps ahead (GemvConfig.prefetch 2): the GEMV tests compiled, the
-  # 16-layer projection chain at depths 0, 1 and 2, then batch 1 with depth 1 and, if the chain
-  # chose it, depth 2 (PREFETCH in kernels/gemv.py, set here)
-  timeout 60 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_gemv.py > "$OUT/kernel_tests.txt" 2>&1
-  timeout 150 python3 benchmarks/h200_gemv_chain.py > "$OUT/chain_log.txt" 2>&1
-  timeout 45 $LAT --repeats 3 2>&1 | filter > "$OUT/latency_depth1.txt"
-  if grep -q "PREFETCH=2" "$OUT/gemv_chain.txt"; then
-    sed -i 's/^PREFETCH = 1 /PREFETCH = 2 /' kernels/gemv.py
-    grep -n "^PREFETCH" kernels/gemv.py > "$OUT/prefetch_used.txt"
-    timeout 45 $LAT --repeats 3 2>&1 | filter > "$OUT/latency_depth2.txt"
-  fi
-fi

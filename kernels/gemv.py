@@ -57,21 +57,16 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, nw_ptr, res_ptr, part_ptr, count_ptr,
     rmask = r1 < N
     w1_rows = w_ptr + r1.to(tl.int64)[:, None] * stride_w
     w2_rows = w_ptr + (r1 + PAIR).to(tl.int64)[:, None] * stride_w
-    # with PREFETCH (1 or 2), weights are read that many tiles ahead of their use, the first ones
-    # before waiting for the previous kernel (with PDL this launch starts while it finishes;
-    # weights never depend on it)
+    # with PREFETCH, weights are read one tile ahead of their use, the first tile before waiting
+    # for the previous kernel (with PDL this launch starts while it finishes; weights never depend
+    # on it)
     k_lo = s * K_SLICE
     kr = tl.arange(0, BLOCK_K)
-    if PREFETCH >= 1:
+    if PREFETCH:
         kk = k_lo + kr
         m2 = rmask[:, None] & ((kk < K) & (kr < K_SLICE))[None, :]
         w1 = tl.load(w1_rows + kk[None, :], mask=m2, other=0.0)
         w2 = tl.load(w2_rows + kk[None, :], mask=m2 & (MODE != 0), other=0.0)
-    if PREFETCH == 2:
-        kk = k_lo + BLOCK_K + kr
-        m2 = rmask[:, None] & ((kk < K) & (BLOCK_K + kr < K_SLICE))[None, :]
-        v1 = tl.load(w1_rows + kk[None, :], mask=m2, other=0.0)
-        v2 = tl.load(w2_rows + kk[None, :], mask=m2 & (MODE != 0), other=0.0)
     if PDL:
         tl.extra.cuda.gdc_wait()  # x, the residual and the counters are the previous kernel's
         tl.extra.cuda.gdc_launch_dependents()
@@ -84,9 +79,9 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, nw_ptr, res_ptr, part_ptr, count_ptr,
     for k0 in range(0, K_SLICE, BLOCK_K):
         kk = k_lo + k0 + kr
         kmask = (kk < K) & (k0 + kr < K_SLICE)
-        if PREFETCH >= 1:
-            nk = kk + PREFETCH * BLOCK_K  # the columns of the tile PREFETCH steps on
-            nm2 = rmask[:, None] & ((nk < K) & (k0 + PREFETCH * BLOCK_K + kr < K_SLICE))[None, :]
+        if PREFETCH:
+            nk = kk + BLOCK_K  # the next tile's columns
+            nm2 = rmask[:, None] & ((nk < K) & (k0 + BLOCK_K + kr < K_SLICE))[None, :]
             w1_next = tl.load(w1_rows + nk[None, :], mask=nm2, other=0.0)
             w2_next = tl.load(w2_rows + nk[None, :], mask=nm2 & (MODE != 0), other=0.0)
         else:
@@ -100,12 +95,7 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, nw_ptr, res_ptr, part_ptr, count_ptr,
         acc1 += w1.to(tl.float32) * xk[None, :]
         if MODE != 0:
             acc2 += w2.to(tl.float32) * xk[None, :]
-        if PREFETCH == 2:
-            w1 = v1
-            w2 = v2
-            v1 = w1_next
-            v2 = w2_next
-        elif PREFETCH == 1:
+        if PREFETCH:
             w1 = w1_next
             w2 = w2_next
     y1 = tl.sum(acc1, 1)
@@ -175,17 +165,17 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, nw_ptr, res_ptr, part_ptr, count_ptr,
 class GemvConfig:
     """Tile of one program: ``block_n`` output rows (pairs, in the paired modes) by ``block_k``
     columns a loop step, over one of ``split_k`` slices of K; ``prefetch``: load each weight tile
-    that many steps ahead of its use (0, 1 or 2; False and True read as 0 and 1)."""
+    one step ahead of its use."""
 
     block_n: int
     block_k: int
     split_k: int
     num_warps: int = 4
-    prefetch: int = 1
+    prefetch: bool = True
 
 
 _SM_COUNT: dict[int, int] = {}
-PREFETCH = 1  # default_config's choice: tiles loaded this many steps ahead (H200: docs/benchmarks.md)
+PREFETCH = True  # default_config's choice (H200: see docs/benchmarks.md)
 _COUNTERS: dict[tuple[torch.device, str], torch.Tensor] = {}
 
 
@@ -273,8 +263,8 @@ def pdl_supported(device: torch.device) -> bool:
 def _launch(x, weight, out, rows, cfg: GemvConfig, mode, pair, *, norm_weight=None, eps=1e-6, residual=None,
             rotary=None, kv_write=None, pdl=False):
     k = x.shape[1]
-    if cfg.split_k < 1 or cfg.block_n < 1 or cfg.block_k < 1 or int(cfg.prefetch) not in (0, 1, 2):
-        raise ValueError(f"a GEMV tile needs positive sizes and a prefetch depth of 0, 1 or 2; got {cfg}")
+    if cfg.split_k < 1 or cfg.block_n < 1 or cfg.block_k < 1:
+        raise ValueError(f"a GEMV tile needs positive sizes; got {cfg}")
     blocks = triton.cdiv(rows, cfg.block_n)
     k_slice = triton.cdiv(k, cfg.split_k)
     if cfg.split_k > 1:
@@ -292,7 +282,7 @@ def _launch(x, weight, out, rows, cfg: GemvConfig, mode, pair, *, norm_weight=No
         N=(rows if mode != _ROTARY else weight.shape[0]), K=k, KP=next_pow2(k), MODE=mode, PAIR=pair, HALF=half,
         ROT_ROWS=rot_rows, Q_ROWS=q_rows, NORM=norm_weight is not None, RESIDUAL=residual is not None,
         QK_NORM=qn is not None, KV_WRITE=kv_write is not None, D=2 * half, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k,
-        K_SLICE=k_slice, PDL=pdl, PREFETCH=int(cfg.prefetch), num_warps=cfg.num_warps)
+        K_SLICE=k_slice, PDL=pdl, PREFETCH=cfg.prefetch, num_warps=cfg.num_warps)
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: torch.Tensor | None = None, eps: float = 1e-6,

@@ -93,7 +93,6 @@ def _all_calls(dtype: torch.dtype, attention_only: bool) -> None:
     K.gemv(x, w, norm_weight=nw, pdl=True)  # programmatic dependent launch: the grid-dependency waits
     K.gemv(x, w, residual=torch.zeros(1, 64, dtype=dtype), config=K.GemvConfig(4, 64, 2))  # split-K hand-off
     K.gemv(x, w, norm_weight=nw, silu_mul=True)
-    K.gemv(x, w, norm_weight=nw, silu_mul=True, config=K.GemvConfig(2, 64, 1, prefetch=2))  # two tiles ahead
     K.gemv_qkv_rotary(x, w, nw, 1e-6, cache[:, 0, :16], cache[:, 0, :16], torch.zeros(1, dtype=torch.int64), 2, 1,
                       torch.zeros(16, dtype=dtype), torch.zeros(16, dtype=dtype), 1e-6, pdl=True)
     kv = torch.zeros(64, 1, 16, dtype=dtype)  # the key and value written into the cache too
