@@ -40,3 +40,11 @@ if [ "${1:-a}" = d ]; then
   timeout 80 python3 -m deepinfer.cli bench spec --device sm90 --drafters none,deepspark --batch 1 --output-len 256 \
     --repeats 3 2>&1 | filter > "$OUT/spec.txt"
 fi
+if [ "${1:-a}" = e ]; then
+  # weight tiles loaded two steps ahead (GemvConfig.prefetch 2). Ran at commit 7891c3b, which has
+  # that option, a depth-2 variant in h200_gemv_chain.py and, after the chain, a second batch-1 run
+  # at depth 2 had the chain chosen it; reverted after (depths 0, 1, 2: 650.8, 657.3, 658.1 us)
+  timeout 60 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_gemv.py > "$OUT/kernel_tests.txt" 2>&1
+  timeout 150 python3 benchmarks/h200_gemv_chain.py > "$OUT/chain_log.txt" 2>&1
+  timeout 45 $LAT --repeats 3 2>&1 | filter > "$OUT/latency_depth1.txt"
+fi
