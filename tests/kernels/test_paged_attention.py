@@ -106,3 +106,23 @@ def test_merge_in_pass_one_gives_the_bits_of_pass_two(dtype, window, cap, device
     one = paged_decode_attention(*args, merge_in_pass=True)
     assert torch.equal(one, two)  # row 3 has no keys: zeros both ways
     assert all(int(c.abs().sum()) == 0 for c in _COUNTERS.values())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("window", [None, 21])
+def test_programmatic_launch_gives_the_same_bits(window, device):
+    """With PDL the kernel loads its first tile of older keys before waiting for the previous
+    kernel: the numbers must be the ones of a plain launch (lengths where that tile holds the
+    newest key, where it does not, and several splits per program)."""
+    from deepinfer_kernels import pdl_supported
+
+    if not pdl_supported(torch.device(device)):
+        pytest.skip("programmatic dependent launch needs compute capability 9.0+ and Triton 3.4+")
+    for lens in ([1], [5], [16], [17], [70], [300]):
+        k_cache, v_cache, tables = random_paged_kv(lens, 4, 2, 16, torch.bfloat16, device)
+        q = randn(len(lens), 8, 16, dtype=torch.bfloat16, device=device)
+        for cap in (4096, 2):
+            args = (q, k_cache, v_cache, tables, i32(lens, device), 4, 0.25, window, 320, 16, cap)
+            plain = paged_decode_attention(*args, merge_in_pass=True)
+            early = paged_decode_attention(*args, pdl=True, merge_in_pass=True)
+            assert torch.equal(plain, early), (lens, cap)
