@@ -50,7 +50,8 @@ if [ "${1:-a}" = e ]; then
 fi
 if [ "${1:-a}" = f ]; then
   # decode attention with PDL loads its first tile of older keys before waiting for the previous
-  # kernel: the attention tests compiled (PDL against a plain launch, bit for bit), batch 1, equality
+  # kernel (ran at commit 4f88045; reverted after: 1,030.5 tok/s, no gain over call b's 1,030.1): the
+  # attention tests compiled (PDL against a plain launch, bit for bit), batch 1, equality
   timeout 90 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_paged_attention.py > "$OUT/kernel_tests.txt" 2>&1
   timeout 45 $LAT --repeats 3 2>&1 | filter > "$OUT/latency.txt"
   timeout 120 python3 benchmarks/h200_triton_equal.py "$OUT/triton_equal.md" llama-1b > "$OUT/equal_log.txt" 2>&1

@@ -39,6 +39,9 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_
                          MERGE: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                          BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
                          WINDOWED: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr):
+    if PDL:  # launched early (programmatic dependent launch): wait for the previous kernel first
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     seq_len = tl.load(seq_lens_ptr + b)
@@ -50,24 +53,6 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_
 
     g = tl.arange(0, BLOCK_G)
     d = tl.arange(0, BLOCK_D)
-    if PDL:
-        # Launched early (programmatic dependent launch). Only the previous kernel may still be
-        # running, and it writes q and the newest key and value at most (it started once the
-        # kernel before it had finished: that kernel's work, the tables and the older keys are in
-        # place). So the first tile of this program's first split is loaded before waiting, when
-        # every key in it is older than the newest.
-        j0 = tl.program_id(2)
-        start0 = (lo // SPLIT + j0) * SPLIT
-        tile0 = tl.maximum(start0, (lo // BLOCK_N) * BLOCK_N)
-        early = (j0 < num_splits) & (tl.minimum(tile0 + BLOCK_N, tl.minimum(start0 + SPLIT, seq_len)) < seq_len)
-        pos0 = tile0 + tl.arange(0, BLOCK_N)
-        ok0 = (pos0 >= lo) & (pos0 < tl.minimum(start0 + SPLIT, seq_len - 1)) & early
-        blk0 = tl.load(block_tables_ptr + b * stride_bt + pos0 // BLOCK_SIZE, mask=ok0, other=0)
-        off0 = (blk0.to(tl.int64) * BLOCK_SIZE + pos0 % BLOCK_SIZE)[:, None] * stride_cs + kvh * stride_ch + d[None, :]
-        k0 = tl.load(k_cache_ptr + off0, mask=ok0[:, None] & (d[None, :] < HEAD_DIM), other=0.0)
-        v0 = tl.load(v_cache_ptr + off0, mask=ok0[:, None] & (d[None, :] < HEAD_DIM), other=0.0)
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
     heads = kvh * GROUP + g
     q_mask = (g[:, None] < GROUP) & (d[None, :] < HEAD_DIM)
     q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=q_mask, other=0.0)
@@ -90,16 +75,8 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_
             slot = blk.to(tl.int64) * BLOCK_SIZE + pos % BLOCK_SIZE
             kv_off = slot[:, None] * stride_cs + kvh * stride_ch + d[None, :]
             kv_mask = valid[:, None] & (d[None, :] < HEAD_DIM)
-            if PDL:
-                if early & (j == j0) & (n0 == tile0):  # loaded before the wait
-                    k = k0
-                    v = v0
-                else:
-                    k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0)
-                    v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0)
-            else:
-                k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0)
-                v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0)
+            k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0)
+            v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0)
             if IEEE:  # float32 caches: full-precision products, not TF32
                 s = tl.dot(q, tl.trans(k), input_precision="ieee")
             else:

@@ -111,9 +111,8 @@ def test_merge_in_pass_one_gives_the_bits_of_pass_two(dtype, window, cap, device
 @pytest.mark.gpu
 @pytest.mark.parametrize("window", [None, 21])
 def test_programmatic_launch_gives_the_same_bits(window, device):
-    """With PDL the kernel loads its first tile of older keys before waiting for the previous
-    kernel: the numbers must be the ones of a plain launch (lengths where that tile holds the
-    newest key, where it does not, and several splits per program)."""
+    """Launched with PDL (single-token steps), and merging in pass 1, the kernel gives the numbers
+    of a plain launch: short and long sequences, one or several splits per program."""
     from deepinfer_kernels import pdl_supported
 
     if not pdl_supported(torch.device(device)):
