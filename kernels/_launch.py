@@ -5,6 +5,9 @@ the environment at that moment, its own ``@jit`` helpers (``tl.zeros``, ``tl.max
 interpreted functions, and kernels must then be interpreted too. ``@kernel`` therefore decorates
 lazily, at the first launch, in whatever mode triton.language was imported in; so the order in
 which modules are imported after that never matters, and a wrong setup fails with a clear error.
+
+``counters`` hands out the zeroed int32 counters that kernels with a last-program hand-off share
+(split-K GEMVs, the argmax, decode attention merging in pass 1).
 """
 from __future__ import annotations
 
@@ -72,3 +75,21 @@ def kernel(fn: Callable[..., Any] | None = None, *, do_not_specialize: Sequence[
 
 def next_pow2(n: int) -> int:
     return triton.next_power_of_2(max(1, int(n)))
+
+
+_COUNTERS: dict[tuple[torch.device, str], torch.Tensor] = {}
+_OUTGROWN: list[torch.Tensor] = []
+
+
+def counters(device: torch.device, n: int, user: str) -> torch.Tensor:
+    """Zeroed int32 counters for a last-program hand-off, one set per ``user`` kernel and device;
+    every launch leaves its counters zero again, so launches in one stream can share them (not
+    launches on two streams at once). A set that a launch outgrows stays allocated: a captured
+    graph may still use it."""
+    have = _COUNTERS.get((device, user))
+    if have is None or have.numel() < n:
+        if have is not None:
+            _OUTGROWN.append(have)
+        have = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
+        _COUNTERS[(device, user)] = have
+    return have

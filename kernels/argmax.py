@@ -12,8 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from deepinfer_kernels._launch import kernel, next_pow2
-from deepinfer_kernels.gemv import counters
+from deepinfer_kernels._launch import counters, kernel, next_pow2
 
 
 @kernel

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from deepinfer_kernels._launch import kernel, next_pow2, triton_interpreted
+from deepinfer_kernels._launch import counters, kernel, next_pow2, triton_interpreted
 
 _PLAIN, _SILU_MUL, _ROTARY = 0, 1, 2
 
@@ -176,7 +176,6 @@ class GemvConfig:
 
 _SM_COUNT: dict[int, int] = {}
 PREFETCH = True  # default_config's choice (H200: see docs/benchmarks.md)
-_COUNTERS: dict[tuple[torch.device, str], torch.Tensor] = {}
 
 
 def _sm_count(device: torch.device) -> int:
@@ -217,23 +216,6 @@ def default_config(rows: int, k: int, device: torch.device, paired: bool = False
         split *= 2
     block_k = min(block_k, next_pow2(triton.cdiv(k, split)))
     return GemvConfig(block_n, block_k, split, warps, PREFETCH)
-
-
-_OUTGROWN: list[torch.Tensor] = []
-
-
-def counters(device: torch.device, n: int, user: str) -> torch.Tensor:
-    """Zeroed int32 counters for a last-program hand-off, one set per ``user`` kernel and device;
-    every launch leaves its counters zero again, so launches in one stream can share them (not
-    launches on two streams at once). A set that a launch outgrows stays allocated: a captured
-    graph may still use it."""
-    have = _COUNTERS.get((device, user))
-    if have is None or have.numel() < n:
-        if have is not None:
-            _OUTGROWN.append(have)
-        have = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
-        _COUNTERS[(device, user)] = have
-    return have
 
 
 def _check(x: torch.Tensor, weight: torch.Tensor, name: str) -> None:

@@ -20,8 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from deepinfer_kernels._launch import kernel, next_pow2
-from deepinfer_kernels.gemv import counters
+from deepinfer_kernels._launch import counters, kernel, next_pow2
 
 LOG2E = 1.4426950408889634
 DEFAULT_SPLIT = 256  # key positions per split; a multiple of every BLOCK_N used below

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from deepinfer_kernels import argmax, argmax_ref
-from deepinfer_kernels.gemv import _COUNTERS
+from deepinfer_kernels._launch import _COUNTERS
 from tests.kernels.paged import DTYPES, randn
 
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from deepinfer_kernels import GemvConfig, gemv, gemv_qkv_rotary, gemv_qkv_rotary_ref, gemv_ref
-from deepinfer_kernels.gemv import _COUNTERS
+from deepinfer_kernels._launch import _COUNTERS
 from tests.kernels.paged import DTYPES, randn
 
 TOL = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}

@@ -96,7 +96,7 @@ def test_merge_in_pass_one_gives_the_bits_of_pass_two(dtype, window, cap, device
     """The last pass-1 program of a sequence and kv head merges its splits (merge_in_pass, which
     the triton plugin asks for in steps of one token): the same numbers as the separate merge pass, bit for bit, also when a program takes
     several splits (a capped grid), and its counters are left at zero."""
-    from deepinfer_kernels.gemv import _COUNTERS
+    from deepinfer_kernels._launch import _COUNTERS
 
     lens = [70, 1, 33, 0]
     k_cache, v_cache, tables = random_paged_kv(lens, 4, 2, 16, dtype, device)
