@@ -56,3 +56,8 @@ if [ "${1:-a}" = f ]; then
   timeout 45 $LAT --repeats 3 2>&1 | filter > "$OUT/latency.txt"
   timeout 120 python3 benchmarks/h200_triton_equal.py "$OUT/triton_equal.md" llama-1b > "$OUT/equal_log.txt" 2>&1
 fi
+if [ "${1:-a}" = g ]; then
+  # the final kernels compiled after the reverts and the counters' move (bf16 included)
+  timeout 120 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_paged_attention.py tests/kernels/test_gemv.py \
+    tests/kernels/test_argmax.py tests/kernels/test_kv_cache.py > "$OUT/kernel_tests.txt" 2>&1
+fi
