@@ -4,18 +4,11 @@ Each kernel ``f`` has a plain-torch ``f_ref`` beside it with the same signature;
 two under TRITON_INTERPRET=1 on the CPU (float32/float16) and compiled on a GPU (bfloat16).
 Importing this package needs triton; it never initialises CUDA.
 """
-from deepinfer_kernels._launch import triton_interpreted
+from deepinfer_kernels._launch import pdl_supported, triton_interpreted
 from deepinfer_kernels.activation import silu_and_mul, silu_and_mul_ref
 from deepinfer_kernels.argmax import argmax, argmax_ref
-from deepinfer_kernels.gemv import (
-    FusedOps,
-    GemvConfig,
-    gemv,
-    gemv_qkv_rotary,
-    gemv_qkv_rotary_ref,
-    gemv_ref,
-    pdl_supported,
-)
+from deepinfer_kernels.fused_ops import FusedOps
+from deepinfer_kernels.gemv import GemvConfig, gemv, gemv_qkv_rotary, gemv_qkv_rotary_ref, gemv_ref
 from deepinfer_kernels.kv_cache import write_kv_cache, write_kv_cache_ref
 from deepinfer_kernels.paged_attention import (
     DEFAULT_SPLIT,

@@ -7,7 +7,8 @@ lazily, at the first launch, in whatever mode triton.language was imported in; s
 which modules are imported after that never matters, and a wrong setup fails with a clear error.
 
 ``counters`` hands out the zeroed int32 counters that kernels with a last-program hand-off share
-(split-K GEMVs, the argmax, decode attention merging in pass 1).
+(split-K GEMVs, the argmax, decode attention merging in pass 1); ``pdl_supported`` says whether
+kernels can be launched with programmatic dependent launch here.
 """
 from __future__ import annotations
 
@@ -93,3 +94,18 @@ def counters(device: torch.device, n: int, user: str) -> torch.Tensor:
         have = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
         _COUNTERS[(device, user)] = have
     return have
+
+
+_PDL: dict[torch.device, bool] = {}
+
+
+def pdl_supported(device: torch.device) -> bool:
+    """Programmatic dependent launch: compiled kernels on compute capability 9.0 or newer, with a
+    Triton that has grid-dependency control (3.4 and later)."""
+    import triton.language as tl
+
+    if device not in _PDL:
+        _PDL[device] = (device.type == "cuda" and not triton_interpreted()
+                        and hasattr(getattr(tl.extra, "cuda", None), "gdc_wait")
+                        and torch.cuda.get_device_capability(device)[0] >= 9)
+    return _PDL[device]

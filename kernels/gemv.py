@@ -30,7 +30,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from deepinfer_kernels._launch import counters, kernel, next_pow2, triton_interpreted
+from deepinfer_kernels._launch import counters, kernel, next_pow2
 
 _PLAIN, _SILU_MUL, _ROTARY = 0, 1, 2
 
@@ -42,8 +42,8 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, nw_ptr, res_ptr, part_ptr, count_ptr,
                  N: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, MODE: tl.constexpr, PAIR: tl.constexpr,
                  HALF: tl.constexpr, ROT_ROWS: tl.constexpr, Q_ROWS: tl.constexpr,
                  NORM: tl.constexpr, RESIDUAL: tl.constexpr, QK_NORM: tl.constexpr, KV_WRITE: tl.constexpr,
-                 D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, K_SLICE: tl.constexpr,
-                 PDL: tl.constexpr, PREFETCH: tl.constexpr):
+                 D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+                 K_SLICE: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr):
     b = tl.program_id(0)
     s = tl.program_id(1)
     ty = x_ptr.dtype.element_ty
@@ -229,19 +229,6 @@ def _check(x: torch.Tensor, weight: torch.Tensor, name: str) -> None:
         raise ValueError(f"{name} needs a weight and x contiguous along K")
 
 
-_PDL: dict[torch.device, bool] = {}
-
-
-def pdl_supported(device: torch.device) -> bool:
-    """Programmatic dependent launch: compiled kernels on compute capability 9.0 or newer, with a
-    Triton that has grid-dependency control (3.4 and later)."""
-    if device not in _PDL:
-        _PDL[device] = (device.type == "cuda" and not triton_interpreted()
-                        and hasattr(getattr(tl.extra, "cuda", None), "gdc_wait")
-                        and torch.cuda.get_device_capability(device)[0] >= 9)
-    return _PDL[device]
-
-
 def _launch(x, weight, out, rows, cfg: GemvConfig, mode, pair, *, norm_weight=None, eps=1e-6, residual=None,
             rotary=None, kv_write=None, pdl=False):
     k = x.shape[1]
@@ -263,8 +250,9 @@ def _launch(x, weight, out, rows, cfg: GemvConfig, mode, pair, *, norm_weight=No
         kc.stride(1) if kv_write else 0,
         N=(rows if mode != _ROTARY else weight.shape[0]), K=k, KP=next_pow2(k), MODE=mode, PAIR=pair, HALF=half,
         ROT_ROWS=rot_rows, Q_ROWS=q_rows, NORM=norm_weight is not None, RESIDUAL=residual is not None,
-        QK_NORM=qn is not None, KV_WRITE=kv_write is not None, D=2 * half, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k,
-        K_SLICE=k_slice, PDL=pdl, PREFETCH=cfg.prefetch, num_warps=cfg.num_warps)
+        QK_NORM=qn is not None, KV_WRITE=kv_write is not None, D=2 * half, BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k, K_SLICE=k_slice, PDL=pdl, PREFETCH=cfg.prefetch,
+        num_warps=cfg.num_warps)
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: torch.Tensor | None = None, eps: float = 1e-6,
@@ -274,7 +262,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: torch.Tensor | N
 
     ``norm_weight`` [K]: RMS-normalise x first (eps). ``residual`` [1, N]: add the product into it
     in place and return it. ``silu_mul``: weight is gate | up [2I, K]; returns silu(gate) * up [1, I].
-    ``pdl``: launch with programmatic dependent launch (see :func:`pdl_supported`): the kernel may
+    ``pdl``: launch with programmatic dependent launch (see ``_launch.pdl_supported``): the kernel may
     start while the previous one finishes, reads its weights, then waits for that kernel.
     """
     _check(x, weight, "gemv")
@@ -382,32 +370,3 @@ def gemv_qkv_rotary_ref(x, weight, norm_weight, eps, cos, sin, positions, num_he
     if kv_cache is not None:
         write_kv_cache_ref(k, v.view(1, num_kv_heads, d), kv_cache[0], kv_cache[1], kv_cache[2])
     return torch.cat([q.reshape(1, -1), k.reshape(1, -1), v], dim=-1)
-
-
-class FusedOps:
-    """The fused kernels a CUDA device hands to the models (see ``Device.fused_ops``).
-
-    ``single_token_gemv``: offer ``gemv`` and ``gemv_qkv_rotary`` (the models then run steps of a
-    single token through them; None otherwise). ``pdl``: launch those with programmatic dependent
-    launch where the GPU supports it.
-    """
-
-    def __init__(self, single_token_gemv: bool = True, pdl: bool = True) -> None:
-        from deepinfer_kernels.activation import silu_and_mul
-        from deepinfer_kernels.argmax import argmax
-        from deepinfer_kernels.rms_norm import rms_norm
-        from deepinfer_kernels.rotary import apply_rotary
-
-        self.rms_norm = rms_norm
-        self.apply_rotary = apply_rotary
-        self.silu_and_mul = silu_and_mul
-        self.argmax = argmax
-        self.pdl = pdl
-        self.gemv = self._gemv if single_token_gemv else None
-        self.gemv_qkv_rotary = self._gemv_qkv_rotary if single_token_gemv else None
-
-    def _gemv(self, x, weight, **kwargs):
-        return gemv(x, weight, pdl=self.pdl and pdl_supported(x.device), **kwargs)
-
-    def _gemv_qkv_rotary(self, x, weight, *args, **kwargs):
-        return gemv_qkv_rotary(x, weight, *args, pdl=self.pdl and pdl_supported(x.device), **kwargs)

@@ -179,7 +179,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     fastest on an H200. The tiles fix the order of the sums, so they may change the last bits
     (never batch invariance: they do not depend on the batch). ``pdl``: launch both passes with
     programmatic dependent launch (each waits for the previous kernel before reading anything;
-    see deepinfer_kernels.gemv.pdl_supported). ``merge_in_pass``: the last pass-1 program of each
+    see deepinfer_kernels.pdl_supported). ``merge_in_pass``: the last pass-1 program of each
     sequence and kv head merges the splits (the same arithmetic as pass 2, so the same bits) and
     pass 2 is not launched: one launch fewer, worth it where launches are what costs (a single
     sequence); the merge then runs in as many programs as there are sequences and kv heads."""
@@ -212,8 +212,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         q, k_cache, v_cache, block_tables, seq_lens, part_out, part_lse, out, count, scale * LOG2E, window, splits,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), block_tables.stride(0),
         part_out.stride(0), part_out.stride(1), part_out.stride(2), part_lse.stride(0), part_lse.stride(1),
-        out.stride(0), out.stride(1), MERGE=merge, GROUP=group, HEAD_DIM=d, BLOCK_SIZE=block_size, BLOCK_G=max(16, next_pow2(group)),
-        BLOCK_D=max(16, next_pow2(d)), BLOCK_N=block_n, SPLIT=split_size, WINDOWED=sliding_window is not None,
+        out.stride(0), out.stride(1), MERGE=merge, GROUP=group, HEAD_DIM=d, BLOCK_SIZE=block_size,
+        BLOCK_G=max(16, next_pow2(group)), BLOCK_D=max(16, next_pow2(d)), BLOCK_N=block_n, SPLIT=split_size, WINDOWED=sliding_window is not None,
         IEEE=k_cache.dtype == torch.float32, PDL=pdl, **tuning)
     if merge:
         return out

@@ -94,8 +94,9 @@ def test_decode_rejects_heads_not_a_multiple_of_kv_heads(device):
 @pytest.mark.parametrize("cap", [4096, 8])
 def test_merge_in_pass_one_gives_the_bits_of_pass_two(dtype, window, cap, device):
     """The last pass-1 program of a sequence and kv head merges its splits (merge_in_pass, which
-    the triton plugin asks for in steps of one token): the same numbers as the separate merge pass, bit for bit, also when a program takes
-    several splits (a capped grid), and its counters are left at zero."""
+    the triton plugin asks for in steps of one token): the same numbers as the separate merge pass,
+    bit for bit, also when a program takes several splits (a capped grid), and its counters are
+    left at zero."""
     from deepinfer_kernels._launch import _COUNTERS
 
     lens = [70, 1, 33, 0]
