@@ -69,7 +69,9 @@ def greedy_continuations(model, tokenizer, device) -> dict[str, str]:
 
 
 def evaluate_pair(target_dir: Path, draft_dir: Path, heldout_ids, n_windows: int, seq_len: int,
-                  device) -> dict:
+                  device, spec=None) -> dict:
+    """Held-out loss of both, greedy agreement, sample continuations and, given spec (a function
+    of the two models), the replay of greedy speculative decoding (see demo_distill.py)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -93,6 +95,8 @@ def evaluate_pair(target_dir: Path, draft_dir: Path, heldout_ids, n_windows: int
         loss = mean_loss(model, windows, device)
         metrics[role] = {"heldout_loss": loss, "heldout_ppl": math.exp(loss)}
     metrics["greedy_agreement"] = greedy_agreement(target, draft, windows, device)
+    if spec is not None:
+        metrics["speculative"] = spec(target, draft)
     metrics["target_continuations"] = greedy_continuations(target, tokenizer, device)
     return metrics
 
@@ -127,6 +131,13 @@ def model_card(role: str, log: dict) -> str:
         how += (f"; loss = {spec['distill_alpha']} x next-token cross-entropy + "
                 f"{1 - spec['distill_alpha']:.2f} x KL(target || draft) at temperature "
                 f"{spec['distill_temperature']}, the trained target frozen as teacher")
+        self_distill = tr[role].get("self_distillation")
+        if self_distill:
+            how += (f"; the windows are drawn from the corpus and, beside it, from "
+                    f"{_fmt_int(self_distill['tokens'])} tokens of the target's own greedy "
+                    f"continuations ({self_distill['new_tokens']} tokens) of "
+                    f"{_fmt_int(self_distill['sequences'])} training-set prompts of "
+                    f"{self_distill['prompt_tokens']} tokens (self-distillation)")
     lines = [
         "---",
         "library_name: transformers",
@@ -190,6 +201,7 @@ def model_card(role: str, log: dict) -> str:
         (f"Draft greedy next token equals the target's at {100 * m['greedy_agreement']:.1f}% of the "
         "held-out positions."),
         "",
+        *_speculative_lines(m.get("speculative")),
         f"## Greedy continuations of demo-target ({NEW_TOKENS} new tokens at most)",
         "",
     ]
@@ -198,10 +210,24 @@ def model_card(role: str, log: dict) -> str:
     return "\n".join(lines)
 
 
+def _speculative_lines(spec: dict | None) -> list[str]:
+    if not spec:
+        return []
+    by_pos = ", ".join(f"{100 * a:.0f}%" for a in spec["acceptance_by_position"])
+    return [(f"Greedy speculative decoding of the target's continuations ({spec['new_tokens']} tokens) "
+             f"of {spec['prompts']} held-out prompts of {spec['prompt_tokens']} tokens, replayed "
+             f"exactly with {spec['k']} drafts a round: {spec['accepted_per_round']:.2f} drafts "
+             f"accepted a round ({spec['tokens_per_target_step']:.2f} tokens a target step); "
+             f"acceptance at draft positions 1-{spec['k']}, given the earlier ones accepted: "
+             f"{by_pos}."), ""]
+
+
 def summary(log: dict) -> str:
     m = log["metrics"]
     return (f"done in {log['timings_s']['total_s']:.1f}s: held-out loss target "
             f"{m['target']['heldout_loss']:.4f} (ppl {m['target']['heldout_ppl']:.1f}), draft "
             f"{m['draft']['heldout_loss']:.4f} (ppl {m['draft']['heldout_ppl']:.1f}), uniform "
             f"{m['uniform_loss']:.4f}; greedy agreement {m['greedy_agreement']:.3f}; "
+            + (f"accepted {m['speculative']['accepted_per_round']:.2f} a round of "
+               f"{m['speculative']['k']}; " if "speculative" in m else "") +
             f"weights {log['total_weight_bytes'] / 1e6:.2f} MB")

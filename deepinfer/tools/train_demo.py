@@ -60,13 +60,20 @@ MODEL_DIRS = ("demo-target", "demo-draft")
 
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "assets"
 
-# Default schedules. FULL takes about 75 s on one H200 (~400k target tokens/s) and is bounded by
-# the data, not the time: the ~2.3M-token corpus is seen ~5.7 times; at 2000 steps the target's
-# held-out loss rose from 2.94 (step 1000) to 3.64 (overfitting). QUICK is a CPU smoke run.
-FULL = {"steps": 800, "batch_size": 32, "seq_len": 512, "draft_steps": 800, "warmup": 100,
-          "eval_windows": 64, "eval_every": 100, "log_every": 50}
+# Default schedules. FULL's target takes about 50 s on one H200 (~400k target tokens/s) and is
+# bounded by the data, not the time: the ~2.3M-token corpus is seen ~5.7 times; at 2000 steps the
+# target's held-out loss rose from 2.94 (step 1000) to 3.64 (overfitting). Its draft learns the
+# target's distribution only (alpha 0), on the corpus and on ~6M tokens the target wrote, for
+# 6000 steps (a few minutes): draft recipes are compared in docs/benchmarks.md (issue 8, session
+# 7). QUICK is a CPU smoke run.
+FULL = {"steps": 800, "batch_size": 32, "seq_len": 512, "draft_steps": 6000, "warmup": 100,
+        "eval_windows": 64, "eval_every": 500, "log_every": 250, "self_distill": 24576}
 QUICK = {"steps": 80, "batch_size": 4, "seq_len": 256, "draft_steps": 24, "warmup": 8,
-         "eval_windows": 16, "eval_every": 0, "log_every": 10}
+         "eval_windows": 16, "eval_every": 0, "log_every": 10, "self_distill": 0}
+# Self-distillation: prompts of the benchmark's length, continued as far as a draft usually reads.
+SELF_DISTILL_PROMPT, SELF_DISTILL_NEW, SELF_DISTILL_BATCH = 64, 192, 512
+# The speculative replay of the evaluation: held-out prompts as `deepinfer bench spec` takes them.
+SPEC_PROMPTS, SPEC_PROMPT_LEN, SPEC_NEW_TOKENS, SPEC_K = 64, 64, 128, 5
 
 
 # ----------------------------------------------------------------------------- models
@@ -165,9 +172,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=2e-3, help="target peak learning rate")
     p.add_argument("--draft-lr", type=float, default=3e-3, help="draft peak learning rate")
     p.add_argument("--warmup", type=int, help="warmup steps (both models)")
-    p.add_argument("--distill-alpha", type=float, default=0.5,
+    p.add_argument("--distill-alpha", type=float, default=0.0,
                    help="draft loss = alpha * next-token CE + (1 - alpha) * KL(target || draft)")
     p.add_argument("--distill-temperature", type=float, default=1.0)
+    p.add_argument("--self-distill", type=int,
+                   help="also distil the draft on the target's greedy continuations of this many "
+                        f"training-set prompts (default {FULL['self_distill']}, quick {QUICK['self_distill']})")
+    p.add_argument("--evaluate-only", action="store_true",
+                   help="evaluate the pair in --out again and rewrite its log's metrics and cards")
+    p.add_argument("--draft-only", action="store_true",
+                   help="keep --out's demo-target, tokenizer and log; train only a new draft for it")
     p.add_argument("--eval-windows", type=int, help="held-out windows for the final evaluation")
     p.add_argument("--eval-every", type=int, help="held-out check every N steps (0 = off)")
     p.add_argument("--log-every", type=int, help="print progress every N steps")
@@ -197,12 +211,28 @@ def _import_demo_card():
     return _import_sibling("demo_card")
 
 
+def _load_target(out: Path, device):
+    """--draft-only: the target, tokenizer and log already in --out."""
+    import torch
+    from tokenizers import Tokenizer
+    from transformers import AutoModelForCausalLM
+
+    target_dir = out / "demo-target"
+    if not (target_dir / "config.json").is_file() or not (out / "train_log.json").is_file():
+        raise SystemExit(f"--draft-only needs a trained pair in --out ({out}): demo-target/ and "
+                         "train_log.json (copy deepinfer/assets there first)")
+    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).to(device).eval()
+    prior = json.loads((out / "train_log.json").read_text(encoding="utf-8"))
+    return Tokenizer.from_file(str(target_dir / "tokenizer.json")), target, prior
+
+
 def run_training(args: argparse.Namespace) -> dict:
     import tokenizers
     import torch
     import transformers
 
     demo_card = _import_demo_card()
+    demo_distill = _import_sibling("demo_distill")
     t_start = time.perf_counter()
     transformers.utils.logging.disable_progress_bar()
     out = Path(args.out)
@@ -215,7 +245,14 @@ def run_training(args: argparse.Namespace) -> dict:
         f"(Python {corpus.record['python_version']}), {corpus.record['num_heldout_files']} held out, "
         f"sha256 {corpus.record['sha256'][:16]}")
     t = time.perf_counter()
-    tokenizer = demo_data.train_tokenizer(corpus.train_texts)
+    prior = None
+    if args.draft_only:
+        tokenizer, target, prior = _load_target(out, device)
+        if prior["corpus"]["sha256"] != corpus.record["sha256"]:
+            log("warning: this stdlib is not the corpus the target trained on (sha256 "
+                f"{prior['corpus']['sha256'][:16]}): the draft learns from a different corpus")
+    else:
+        tokenizer = demo_data.train_tokenizer(corpus.train_texts)
     train_ids, train_starts = demo_data.encode_stream(tokenizer, corpus.train_texts)
     heldout_ids, _ = demo_data.encode_stream(tokenizer, corpus.heldout_texts)
     timings["tokenizer_s"] = time.perf_counter() - t
@@ -228,26 +265,46 @@ def run_training(args: argparse.Namespace) -> dict:
     monitor = demo_card.heldout_windows(heldout_ids, 8, args.seq_len)
     eval_fn = lambda m: demo_card.mean_loss(m, monitor, device)
 
-    target = build_model(target_config(), args.seed)
+    if not args.draft_only:
+        target = build_model(target_config(), args.seed)
     draft = build_model(draft_config(), args.seed + 1)
     params = {"target": count_params(target), "draft": count_params(draft)}
     log(f"params: target {params['target']:,}, draft {params['draft']:,}")
     bf16_bytes = 2 * (params["target"] + params["draft"])
     assert bf16_bytes <= TOTAL_SIZE_LIMIT, f"models too large: {bf16_bytes} bytes"
 
-    target_spec = TrainSpec("target", args.steps, args.batch_size, args.seq_len, args.lr, args.warmup)
-    target_stats = train_model(target, data, target_spec, device, args.seed, args.log_every,
-                               eval_fn=eval_fn, eval_every=args.eval_every, doc_starts=train_starts)
+    if args.draft_only:
+        target_stats = prior["training"]["target"]
+    else:
+        target_spec = TrainSpec("target", args.steps, args.batch_size, args.seq_len, args.lr, args.warmup)
+        target_stats = train_model(target, data, target_spec, device, args.seed, args.log_every,
+                                   eval_fn=eval_fn, eval_every=args.eval_every, doc_starts=train_starts)
+    draft_data, draft_starts, self_record = data, train_starts, None
+    if args.self_distill:
+        t = time.perf_counter()
+        stream, starts = demo_distill.self_generated_stream(
+            target, train_ids, train_starts, args.self_distill, SELF_DISTILL_PROMPT, SELF_DISTILL_NEW,
+            SELF_DISTILL_BATCH, device, args.seed + 2, demo_data.EOS_ID)
+        draft_data = torch.cat([data, stream.to(device)])
+        draft_starts = torch.cat([train_starts, starts + train_ids.numel()])
+        timings["self_distill_s"] = time.perf_counter() - t
+        self_record = {"sequences": args.self_distill, "prompt_tokens": SELF_DISTILL_PROMPT,
+                       "new_tokens": SELF_DISTILL_NEW, "tokens": stream.numel(),
+                       "generate_s": timings["self_distill_s"]}
+        log(f"self-distillation: {stream.numel():,} tokens of the target's greedy continuations "
+            f"({timings['self_distill_s']:.1f}s)")
     draft_spec = TrainSpec("draft", args.draft_steps, args.batch_size, args.seq_len, args.draft_lr,
                            args.warmup, distill_alpha=args.distill_alpha,
                            distill_temperature=args.distill_temperature)
-    draft_stats = train_model(draft, data, draft_spec, device, args.seed + 1, args.log_every,
+    draft_stats = train_model(draft, draft_data, draft_spec, device, args.seed + 1, args.log_every,
                               teacher=target, eval_fn=eval_fn, eval_every=args.eval_every,
-                              doc_starts=train_starts)
-    del data
+                              doc_starts=draft_starts)
+    draft_stats["self_distillation"] = self_record
+    del data, draft_data
 
-    saved = {"target": save_model_dir(target, tokenizer, out / "demo-target"),
-             "draft": save_model_dir(draft, tokenizer, out / "demo-draft")}
+    saved = {"draft": save_model_dir(draft, tokenizer, out / "demo-draft")}
+    saved["target"] = (prior["files"]["target"] if args.draft_only
+                       else save_model_dir(target, tokenizer, out / "demo-target"))
     total_bytes = sum(s["weight_bytes"] for s in saved.values())
     log(f"saved: target {saved['target']['weight_bytes']:,} B in {len(saved['target']['safetensors'])} "
         f"file(s), draft {saved['draft']['weight_bytes']:,} B; total {total_bytes:,} B "
@@ -256,15 +313,15 @@ def run_training(args: argparse.Namespace) -> dict:
     del target, draft
 
     t = time.perf_counter()
-    metrics = demo_card.evaluate_pair(out / "demo-target", out / "demo-draft", heldout_ids,
-                                      args.eval_windows, args.seq_len, device)
+    metrics = _evaluate(out, tokenizer, corpus, heldout_ids, args, device)
     timings["eval_s"] = time.perf_counter() - t
     timings["total_s"] = time.perf_counter() - t_start
 
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else (
         f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)")
+    settings = {k: v for k, v in vars(args).items() if k not in ("pack", "unpack")}
     train_log = {
-        "settings": {k: v for k, v in vars(args).items() if k not in ("pack", "unpack")},
+        "settings": settings,
         "device": device_name,
         "versions": {"python": platform.python_version(), "torch": torch.__version__,
                      "transformers": transformers.__version__, "tokenizers": tokenizers.__version__},
@@ -279,11 +336,50 @@ def run_training(args: argparse.Namespace) -> dict:
         "metrics": metrics,
         "timings_s": timings,
     }
+    if prior is not None:  # the target's run, kept as it was
+        train_log["target_run"] = {key: prior.get("target_run", {}).get(key, prior[key])
+                                   for key in ("settings", "device", "versions", "timings_s")}
+    _write_log_and_cards(out, train_log)
+    return train_log
+
+
+def _evaluate(out: Path, tokenizer, corpus, heldout_ids, args, device) -> dict:
+    demo_distill = _import_sibling("demo_distill")
+    spec_prompts = demo_distill.heldout_prompts(tokenizer, corpus.heldout_texts, SPEC_PROMPTS,
+                                                SPEC_PROMPT_LEN)
+    return _import_demo_card().evaluate_pair(
+        out / "demo-target", out / "demo-draft", heldout_ids, args.eval_windows, args.seq_len, device,
+        spec=lambda t, d: demo_distill.speculative_acceptance(t, d, spec_prompts, SPEC_NEW_TOKENS, SPEC_K,
+                                                              device))
+
+
+def _write_log_and_cards(out: Path, train_log: dict) -> None:
+    demo_card = _import_demo_card()
     demo_data.write_json(out / "train_log.json", train_log)
     for role in ("target", "draft"):
         (out / f"demo-{role}" / "README.md").write_text(
             demo_card.model_card(role, train_log), encoding="utf-8")
     log(demo_card.summary(train_log))
+
+
+def reevaluate(args: argparse.Namespace) -> dict:
+    """--evaluate-only: the pair in --out evaluated again (after the evaluation changed), its log's
+    metrics and both cards rewritten; the weights are not touched."""
+    import torch
+
+    out, device = Path(args.out), pick_device(args.device)
+    tokenizer, target, train_log = _load_target(out, device)
+    del target
+    corpus = demo_data.collect_corpus(args.stdlib, args.max_files)
+    if corpus.record["sha256"] != train_log["corpus"]["sha256"]:
+        raise SystemExit("--evaluate-only: this stdlib is not the corpus of the log (sha256 "
+                         f"{train_log['corpus']['sha256'][:16]}): its held-out files would differ")
+    heldout_ids, _ = demo_data.encode_stream(tokenizer, corpus.heldout_texts)
+    t = time.perf_counter()
+    train_log["metrics"] = _evaluate(out, tokenizer, corpus, heldout_ids, args, device)
+    train_log["timings_s"]["eval_s"] = time.perf_counter() - t
+    train_log["evaluation_device"] = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    _write_log_and_cards(out, train_log)
     return train_log
 
 
@@ -291,6 +387,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.unpack:
         _import_sibling("demo_pack").unpack(args.unpack, args.out, MODEL_DIRS)
+        return 0
+    if args.evaluate_only:
+        reevaluate(args)
         return 0
     run_training(args)
     if args.pack:
