@@ -16,6 +16,9 @@ from deepinfer import LLM, SamplingParams
 
 PROMPTS = ["import os\n", "def read_config(path):\n", "class Stack:\n    def __init__(self):\n"]
 ROOT = Path(__file__).resolve().parents[1]
+# Drafts accepted a round of 5 in the replay below (8 held-out prompts, 48 new tokens): the shipped
+# draft (self-distilled) 1.06, the draft it replaced (distilled on the corpus only) 0.68.
+ACCEPTED_PER_ROUND_FLOOR = 0.9
 
 
 @pytest.fixture(scope="module", params=["target", "draft"])
@@ -85,11 +88,38 @@ def _loss(path: str, texts: list[str]) -> float:
     return total / count
 
 
-def test_heldout_loss_target_below_draft_far_below_uniform():
+def test_heldout_loss_far_below_uniform():
+    # the distilled draft may come out a little below its (overfitted) target on held-out text
     texts = _heldout_sample()
     target, draft = _loss(deepinfer.DEMO_MODEL, texts), _loss(deepinfer.DEMO_DRAFT_MODEL, texts)
     uniform = math.log(8192)
-    assert target < draft < 0.6 * uniform, (target, draft, uniform)
+    assert max(target, draft) < 0.6 * uniform and abs(target - draft) < 0.5, (target, draft, uniform)
+
+
+def test_draft_model_speculation_is_the_greedy_replay_and_the_draft_is_accepted():
+    """The engine's draft-model drafter (float32) accepts exactly the drafts that a replay of
+    greedy speculative decoding with transformers' models accepts, position by position; and the
+    shipped draft is accepted often enough to be worth running (its card gives the figures)."""
+    from tokenizers import Tokenizer
+    from transformers import AutoModelForCausalLM
+
+    from deepinfer.tools.demo_data import collect_corpus
+    from deepinfer.tools.demo_distill import heldout_prompts, speculative_acceptance
+
+    k, new_tokens = 5, 48
+    tok = Tokenizer.from_file(str(Path(deepinfer.DEMO_MODEL) / "tokenizer.json"))
+    prompts = heldout_prompts(tok, collect_corpus().heldout_texts, 8, 64)
+    load = lambda p: AutoModelForCausalLM.from_pretrained(p, dtype=torch.float32).eval()
+    replay = speculative_acceptance(load(deepinfer.DEMO_MODEL), load(deepinfer.DEMO_DRAFT_MODEL), prompts,
+                                    new_tokens, k, "cpu")
+    llm = LLM(dtype="float32", progress=False, plugins=["draft-model"])
+    llm.generate([{"prompt_token_ids": p} for p in prompts.tolist()],
+                 SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True), use_tqdm=False)
+    m = llm.get_metrics()
+    assert m["deepinfer:spec_decode_num_drafts"] == replay["rounds"]
+    assert [m.get(f"deepinfer:spec_decode_num_accepted_tokens_pos_{i}", 0) for i in range(k)] == \
+        replay["accepted_by_position"]
+    assert replay["accepted_per_round"] > ACCEPTED_PER_ROUND_FLOOR, replay
 
 
 @pytest.mark.slow
