@@ -17,6 +17,9 @@ def add_spec_parser(bsub, add_engine_args, engine_overrides) -> None:
     b.add_argument("--input-len", type=int, default=64, help="prompt tokens (from held-out stdlib files)")
     b.add_argument("--output-len", type=int, default=128)
     b.add_argument("--repeats", type=int, default=3)
+    b.add_argument("--prompts", type=int, default=8,
+                   help="distinct prompts a run decodes, in batches of --batch one after another "
+                        "(at least one batch): at batch 1 the figures are not one prompt's")
     b.set_defaults(func=lambda a, _ov=engine_overrides: run_spec(a, _ov(a)))
 
 
@@ -45,19 +48,22 @@ def run_spec(args, overrides: dict) -> int:
         plugins = base_plugins + ([] if drafter == "none" else [drafter])
         llm = LLM(model, config_file=args.config_file, progress=False, plugins=plugins, **overrides)
         for batch in batches:
-            prompts = stdlib_prompts(llm.get_tokenizer(), batch, args.input_len)
+            groups = max(1, -(-args.prompts // batch))
+            prompts = stdlib_prompts(llm.get_tokenizer(), groups * batch, args.input_len)
             params = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True)
             llm.generate({"prompt_token_ids": prompts[0]}, SamplingParams(max_tokens=4), use_tqdm=False)
             m0, secs = llm.get_metrics(), []
             for _ in range(args.repeats):
                 t = time.perf_counter()
-                llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+                for g in range(groups):
+                    llm.generate([{"prompt_token_ids": p} for p in prompts[g * batch:(g + 1) * batch]], params,
+                                 use_tqdm=False)
                 secs.append(time.perf_counter() - t)
             m = {k: v - m0.get(k, 0) for k, v in llm.get_metrics().items()}
             drafts = m.get("deepinfer:spec_decode_num_drafts", 0)
             rows.append({
                 "drafter": drafter, "batch": batch, "seconds": statistics.median(secs),
-                "tok_s": batch * args.output_len / statistics.median(secs),
+                "tok_s": groups * batch * args.output_len / statistics.median(secs),
                 "tokens_per_step": m["deepinfer:generation_tokens"] / m["deepinfer:request_sampling_steps"],
                 "verified_per_draft": m.get("deepinfer:spec_decode_num_verified_tokens", 0) / drafts if drafts else 0,
                 "accepted_per_draft": m.get("deepinfer:spec_decode_num_accepted_tokens", 0) / drafts if drafts else 0,
@@ -72,7 +78,7 @@ def run_spec(args, overrides: dict) -> int:
 
 def report(args, rows: list[dict]) -> None:
     print(f"deepinfer bench spec: greedy, {args.input_len}-token prompts, {args.output_len} new tokens, "
-          f"median of {args.repeats}")
+          f"at least {args.prompts} prompts a run (batches one after another), median of {args.repeats} runs")
     print(f"{'drafter':<13}{'batch':>6}{'seconds':>9}{'tok/s':>9}{'vs none':>9}{'tok/step':>10}"
           f"{'verified':>10}{'accepted':>10}")
     base = {r["batch"]: r["tok_s"] for r in rows if r["drafter"] == "none"}
