@@ -31,6 +31,14 @@ from ``min_value`` to 0, and what is worth doing is decided by the round depth a
 (``verify_all_in_graphs``, on by default). It is decided once, when the engine enables graphs:
 the steps that still verify eagerly (a batch larger than the largest captured size, a sequence
 longer than ``max_seq_len_to_capture``, a prefill chunk in the step) then verify every draft too.
+
+Drafting in one graph (``loop_graph``, on by default). With device graphs, a greedy round's draft
+steps after the first replay from one graph, so the round costs one launch and one copy to the
+host whatever its depth: deepspark then drafts all k (neither the early stop nor the round depth
+is consulted, as there is nothing to save by stopping) and the rule above chooses each request's
+verified prefix from the drafts' confidences, as the published DeepSpark does. Rounds that the
+loop graph does not cover (sampled requests, a batch or sequence beyond the captured sizes) draft
+step by step as above.
 """
 from __future__ import annotations
 
@@ -173,7 +181,10 @@ class DeepSparkDrafter(DraftModelDrafter):
         start = self._mark = self.clock()
         if self._ended is not None:
             self.costs.update("rest", start - self._ended)
-        drafts = self.runner.propose(list(requests), self.k, go_on, self.another_step)
+        if self.runner.loop is not None:  # a round's steps from one graph: draft all k, then choose
+            drafts = self.runner.propose(list(requests), self.k)
+        else:
+            drafts = self.runner.propose(list(requests), self.k, go_on, self.another_step)
         self._ended = self.clock() if drafts else None
         chains = {rid: self.value_chain(d.confidence) for rid, d in drafts.items()}
         n_verify = {rid: sum(1 for v in chain if v >= self.verify_threshold) for rid, (_, chain) in chains.items()}

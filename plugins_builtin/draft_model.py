@@ -37,6 +37,9 @@ class DraftModelOptions(BaseModel):
     num_speculative_tokens: int = Field(5, ge=1, le=16)
     num_blocks: int | None = Field(None, ge=1, description="draft KV blocks (default: max_num_seqs full-length "
                                                             "sequences, at most the target's block count)")
+    loop_graph: bool = Field(True, description="with device graphs, replay a greedy round's draft steps after "
+                                               "the first from one graph (one launch and one copy to the host "
+                                               "for k - 1 steps)")
 
 
 class DraftModelDrafter(Drafter):
@@ -59,7 +62,8 @@ class DraftModelDrafter(Drafter):
         return self.k
 
     def enable_graphs(self, graphs, batch_sizes, max_seq_len) -> None:
-        self.runner.enable_graphs(graphs, batch_sizes, max_seq_len)
+        loop_steps = self.k - 1 if self.options.loop_graph else 0
+        self.runner.enable_graphs(graphs, batch_sizes, max_seq_len, loop_steps)
 
     def propose(self, requests: list[Request]) -> dict[str, DraftProposal]:
         drafts = self.runner.propose(list(requests), self.k)

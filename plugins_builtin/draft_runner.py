@@ -26,6 +26,38 @@ class _DraftSeq:
     generator: torch.Generator | None = None
 
 
+class DraftLoopGraphs(DecodeGraphs):
+    """Greedy draft steps 2..k of a round in one replay: each step's argmax is the next step's
+    input, its position, slot and length advance on the device, and the output holds every step's
+    token and probability, [size, 2, steps] (float32: token ids below 2^24 are exact). One replay
+    and one copy to the host replace k - 1 launches, each waiting for its token on the host."""
+
+    def __init__(self, *args, steps: int, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.steps = steps
+
+    def captured_work(self, batch) -> torch.Tensor:
+        bs, tokens, probs = self.block_size, [], []
+        real = batch.slot_mapping >= 0  # padding rows keep slot -1: they write nothing
+        for step in range(self.steps):
+            if step:
+                batch.input_ids.copy_(tokens[-1])
+                batch.positions.add_(real.long())
+                batch.seq_lens.add_(real.int())
+                pos = batch.positions
+                block = batch.block_tables.gather(1, (pos // bs)[:, None]).squeeze(1).long()
+                batch.slot_mapping.copy_(torch.where(real, block * bs + pos % bs, -1))
+            hidden = super().captured_work(batch)
+            p, t = self.model.compute_logits(hidden).float().softmax(-1).max(-1)
+            tokens.append(t)
+            probs.append(p)
+        return torch.stack((torch.stack(tokens, 1).float(), torch.stack(probs, 1)), dim=1)
+
+    def max_len_for(self, starts) -> int:
+        """The longest sequence a replay from these starts reaches (for ``size_for``)."""
+        return max(starts) + self.steps
+
+
 @dataclass(frozen=True, slots=True)
 class Draft:
     tokens: list[int]
@@ -50,16 +82,20 @@ class DraftRunner:
         self.vocab_size = self.model.config.vocab_size
         self.graphs: DecodeGraphs | None = None
         self.first_graphs: DecodeGraphs | None = None  # a round's first step: 1 or 2 tokens a sequence
+        self.loop: DraftLoopGraphs | None = None  # greedy steps 2..k of a round in one replay
         target_vocab = ctx.model_config.get("vocab_size")
         if target_vocab is not None and target_vocab != self.vocab_size:
             raise ValueError(f"the draft model {model_dir!r} has vocabulary {self.vocab_size}, the target "
                              f"{target_vocab}: a draft must share the target's tokenizer")
 
-    def enable_graphs(self, graphs: DeviceGraphs, batch_sizes: list[int], max_seq_len: int) -> None:
+    def enable_graphs(self, graphs: DeviceGraphs, batch_sizes: list[int], max_seq_len: int,
+                      loop_steps: int = 0) -> None:
         """Replay the draft's steps from graphs captured for these batch sizes: one-token steps
         (every draft step after a round's first) and steps of up to two tokens a sequence (a
         round's first after the prompt: the target's token, behind the last accepted draft when all
-        were accepted). Steps they do not cover run eagerly."""
+        were accepted). Steps they do not cover run eagerly. With ``loop_steps``, rounds that
+        draft greedily to the end replay their steps after the first from one graph of that many
+        steps (``DraftLoopGraphs``)."""
         if not self.attention.supports_graphs:
             raise ValueError(f"the attention plugin {self.attention.name!r} cannot run in device graphs; "
                              "the draft model runs eagerly with it (do not enable graphs)")
@@ -68,6 +104,10 @@ class DraftRunner:
         one.capture()
         two.capture()
         self.graphs, self.first_graphs = one, two
+        if loop_steps > 0:
+            self.loop = DraftLoopGraphs(self.model, self.attention, self.kv_caches, graphs, self.device,
+                                        self.block_size, batch_sizes, max_seq_len, steps=loop_steps)
+            self.loop.capture()
 
     def _forward_last(self, feeds: list[tuple[list[int], int, list[int]]]) -> torch.Tensor:
         """Logits (float32) of each feed's last token, after computing the feeds' tokens."""
@@ -136,6 +176,10 @@ class DraftRunner:
             live.append((req, seq))
         if not live:
             return {}
+        if go_on is None and another_step is None and all(req.params.greedy for req, _ in live):
+            drafts = self._propose_in_loop(live, feeds, k)
+            if drafts is not None:
+                return drafts
         drafted: list[list[int]] = [[] for _ in live]
         probs: list[list[torch.Tensor]] = [[] for _ in live]
         conf: list[list[float]] = [[] for _ in live]
@@ -174,6 +218,29 @@ class DraftRunner:
         for i, (req, _) in enumerate(live):
             stacked = None if req.params.greedy else torch.stack(probs[i])
             out[req.request_id] = Draft(drafted[i], stacked, conf[i])
+        return out
+
+    def _propose_in_loop(self, live: list[tuple[Request, _DraftSeq]], feeds, k: int) -> dict[str, Draft] | None:
+        """Greedy rounds of k drafts for every request: the first step as usual, the rest from the
+        loop graph, then one copy to the host. None when no loop graph covers the round."""
+        loop = self.loop
+        if loop is None or loop.steps != k - 1:
+            return None
+        starts = [len(seq.tokens) for _, seq in live]  # where each first draft goes
+        size = loop.size_for(len(live), loop.max_len_for(starts))
+        if size is None:
+            return None
+        best_p, best = self._forward_last(feeds).softmax(-1).max(-1)
+        tables = [[b.block_id for b in seq.blocks] for _, seq in live]
+        rest = loop.run(size, [-(i + 1) for i in range(len(live))], starts, tables, best)
+        tokens = torch.cat((best.float()[:, None], rest[:, 0]), dim=1)   # [n, k]
+        probs = torch.cat((best_p[:, None], rest[:, 1]), dim=1)
+        tokens, probs = torch.stack((tokens, probs)).tolist()
+        out = {}
+        for i, (req, seq) in enumerate(live):
+            drafted = [int(t) for t in tokens[i]]
+            seq.tokens.extend(drafted[:-1])  # the loop computed the KV of all but the last
+            out[req.request_id] = Draft(drafted, None, probs[i])
         return out
 
     def _sample(self, logits: torch.Tensor, req: Request, seq: _DraftSeq) -> tuple[int, torch.Tensor]:

@@ -96,12 +96,12 @@ class DecodeGraphs:
         """Record the forward of every batch size, largest first (the captures share memory)."""
         for b in reversed(self.sizes):
             batch = self._batch(b)
+            self._replays[b] = self.api.capture(lambda batch=batch: self.captured_work(batch))
 
-            def forward(batch=batch) -> torch.Tensor:
-                meta = self.attention.build_metadata(batch)
-                return self.model(batch.input_ids, batch.positions, self.kv_caches, meta)
-
-            self._replays[b] = self.api.capture(forward)
+    def captured_work(self, batch: StepBatch) -> torch.Tensor:
+        """What a replay computes from the static inputs: one forward (a subclass may do more)."""
+        meta = self.attention.build_metadata(batch)
+        return self.model(batch.input_ids, batch.positions, self.kv_caches, meta)
 
     def size_for(self, num_seqs: int, max_seq_len: int) -> int | None:
         """The captured batch size a step of this shape replays, or None (run it eagerly).

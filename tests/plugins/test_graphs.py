@@ -89,16 +89,16 @@ def test_graph_steps_give_the_eager_tokens_in_the_interpreter(tmp_path):
     assert got["captured"] == 3
 
 
-@pytest.mark.parametrize("drafter", ["draft-model", "deepspark"])
-def test_speculative_steps_from_graphs_give_the_eager_drafts_and_tokens_in_the_interpreter(tmp_path, drafter):
+@pytest.mark.parametrize(("drafter", "loop"), [("draft-model", True), ("draft-model", False), ("deepspark", True)])
+def test_speculative_steps_from_graphs_give_the_eager_drafts_and_tokens_in_the_interpreter(tmp_path, drafter, loop):
     from tests.tiny_models import hybrid, make_model
 
     make_model(tmp_path, "qwen3", **hybrid(12))
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    res = subprocess.run([sys.executable, "-m", "tests.plugins.test_graphs", str(tmp_path), "draft", drafter],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
+    res = subprocess.run([sys.executable, "-m", "tests.plugins.test_graphs", str(tmp_path), "draft", drafter,
+                          str(int(loop))], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    check_draft_graphs(json.loads(res.stdout.strip().splitlines()[-1]), drafter)
+    check_draft_graphs(json.loads(res.stdout.strip().splitlines()[-1]), drafter, loop)
 
 
 def test_graphs_need_an_attention_plugin_that_supports_them(tmp_path):
@@ -133,8 +133,10 @@ def test_cuda_graphs_of_speculative_steps_give_the_eager_drafts_and_tokens(tmp_p
     from tests.tiny_models import hybrid, make_model
 
     make_model(tmp_path, "qwen3", **hybrid(12))
-    check_draft_graphs(draft_both(str(tmp_path), lambda: CUDAGraphs(torch.device("cuda")), device="sm90",
-                                  dtype="float32", block_size=4, num_kv_blocks=96, max_model_len=96), "draft-model")
+    for loop in (True, False):
+        check_draft_graphs(draft_both(str(tmp_path), lambda: CUDAGraphs(torch.device("cuda")), loop=loop,
+                                      device="sm90", dtype="float32", block_size=4, num_kv_blocks=96,
+                                      max_model_len=96), "draft-model", loop)
 
 
 def _main(model_dir: str) -> None:
@@ -151,13 +153,14 @@ def _main(model_dir: str) -> None:
     print(json.dumps(got))
 
 
-def draft_both(model_dir: str, graphs_factory, drafter: str = "draft-model", **engine) -> dict:
+def draft_both(model_dir: str, graphs_factory, drafter: str = "draft-model", loop: bool = True, **engine) -> dict:
     """A drafter whose draft is the target itself, with every step eager and with graphs for the
-    target's decode steps, its verification steps and the draft's one-token steps; and the target
-    alone. Tokens, proposals, the sizes replayed per kind of graph, accepted drafts."""
+    target's decode steps, its verification steps and the draft's steps (``loop``: a round's steps
+    after the first from one graph; else one graph a step); and the target alone. Tokens,
+    proposals, the sizes replayed per kind of graph, accepted drafts."""
     from deepinfer import LLM, SamplingParams
     from deepinfer.core.graphs import DecodeGraphs
-    from deepinfer_builtin.draft_runner import DraftRunner
+    from deepinfer_builtin.draft_runner import DraftLoopGraphs, DraftRunner
 
     prompts = [{"prompt_token_ids": p} for p in _prompts([5, 3, 30, 9])]
     greedy = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (12, 34, 24)]
@@ -166,19 +169,23 @@ def draft_both(model_dir: str, graphs_factory, drafter: str = "draft-model", **e
     params = [SamplingParams(temperature=0, max_tokens=10, ignore_eos=True, repetition_penalty=1.5), *greedy]
     triton = {"triton": {"split_size": 16}}
     # deepspark: a low bar, so that how many drafts a request verifies varies as acceptance is learnt
-    # (and no timing in its round depth, nor verifying all in graphs: the two runs must draft alike)
-    extra = {"min_value": 0.04, "cost_aware": False, "verify_all_in_graphs": False} if drafter == "deepspark" else {}
+    # (and no timing in its round depth, no early stop, nor verifying all in graphs: the two runs
+    # must draft alike, and with the loop graph every round drafts all k)
+    extra = {"min_value": 0.04, "cost_aware": False, "verify_all_in_graphs": False,
+             "early_stop": False} if drafter == "deepspark" else {}
+    extra["loop_graph"] = loop
     base = LLM(model_dir, plugins=["triton"], progress=False, enforce_eager=True, plugin_options=triton, **engine)
     out = {"reference": [o.outputs[0].token_ids for o in base.generate(prompts, params, use_tqdm=False)]}
     del base
-    replayed: dict[str, Counter[int]] = {"one-token": Counter(), "verify": Counter(), "draft-first": Counter()}
+    replayed: dict[str, Counter[int]] = {"one-token": Counter(), "verify": Counter(), "draft-first": Counter(),
+                                         "loop": Counter()}
     proposals: list = []
     flags_wrong: list = []  # padded steps whose one-token flags disagree with their runs
     draft_firsts: list = []  # the draft's graphs for a round's first step
     run, run_padded, propose = DecodeGraphs.run, DecodeGraphs.run_padded, DraftRunner.propose
 
     def counting(self, size, *args):
-        replayed["one-token"][size] += 1
+        replayed["loop" if isinstance(self, DraftLoopGraphs) else "one-token"][size] += 1
         return run(self, size, *args)
 
     def counting_padded(self, size, tokens, *args):
@@ -222,12 +229,16 @@ def draft_both(model_dir: str, graphs_factory, drafter: str = "draft-model", **e
     return out
 
 
-def check_draft_graphs(got: dict, drafter: str) -> None:
+def check_draft_graphs(got: dict, drafter: str, loop: bool) -> None:
     assert got["graphs"]["proposals"] == got["eager"]["proposals"]  # draft for draft, the same tokens
     assert got["graphs"]["tokens"] == got["eager"]["tokens"] == got["reference"]
     replayed = got["graphs"]["replayed"]
-    # draft steps after a round's first are one token per sequence: replays of 4 (3 padded to 4), of 1...
-    assert replayed["one-token"].get("4", 0) > 0 and replayed["one-token"].get("1", 0) > 0
+    # draft steps after a round's first are one token per sequence: replays of 4 (3 padded to 4),
+    # of 1, from one-token graphs, or with the loop from the loop graph (a round's steps at once)...
+    steps = replayed["loop" if loop else "one-token"]
+    assert steps.get("4", 0) > 0 and steps.get("1", 0) > 0
+    if not loop:
+        assert replayed["loop"] == {}
     # ... verification steps replay theirs, the penalised request's one-token run in them too: 4
     # sequences, then fewer (with deepspark, requests verify different numbers of drafts, so the
     # rows behind a short run must not shift: a test of the padded layout) ...
@@ -238,17 +249,17 @@ def check_draft_graphs(got: dict, drafter: str) -> None:
     if drafter == "draft-model":
         assert sum(replayed["draft-first"].values()) > 0
     assert got["graphs"]["flags_wrong"] == []
-    assert got["eager"]["replayed"] == {"one-token": {}, "verify": {}, "draft-first": {}}
+    assert got["eager"]["replayed"] == {"one-token": {}, "verify": {}, "draft-first": {}, "loop": {}}
     assert got["graphs"]["accepted"] > 0  # the draft is the target itself: drafts are accepted
 
 
-def _main_draft(model_dir: str, drafter: str) -> None:
-    print(json.dumps(draft_both(model_dir, EagerGraphs, drafter, device="cpu", dtype="float32", block_size=4,
+def _main_draft(model_dir: str, drafter: str, loop: bool) -> None:
+    print(json.dumps(draft_both(model_dir, EagerGraphs, drafter, loop, device="cpu", dtype="float32", block_size=4,
                                 num_kv_blocks=96, max_model_len=96)))
 
 
 if __name__ == "__main__":
     if sys.argv[2:3] == ["draft"]:
-        _main_draft(sys.argv[1], sys.argv[3])
+        _main_draft(sys.argv[1], sys.argv[3], sys.argv[4] == "1")
     else:
         _main(sys.argv[1])
