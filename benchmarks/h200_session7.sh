@@ -59,3 +59,12 @@ if [ "${1:-a}" = d ]; then
   timeout 80 python3 -m deepinfer.cli bench spec --device sm90 --drafters deepspark --batch 1,64 --output-len 256 \
     --repeats 3 --plugin-options '{"deepspark": {"verify_all_in_graphs": false}}' 2>&1 | filter > "$OUT/spec_choose.txt"
 fi
+if [ "${1:-a}" = e ]; then
+  # where a speculative round's time goes with the loop graph: batch 1 (none, draft-model,
+  # deepspark) and batch 64 (draft-model, deepspark)
+  cd benchmarks
+  timeout 200 python3 h200_spec_profile.py --out "$OUT/b1" --drafters none,draft-model,deepspark --batch 1 \
+    --output-len 256 > "$OUT/b1.log" 2>&1
+  timeout 150 python3 h200_spec_profile.py --out "$OUT/b64" --drafters draft-model,deepspark --batch 64 \
+    --output-len 256 > "$OUT/b64.log" 2>&1
+fi
