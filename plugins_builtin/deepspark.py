@@ -186,9 +186,14 @@ class DeepSparkDrafter(DraftModelDrafter):
         else:
             drafts = self.runner.propose(list(requests), self.k, go_on, self.another_step)
         self._ended = self.clock() if drafts else None
+        budget = self.options.verify_budget
+        if self.verify_threshold == 0.0 and not budget:  # every P_j passes: verify all, learn later
+            bucket = self.table.bucket
+            for rid, d in drafts.items():
+                self._buckets[rid] = [bucket(c) for c in d.confidence]
+            return {rid: DraftProposal(d.tokens, d.probs, len(d.tokens)) for rid, d in drafts.items()}
         chains = {rid: self.value_chain(d.confidence) for rid, d in drafts.items()}
         n_verify = {rid: sum(1 for v in chain if v >= self.verify_threshold) for rid, (_, chain) in chains.items()}
-        budget = self.options.verify_budget
         if budget and sum(n_verify.values()) > budget:
             ranked = sorted(((v, rid, j) for rid, (_, chain) in chains.items()
                              for j, v in enumerate(chain[:n_verify[rid]])), reverse=True)[:budget]

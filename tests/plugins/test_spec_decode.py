@@ -189,6 +189,27 @@ def test_deepspark_round_depth_follows_the_measured_costs(batch):
     assert learning.costs.rest == 0.010
 
 
+def test_deepspark_verifying_everything_skips_the_chains_and_learns_the_same():
+    """Where every P_j passes (verification free in graphs, no budget), proposals verify all
+    drafts and record the same buckets as the general rule would (here run through a budget
+    larger than the drafts)."""
+    from types import SimpleNamespace
+
+    from deepinfer_builtin.draft_runner import Draft
+
+    drafts = {"a": Draft([5, 6, 7], None, [0.95, 0.4, 0.05]), "b": Draft([8, 9], None, [0.15, 0.75])}
+    got = []
+    for budget in (0, 1000):
+        d = _timed_deepspark(step_seconds=0.001, rest_seconds=0.010)
+        d.options = d.options.model_copy(update={"buckets": 10, "verify_budget": budget})
+        d.table = AcceptanceTable(10, 5, 4.0)
+        d.free_verification, d._ended, d._buckets, d.k = True, None, {}, 5
+        d.runner = SimpleNamespace(loop=object(), propose=lambda requests, k: dict(drafts))
+        props = d.propose([SimpleNamespace(request_id="a"), SimpleNamespace(request_id="b")])
+        got.append(({rid: (p.tokens, p.num_verify) for rid, p in props.items()}, d._buckets))
+    assert got[0] == got[1] == ({"a": ([5, 6, 7], 3), "b": ([8, 9], 2)}, {"a": [9, 4, 0], "b": [1, 7]})
+
+
 def test_deepspark_without_cost_awareness_always_goes_on():
     d = _timed_deepspark(step_seconds=0.005, rest_seconds=0.002)
     d.options = d.options.model_copy(update={"cost_aware": False})
