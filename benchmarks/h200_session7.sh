@@ -68,3 +68,10 @@ if [ "${1:-a}" = e ]; then
   timeout 150 python3 h200_spec_profile.py --out "$OUT/b64" --drafters draft-model,deepspark --batch 64 \
     --output-len 256 > "$OUT/b64.log" 2>&1
 fi
+if [ "${1:-a}" = f ]; then
+  # the loop graph with the round's first step inside it (k steps a replay): GPU tests, bench spec
+  timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/plugins/test_graphs.py \
+    tests/plugins/test_spec_decode.py > "$OUT/gpu_tests.txt" 2>&1
+  timeout 200 python3 -m deepinfer.cli bench spec --device sm90 --drafters none,draft-model,deepspark --batch 1,64 \
+    --output-len 256 --repeats 3 2>&1 | filter > "$OUT/spec.txt"
+fi

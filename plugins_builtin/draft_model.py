@@ -37,9 +37,8 @@ class DraftModelOptions(BaseModel):
     num_speculative_tokens: int = Field(5, ge=1, le=16)
     num_blocks: int | None = Field(None, ge=1, description="draft KV blocks (default: max_num_seqs full-length "
                                                             "sequences, at most the target's block count)")
-    loop_graph: bool = Field(True, description="with device graphs, replay a greedy round's draft steps after "
-                                               "the first from one graph (one launch and one copy to the host "
-                                               "for k - 1 steps)")
+    loop_graph: bool = Field(True, description="with device graphs, replay a greedy round's k draft steps from "
+                                               "one graph (one launch and one copy to the host a round)")
 
 
 class DraftModelDrafter(Drafter):
@@ -62,7 +61,7 @@ class DraftModelDrafter(Drafter):
         return self.k
 
     def enable_graphs(self, graphs, batch_sizes, max_seq_len) -> None:
-        loop_steps = self.k - 1 if self.options.loop_graph else 0
+        loop_steps = self.k if self.options.loop_graph and self.k > 1 else 0
         self.runner.enable_graphs(graphs, batch_sizes, max_seq_len, loop_steps)
 
     def propose(self, requests: list[Request]) -> dict[str, DraftProposal]:

@@ -27,35 +27,47 @@ class _DraftSeq:
 
 
 class DraftLoopGraphs(DecodeGraphs):
-    """Greedy draft steps 2..k of a round in one replay: each step's argmax is the next step's
-    input, its position, slot and length advance on the device, and the output holds every step's
-    token and probability, [size, 2, steps] (float32: token ids below 2^24 are exact). One replay
-    and one copy to the host replace k - 1 launches, each waiting for its token on the host."""
+    """A greedy round's k draft steps in one replay. The first step computes each sequence's one or
+    two new tokens, laid out as in the two-token graphs (``run_padded``); then, on the device, each
+    step's argmax becomes the next step's one token, whose position, slot (from the block table)
+    and length follow its sequence's (padding rows stay at slot -1: they write nothing). The
+    output holds every step's token and probability, [size, 2, k] (float32: token ids below 2^24
+    are exact): one launch and one copy to the host a round, instead of k launches each waiting
+    for its token."""
 
-    def __init__(self, *args, steps: int, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, model, attention, kv_caches, graphs, device, block_size, batch_sizes, max_seq_len,
+                 steps: int) -> None:
+        super().__init__(model, attention, kv_caches, graphs, device, block_size, batch_sizes, max_seq_len,
+                         query_len=2)
         self.steps = steps
+        # the static inputs of the one-token steps after the first (only their tensors are used)
+        self.one = DecodeGraphs(model, attention, kv_caches, graphs, device, block_size, batch_sizes, max_seq_len)
 
     def captured_work(self, batch) -> torch.Tensor:
-        bs, tokens, probs = self.block_size, [], []
-        real = batch.slot_mapping >= 0  # padding rows keep slot -1: they write nothing
-        for step in range(self.steps):
-            if step:
-                batch.input_ids.copy_(tokens[-1])
-                batch.positions.add_(real.long())
-                batch.seq_lens.add_(real.int())
-                pos = batch.positions
-                block = batch.block_tables.gather(1, (pos // bs)[:, None]).squeeze(1).long()
-                batch.slot_mapping.copy_(torch.where(real, block * bs + pos % bs, -1))
-            hidden = super().captured_work(batch)
-            p, t = self.model.compute_logits(hidden).float().softmax(-1).max(-1)
+        bs, b = self.block_size, batch.seq_lens.shape[0]
+        new = batch.seq_lens - batch.context_lens  # 1 or 2 new tokens; 0 for padding
+        last = torch.arange(b, device=new.device) * 2 + (new.long() - 1).clamp(min=0)
+        p, t = self._argmax(super().captured_work(batch)[last])
+        tokens, probs = [t], [p]
+        one = self.one._batch(b)
+        real = new > 0
+        one.block_tables.copy_(batch.block_tables)
+        one.positions.copy_(torch.where(real, batch.seq_lens.long() - 1, 0))  # advanced below
+        one.seq_lens.copy_(torch.where(real, batch.seq_lens, 0))
+        for _ in range(self.steps - 1):
+            one.input_ids.copy_(tokens[-1])
+            one.positions.add_(real.long())
+            one.seq_lens.add_(real.int())
+            pos = one.positions
+            block = one.block_tables.gather(1, (pos // bs)[:, None]).squeeze(1).long()
+            one.slot_mapping.copy_(torch.where(real, block * bs + pos % bs, -1))
+            p, t = self._argmax(self.one.captured_work(one))
             tokens.append(t)
             probs.append(p)
         return torch.stack((torch.stack(tokens, 1).float(), torch.stack(probs, 1)), dim=1)
 
-    def max_len_for(self, starts) -> int:
-        """The longest sequence a replay from these starts reaches (for ``size_for``)."""
-        return max(starts) + self.steps
+    def _argmax(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.model.compute_logits(hidden).float().softmax(-1).max(-1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +94,7 @@ class DraftRunner:
         self.vocab_size = self.model.config.vocab_size
         self.graphs: DecodeGraphs | None = None
         self.first_graphs: DecodeGraphs | None = None  # a round's first step: 1 or 2 tokens a sequence
-        self.loop: DraftLoopGraphs | None = None  # greedy steps 2..k of a round in one replay
+        self.loop: DraftLoopGraphs | None = None  # a greedy round's k steps in one replay
         target_vocab = ctx.model_config.get("vocab_size")
         if target_vocab is not None and target_vocab != self.vocab_size:
             raise ValueError(f"the draft model {model_dir!r} has vocabulary {self.vocab_size}, the target "
@@ -93,9 +105,8 @@ class DraftRunner:
         """Replay the draft's steps from graphs captured for these batch sizes: one-token steps
         (every draft step after a round's first) and steps of up to two tokens a sequence (a
         round's first after the prompt: the target's token, behind the last accepted draft when all
-        were accepted). Steps they do not cover run eagerly. With ``loop_steps``, rounds that
-        draft greedily to the end replay their steps after the first from one graph of that many
-        steps (``DraftLoopGraphs``)."""
+        were accepted). Steps they do not cover run eagerly. With ``loop_steps`` (k), rounds that
+        draft greedily to the end replay all their steps from one graph (``DraftLoopGraphs``)."""
         if not self.attention.supports_graphs:
             raise ValueError(f"the attention plugin {self.attention.name!r} cannot run in device graphs; "
                              "the draft model runs eagerly with it (do not enable graphs)")
@@ -221,21 +232,17 @@ class DraftRunner:
         return out
 
     def _propose_in_loop(self, live: list[tuple[Request, _DraftSeq]], feeds, k: int) -> dict[str, Draft] | None:
-        """Greedy rounds of k drafts for every request: the first step as usual, the rest from the
-        loop graph, then one copy to the host. None when no loop graph covers the round."""
+        """Greedy rounds of k drafts for every request from the loop graph, with one copy to the
+        host. None when it does not cover the round (a sequence with more than two new tokens, as
+        after its prompt; a batch or a length beyond the captured ones)."""
         loop = self.loop
-        if loop is None or loop.steps != k - 1:
+        if loop is None or loop.steps != k or max(len(t) for t, _, _ in feeds) > 2:
             return None
-        starts = [len(seq.tokens) for _, seq in live]  # where each first draft goes
-        size = loop.size_for(len(live), loop.max_len_for(starts))
+        size = loop.size_for(len(feeds), max(start + len(t) for t, start, _ in feeds) + k - 1)
         if size is None:
             return None
-        best_p, best = self._forward_last(feeds).softmax(-1).max(-1)
-        tables = [[b.block_id for b in seq.blocks] for _, seq in live]
-        rest = loop.run(size, [-(i + 1) for i in range(len(live))], starts, tables, best)
-        tokens = torch.cat((best.float()[:, None], rest[:, 0]), dim=1)   # [n, k]
-        probs = torch.cat((best_p[:, None], rest[:, 1]), dim=1)
-        tokens, probs = torch.stack((tokens, probs)).tolist()
+        tokens, starts, tables = zip(*feeds, strict=True)
+        tokens, probs = loop.run_padded(size, tokens, starts, tables)[:len(feeds)].transpose(0, 1).tolist()
         out = {}
         for i, (req, seq) in enumerate(live):
             drafted = [int(t) for t in tokens[i]]
