@@ -32,13 +32,13 @@ from ``min_value`` to 0, and what is worth doing is decided by the round depth a
 the steps that still verify eagerly (a batch larger than the largest captured size, a sequence
 longer than ``max_seq_len_to_capture``, a prefill chunk in the step) then verify every draft too.
 
-Drafting in one graph (``loop_graph``, on by default). With device graphs, a greedy round's draft
-steps after the first replay from one graph, so the round costs one launch and one copy to the
-host whatever its depth: deepspark then drafts all k (neither the early stop nor the round depth
-is consulted, as there is nothing to save by stopping) and the rule above chooses each request's
-verified prefix from the drafts' confidences, as the published DeepSpark does. Rounds that the
-loop graph does not cover (sampled requests, a batch or sequence beyond the captured sizes) draft
-step by step as above.
+Drafting in one graph (``loop_graph``, on by default). With device graphs, a greedy round's k draft
+steps replay from one graph, so the round costs one launch and one copy to the host whatever its
+depth: deepspark then drafts all k (neither the early stop nor the round depth is consulted, as
+there is nothing to save by stopping) and the rule above chooses each request's verified prefix
+from the drafts' confidences, as the published DeepSpark does. Rounds that the loop graph does not
+cover (sampled requests, the round after a prompt, a batch or sequence beyond the captured sizes)
+draft step by step as above.
 """
 from __future__ import annotations
 
