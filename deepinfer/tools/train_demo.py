@@ -7,18 +7,22 @@ with no download:
 * corpus     -- the stdlib's ``.py``/``.txt``/``.rst`` files, split ~95/5;
 * tokenizer  -- byte-level BPE, 8192 tokens, chat role specials;
 * target     -- Qwen3, 8 layers, 3:1 sliding/full hybrid attention;
-* draft      -- Qwen3, 2 full-attention layers, distilled from the target.
+* draft      -- Qwen3, 2 full-attention layers, distilled from the target on the
+                corpus and on the target's own greedy continuations.
 
 Both are written as ordinary Hugging Face model directories (bf16
 safetensors) with a model card; the corpus and the tokenizer are built by
-``deepinfer/tools/demo_data.py``, the training loop is ``deepinfer/tools/demo_training.py``,
-the evaluation and the card are in ``deepinfer/tools/demo_card.py``.
+``deepinfer/tools/demo_data.py``, the architectures are ``demo_models.py``, the training loop is
+``demo_training.py``, the self-distillation data and the replay of speculative decoding are
+``demo_distill.py``, the evaluation and the card are in ``demo_card.py``.
 
 Usage::
 
     python -m deepinfer.tools.train_demo --quick --out /tmp/demo_quick
     python -m deepinfer.tools.train_demo --device cuda --out /tmp/demo --pack /tmp/pack
     python -m deepinfer.tools.train_demo --unpack /tmp/pack --out deepinfer/assets
+    python -m deepinfer.tools.train_demo --draft-only --device cuda --out /tmp/demo  # a new draft
+    python -m deepinfer.tools.train_demo --evaluate-only --out /tmp/demo
 
 The script also runs as a plain file (``python deepinfer/tools/train_demo.py ...``), which needs
 only torch, transformers and tokenizers: useful where the engine's own dependencies are missing.
@@ -49,6 +53,9 @@ def _import_sibling(name: str):
 
 
 demo_data = _import_sibling("demo_data")  # the corpus and the tokenizer
+demo_models = _import_sibling("demo_models")  # the two architectures
+target_config, draft_config = demo_models.target_config, demo_models.draft_config
+build_model, count_params = demo_models.build_model, demo_models.count_params
 demo_training = _import_sibling("demo_training")  # the training loop
 log, TrainSpec, train_model = demo_training.log, demo_training.TrainSpec, demo_training.train_model
 
@@ -74,54 +81,6 @@ QUICK = {"steps": 80, "batch_size": 4, "seq_len": 256, "draft_steps": 24, "warmu
 SELF_DISTILL_PROMPT, SELF_DISTILL_NEW, SELF_DISTILL_BATCH = 64, 192, 512
 # The speculative replay of the evaluation: held-out prompts as `deepinfer bench spec` takes them.
 SPEC_PROMPTS, SPEC_PROMPT_LEN, SPEC_NEW_TOKENS, SPEC_K = 64, 64, 128, 5
-
-
-# ----------------------------------------------------------------------------- models
-
-
-def target_config():
-    from transformers import Qwen3Config
-
-    layers = 8
-    layer_types = ["full_attention" if i % 4 == 3 else "sliding_attention" for i in range(layers)]
-    return Qwen3Config(
-        vocab_size=demo_data.VOCAB_SIZE, hidden_size=384, intermediate_size=1024,
-        num_hidden_layers=layers, num_attention_heads=6, num_key_value_heads=2, head_dim=64,
-        max_position_embeddings=demo_data.MAX_POSITIONS, rope_theta=10000.0, rms_norm_eps=1e-6,
-        tie_word_embeddings=True, use_sliding_window=True, sliding_window=256,
-        # Only consulted by transformers when layer_types is None; explicit layer_types wins.
-        # 0 = "no leading layers forced to full attention" (layer 0 is sliding here).
-        max_window_layers=0, layer_types=layer_types,
-        bos_token_id=demo_data.BOS_ID, eos_token_id=demo_data.EOS_ID, pad_token_id=demo_data.PAD_ID,
-    )
-
-
-def draft_config():
-    from transformers import Qwen3Config
-
-    return Qwen3Config(
-        vocab_size=demo_data.VOCAB_SIZE, hidden_size=256, intermediate_size=768,
-        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
-        max_position_embeddings=demo_data.MAX_POSITIONS, rope_theta=10000.0, rms_norm_eps=1e-6,
-        tie_word_embeddings=True, use_sliding_window=False,
-        layer_types=["full_attention", "full_attention"],
-        bos_token_id=demo_data.BOS_ID, eos_token_id=demo_data.EOS_ID, pad_token_id=demo_data.PAD_ID,
-    )
-
-
-def build_model(config, seed: int):
-    import torch
-    from transformers import GenerationConfig, Qwen3ForCausalLM
-
-    torch.manual_seed(seed)
-    model = Qwen3ForCausalLM(config)
-    model.generation_config = GenerationConfig(
-        bos_token_id=demo_data.BOS_ID, eos_token_id=demo_data.EOS_ID, pad_token_id=demo_data.PAD_ID)
-    return model
-
-
-def count_params(model) -> int:
-    return sum(p.numel() for p in model.parameters())  # tied weights counted once
 
 
 # ----------------------------------------------------------------------------- saving
