@@ -181,10 +181,8 @@ class DeepSparkDrafter(DraftModelDrafter):
         start = self._mark = self.clock()
         if self._ended is not None:
             self.costs.update("rest", start - self._ended)
-        if self.runner.loop is not None:  # a round's steps from one graph: draft all k, then choose
-            drafts = self.runner.propose(list(requests), self.k)
-        else:
-            drafts = self.runner.propose(list(requests), self.k, go_on, self.another_step)
+        # a round the loop graph takes drafts all k (then the rule chooses); the others step by step
+        drafts = self.runner.propose(list(requests), self.k, go_on, self.another_step, whole_rounds=True)
         self._ended = self.clock() if drafts else None
         budget = self.options.verify_budget
         if self.verify_threshold == 0.0 and not budget:  # every P_j passes: verify all, learn later

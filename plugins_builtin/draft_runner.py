@@ -165,11 +165,14 @@ class DraftRunner:
     @torch.inference_mode()
     def propose(self, requests: list[Request], k: int,
                 go_on: Callable[[Request, list[float]], bool] | None = None,
-                another_step: Callable[[int, list[list[float]], list[int]], bool] | None = None) -> dict[str, Draft]:
+                another_step: Callable[[int, list[list[float]], list[int]], bool] | None = None,
+                whole_rounds: bool = False) -> dict[str, Draft]:
         """Up to k draft tokens per request; after each, ``go_on(request, confidences so far)``
         may end a request's drafting early (its later drafts would be of no use), and
         ``another_step(steps done, every request's confidences, indices of those that would go
-        on)`` may end the whole round (another draft step would not pay for itself)."""
+        on)`` may end the whole round (another draft step would not pay for itself). Rounds the
+        loop graph takes draft all k: those with neither callback, and with ``whole_rounds`` any
+        (the callbacks then serve only the rounds it does not take)."""
         live: list[tuple[Request, _DraftSeq]] = []
         feeds = []
         for req in requests:
@@ -187,7 +190,7 @@ class DraftRunner:
             live.append((req, seq))
         if not live:
             return {}
-        if go_on is None and another_step is None and all(req.params.greedy for req, _ in live):
+        if (whole_rounds or (go_on is None and another_step is None)) and all(r.params.greedy for r, _ in live):
             drafts = self._propose_in_loop(live, feeds, k)
             if drafts is not None:
                 return drafts

@@ -124,6 +124,8 @@ def model_card(role: str, log: dict) -> str:
         purpose = ("the *draft* model of deepinfer's demo pair, for speculative decoding of "
                    "`demo-target` (same tokenizer and vocabulary)")
     spec = tr[role]["spec"]
+    # the run that trained this model: the target's is kept apart when a later run trained the draft
+    run = log["target_run"] if role == "target" and "target_run" in log else log
     how = (f"{tr[role]['steps']} AdamW steps of {spec['batch_size']} x {spec['seq_len']} tokens, "
            f"peak lr {spec['lr']}, warmup {spec['warmup']} + cosine decay; half of the windows start "
            f"where a file starts, the rest anywhere")
@@ -179,10 +181,10 @@ def model_card(role: str, log: dict) -> str:
         "",
         f"- {how}.",
         (f"- Tokens seen: {_fmt_int(tr[role]['tokens_seen'])}; training time "
-        f"{tr[role]['train_time_s']:.0f} s on {log['device']}."),
-        (f"- Seed {log['settings']['seed']} (CUDA runs are not bit-exact: a rerun differs slightly); "
-         f"torch {log['versions']['torch']}, transformers {log['versions']['transformers']}, "
-         f"tokenizers {log['versions']['tokenizers']}."),
+        f"{tr[role]['train_time_s']:.0f} s on {run['device']}."),
+        (f"- Seed {run['settings']['seed']} (CUDA runs are not bit-exact: a rerun differs slightly); "
+         f"torch {run['versions']['torch']}, transformers {run['versions']['transformers']}, "
+         f"tokenizers {run['versions']['tokenizers']}."),
         "",
         "## Evaluation (held-out stdlib files)",
         "",

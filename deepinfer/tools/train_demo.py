@@ -170,17 +170,18 @@ def _import_demo_card():
     return _import_sibling("demo_card")
 
 
-def _load_target(out: Path, device):
-    """--draft-only: the target, tokenizer and log already in --out."""
+def _load_target(out: Path, device, model: bool = True):
+    """--draft-only, --evaluate-only: the tokenizer, the target (if ``model``) and the log already
+    in --out."""
     import torch
     from tokenizers import Tokenizer
     from transformers import AutoModelForCausalLM
 
     target_dir = out / "demo-target"
     if not (target_dir / "config.json").is_file() or not (out / "train_log.json").is_file():
-        raise SystemExit(f"--draft-only needs a trained pair in --out ({out}): demo-target/ and "
-                         "train_log.json (copy deepinfer/assets there first)")
-    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).to(device).eval()
+        raise SystemExit(f"--draft-only and --evaluate-only need a trained pair in --out ({out}): "
+                         "demo-target/ and train_log.json (copy deepinfer/assets there first)")
+    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).to(device).eval() if model else None
     prior = json.loads((out / "train_log.json").read_text(encoding="utf-8"))
     return Tokenizer.from_file(str(target_dir / "tokenizer.json")), target, prior
 
@@ -219,6 +220,7 @@ def run_training(args: argparse.Namespace) -> dict:
         f"{heldout_ids.numel():,} held-out tokens ({timings['tokenizer_s']:.1f}s)")
     if train_ids.numel() <= args.seq_len + 1:
         raise SystemExit("corpus too small for the sequence length")
+    spec_prompts = _spec_prompts(tokenizer, corpus)
 
     data = train_ids.to(device)
     monitor = demo_card.heldout_windows(heldout_ids, 8, args.seq_len)
@@ -272,7 +274,7 @@ def run_training(args: argparse.Namespace) -> dict:
     del target, draft
 
     t = time.perf_counter()
-    metrics = _evaluate(out, tokenizer, corpus, heldout_ids, args, device)
+    metrics = _evaluate(out, spec_prompts, heldout_ids, args, device)
     timings["eval_s"] = time.perf_counter() - t
     timings["total_s"] = time.perf_counter() - t_start
 
@@ -302,10 +304,14 @@ def run_training(args: argparse.Namespace) -> dict:
     return train_log
 
 
-def _evaluate(out: Path, tokenizer, corpus, heldout_ids, args, device) -> dict:
+def _spec_prompts(tokenizer, corpus):
+    """The replay's held-out prompts (taken before any training: too few files fail early)."""
+    return _import_sibling("demo_distill").heldout_prompts(tokenizer, corpus.heldout_texts, SPEC_PROMPTS,
+                                                           SPEC_PROMPT_LEN)
+
+
+def _evaluate(out: Path, spec_prompts, heldout_ids, args, device) -> dict:
     demo_distill = _import_sibling("demo_distill")
-    spec_prompts = demo_distill.heldout_prompts(tokenizer, corpus.heldout_texts, SPEC_PROMPTS,
-                                                SPEC_PROMPT_LEN)
     return _import_demo_card().evaluate_pair(
         out / "demo-target", out / "demo-draft", heldout_ids, args.eval_windows, args.seq_len, device,
         spec=lambda t, d: demo_distill.speculative_acceptance(t, d, spec_prompts, SPEC_NEW_TOKENS, SPEC_K,
@@ -327,15 +333,16 @@ def reevaluate(args: argparse.Namespace) -> dict:
     import torch
 
     out, device = Path(args.out), pick_device(args.device)
-    tokenizer, target, train_log = _load_target(out, device)
-    del target
+    tokenizer, _, train_log = _load_target(out, device, model=False)
+    for key in ("eval_windows", "seq_len"):  # evaluated as the log's run was
+        setattr(args, key, train_log["settings"][key])
     corpus = demo_data.collect_corpus(args.stdlib, args.max_files)
     if corpus.record["sha256"] != train_log["corpus"]["sha256"]:
         raise SystemExit("--evaluate-only: this stdlib is not the corpus of the log (sha256 "
                          f"{train_log['corpus']['sha256'][:16]}): its held-out files would differ")
     heldout_ids, _ = demo_data.encode_stream(tokenizer, corpus.heldout_texts)
     t = time.perf_counter()
-    train_log["metrics"] = _evaluate(out, tokenizer, corpus, heldout_ids, args, device)
+    train_log["metrics"] = _evaluate(out, _spec_prompts(tokenizer, corpus), heldout_ids, args, device)
     train_log["timings_s"]["eval_s"] = time.perf_counter() - t
     train_log["evaluation_device"] = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     _write_log_and_cards(out, train_log)
@@ -349,8 +356,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.evaluate_only:
         reevaluate(args)
-        return 0
-    run_training(args)
+    else:
+        run_training(args)
     if args.pack:
         _import_sibling("demo_pack").pack(Path(args.out), Path(args.pack), MODEL_DIRS)
     return 0

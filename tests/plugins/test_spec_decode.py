@@ -204,7 +204,7 @@ def test_deepspark_verifying_everything_skips_the_chains_and_learns_the_same():
         d.options = d.options.model_copy(update={"buckets": 10, "verify_budget": budget})
         d.table = AcceptanceTable(10, 5, 4.0)
         d.free_verification, d._ended, d._buckets, d.k = True, None, {}, 5
-        d.runner = SimpleNamespace(loop=object(), propose=lambda requests, k: dict(drafts))
+        d.runner = SimpleNamespace(loop=object(), propose=lambda requests, k, *a, whole_rounds: dict(drafts))
         props = d.propose([SimpleNamespace(request_id="a"), SimpleNamespace(request_id="b")])
         got.append(({rid: (p.tokens, p.num_verify) for rid, p in props.items()}, d._buckets))
     assert got[0] == got[1] == ({"a": ([5, 6, 7], 3), "b": ([8, 9], 2)}, {"a": [9, 4, 0], "b": [1, 7]})
