@@ -20,6 +20,8 @@ def add_spec_parser(bsub, add_engine_args, engine_overrides) -> None:
     b.add_argument("--prompts", type=int, default=8,
                    help="distinct prompts a run decodes, in batches of --batch one after another "
                         "(at least one batch): at batch 1 the figures are not one prompt's")
+    b.add_argument("--isolate", action="store_true",
+                   help="run each drafter in a fresh process (no state left over from the ones before)")
     b.set_defaults(func=lambda a, _ov=engine_overrides: run_spec(a, _ov(a)))
 
 
@@ -37,43 +39,58 @@ def stdlib_prompts(tokenizer, n: int, length: int) -> list[list[int]]:
 
 
 def run_spec(args, overrides: dict) -> int:
-    from deepinfer.llm import LLM
-
     overrides = dict(overrides)
     model = overrides.pop("model", None)
     base_plugins = [p for p in (overrides.pop("plugins", None) or []) if p not in DRAFTERS]
-    batches = [int(b) for b in args.batch.split(",")]
+    work = {"model": model, "config_file": args.config_file, "overrides": overrides,
+            "batches": [int(b) for b in args.batch.split(",")], "prompts": args.prompts,
+            "input_len": args.input_len, "output_len": args.output_len, "repeats": args.repeats}
     rows = []
     for drafter in args.drafters.split(","):
         plugins = base_plugins + ([] if drafter == "none" else [drafter])
-        llm = LLM(model, config_file=args.config_file, progress=False, plugins=plugins, **overrides)
-        for batch in batches:
-            groups = max(1, -(-args.prompts // batch))
-            prompts = stdlib_prompts(llm.get_tokenizer(), groups * batch, args.input_len)
-            params = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True)
-            llm.generate({"prompt_token_ids": prompts[0]}, SamplingParams(max_tokens=4), use_tqdm=False)
-            m0, secs = llm.get_metrics(), []
-            for _ in range(args.repeats):
-                t = time.perf_counter()
-                for g in range(groups):
-                    llm.generate([{"prompt_token_ids": p} for p in prompts[g * batch:(g + 1) * batch]], params,
-                                 use_tqdm=False)
-                secs.append(time.perf_counter() - t)
-            m = {k: v - m0.get(k, 0) for k, v in llm.get_metrics().items()}
-            drafts = m.get("deepinfer:spec_decode_num_drafts", 0)
-            rows.append({
-                "drafter": drafter, "batch": batch, "seconds": statistics.median(secs),
-                "tok_s": groups * batch * args.output_len / statistics.median(secs),
-                "tokens_per_step": m["deepinfer:generation_tokens"] / m["deepinfer:request_sampling_steps"],
-                "verified_per_draft": m.get("deepinfer:spec_decode_num_verified_tokens", 0) / drafts if drafts else 0,
-                "accepted_per_draft": m.get("deepinfer:spec_decode_num_accepted_tokens", 0) / drafts if drafts else 0,
-            })
-        del llm
-        from deepinfer.bench.prefix import _release_memory
+        if args.isolate:  # a fresh interpreter: nothing left over from the drafters run before
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor
 
-        _release_memory()
+            with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+                rows += pool.submit(drafter_rows, drafter, plugins, work).result()
+        else:
+            rows += drafter_rows(drafter, plugins, work)
+            from deepinfer.bench.prefix import _release_memory
+
+            _release_memory()
     report(args, rows)
     return 0
+
+
+def drafter_rows(drafter: str, plugins: list[str], work: dict) -> list[dict]:
+    """One drafter's rows: each batch size decoded ``repeats`` times (medians), with its metrics."""
+    from deepinfer.llm import LLM
+
+    llm = LLM(work["model"], config_file=work["config_file"], progress=False, plugins=plugins, **work["overrides"])
+    rows = []
+    for batch in work["batches"]:
+        groups = max(1, -(-work["prompts"] // batch))
+        prompts = stdlib_prompts(llm.get_tokenizer(), groups * batch, work["input_len"])
+        params = SamplingParams(temperature=0, max_tokens=work["output_len"], ignore_eos=True)
+        llm.generate({"prompt_token_ids": prompts[0]}, SamplingParams(max_tokens=4), use_tqdm=False)
+        m0, secs = llm.get_metrics(), []
+        for _ in range(work["repeats"]):
+            t = time.perf_counter()
+            for g in range(groups):
+                llm.generate([{"prompt_token_ids": p} for p in prompts[g * batch:(g + 1) * batch]], params,
+                             use_tqdm=False)
+            secs.append(time.perf_counter() - t)
+        m = {k: v - m0.get(k, 0) for k, v in llm.get_metrics().items()}
+        drafts = m.get("deepinfer:spec_decode_num_drafts", 0)
+        rows.append({
+            "drafter": drafter, "batch": batch, "seconds": statistics.median(secs),
+            "tok_s": groups * batch * work["output_len"] / statistics.median(secs),
+            "tokens_per_step": m["deepinfer:generation_tokens"] / m["deepinfer:request_sampling_steps"],
+            "verified_per_draft": m.get("deepinfer:spec_decode_num_verified_tokens", 0) / drafts if drafts else 0,
+            "accepted_per_draft": m.get("deepinfer:spec_decode_num_accepted_tokens", 0) / drafts if drafts else 0,
+        })
+    return rows
 
 
 def report(args, rows: list[dict]) -> None:

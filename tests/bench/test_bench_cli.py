@@ -50,3 +50,19 @@ def test_throughput_peer_on_a_subset(tmp_path):
 def test_bad_requests_say_what_is_wrong(args, message):
     res = _bench(*args)
     assert res.returncode != 0 and message in res.stderr
+
+
+def test_spec_each_drafter_in_a_fresh_process():
+    """`bench spec --isolate` on the demo pair: one row per drafter and batch, each from its own
+    process; without a drafter a step makes one token, draft-model verifies all k = 5 drafts."""
+    res = subprocess.run([sys.executable, "-m", "deepinfer.cli", "bench", "spec", "--drafters", "none,draft-model",
+                          "--batch", "1,2", "--output-len", "8", "--repeats", "1", "--prompts", "2", "--isolate"],
+                         capture_output=True, text=True, timeout=600, check=False)
+    assert res.returncode == 0, res.stderr[-2000:]
+    rows = [line.split() for line in res.stdout.splitlines() if line.split()[:1] in (["none"], ["draft-model"])]
+    assert [(r[0], r[1]) for r in rows] == [("none", "1"), ("none", "2"), ("draft-model", "1"), ("draft-model", "2")]
+    for name, _, _, _, ratio, per_step, verified, _ in rows:
+        if name == "none":
+            assert (ratio, float(per_step), float(verified)) == ("1.00x", 1.0, 0.0)
+        else:
+            assert float(verified) == 5.0 and float(per_step) >= 1.0
