@@ -20,7 +20,8 @@ from deepinfer.tools import demo_data, demo_distill
 tok = Tokenizer.from_file(f"{deepinfer.DEMO_MODEL}/tokenizer.json")
 corpus = demo_data.collect_corpus()
 load = lambda d: AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).cuda().eval()
-prompts = demo_distill.heldout_prompts(tok, corpus.heldout_texts, 64, 64)
+prompts = torch.tensor(demo_data.heldout_prompt_ids(corpus.heldout_texts, 64, 64,
+                                                  lambda t: tok.encode(t, add_special_tokens=False).ids))
 print(demo_distill.speculative_acceptance(load(deepinfer.DEMO_MODEL), load(deepinfer.DEMO_DRAFT_MODEL),
                                           prompts, 128, 5, "cuda"))
 PY

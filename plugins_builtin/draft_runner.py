@@ -35,13 +35,13 @@ class DraftLoopGraphs(DecodeGraphs):
     are exact): one launch and one copy to the host a round, instead of k launches each waiting
     for its token."""
 
-    def __init__(self, model, attention, kv_caches, graphs, device, block_size, batch_sizes, max_seq_len,
-                 steps: int) -> None:
-        super().__init__(model, attention, kv_caches, graphs, device, block_size, batch_sizes, max_seq_len,
-                         query_len=2)
+    def __init__(self, one: DecodeGraphs, steps: int) -> None:
+        super().__init__(one.model, one.attention, one.kv_caches, one.api, one.device, one.block_size, one.sizes,
+                         one.max_seq_len, query_len=2)
         self.steps = steps
-        # the static inputs of the one-token steps after the first (only their tensors are used)
-        self.one = DecodeGraphs(model, attention, kv_caches, graphs, device, block_size, batch_sizes, max_seq_len)
+        # the steps after the first fill the one-token graphs' static inputs (replays never overlap,
+        # and each of those graphs' replays uploads all its inputs anew)
+        self.one = one
 
     def captured_work(self, batch) -> torch.Tensor:
         bs, b = self.block_size, batch.seq_lens.shape[0]
@@ -116,8 +116,7 @@ class DraftRunner:
         two.capture()
         self.graphs, self.first_graphs = one, two
         if loop_steps > 0:
-            self.loop = DraftLoopGraphs(self.model, self.attention, self.kv_caches, graphs, self.device,
-                                        self.block_size, batch_sizes, max_seq_len, steps=loop_steps)
+            self.loop = DraftLoopGraphs(one, loop_steps)
             self.loop.capture()
 
     def _forward_last(self, feeds: list[tuple[list[int], int, list[int]]]) -> torch.Tensor:

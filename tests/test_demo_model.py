@@ -103,12 +103,13 @@ def test_draft_model_speculation_is_the_greedy_replay_and_the_draft_is_accepted(
     from tokenizers import Tokenizer
     from transformers import AutoModelForCausalLM
 
-    from deepinfer.tools.demo_data import collect_corpus
-    from deepinfer.tools.demo_distill import heldout_prompts, speculative_acceptance
+    from deepinfer.tools.demo_data import collect_corpus, heldout_prompt_ids
+    from deepinfer.tools.demo_distill import speculative_acceptance
 
     k, new_tokens = 5, 48
     tok = Tokenizer.from_file(str(Path(deepinfer.DEMO_MODEL) / "tokenizer.json"))
-    prompts = heldout_prompts(tok, collect_corpus().heldout_texts, 8, 64)
+    prompts = torch.tensor(heldout_prompt_ids(collect_corpus().heldout_texts, 8, 64,
+                                              lambda text: tok.encode(text, add_special_tokens=False).ids))
     load = lambda p: AutoModelForCausalLM.from_pretrained(p, dtype=torch.float32).eval()
     replay = speculative_acceptance(load(deepinfer.DEMO_MODEL), load(deepinfer.DEMO_DRAFT_MODEL), prompts,
                                     new_tokens, k, "cpu")

@@ -26,15 +26,14 @@ def add_spec_parser(bsub, add_engine_args, engine_overrides) -> None:
 
 
 def stdlib_prompts(tokenizer, n: int, length: int) -> list[list[int]]:
-    """Beginnings of standard-library files the demo models did not train on (cycled if few)."""
-    from deepinfer.tools.demo_data import collect_corpus
+    """n prompts of `length` tokens from standard-library files the demo models did not train on."""
+    from deepinfer.tools.demo_data import collect_corpus, heldout_prompt_ids
 
-    texts = [t for t in collect_corpus().heldout_texts if len(t) > 4 * length]
-    prompts = []
-    for i in range(n):
-        text = texts[i % len(texts)]
-        offset = (i // len(texts)) * length  # later cycles start further into the file
-        prompts.append(tokenizer.encode(text[offset * 2:], add_special_tokens=False)[:length])
+    prompts = heldout_prompt_ids(collect_corpus().heldout_texts, n, length,
+                                 lambda text: tokenizer.encode(text, add_special_tokens=False))
+    if len(prompts) < n:
+        raise ValueError(f"this interpreter's held-out standard-library files give {len(prompts)} prompts of "
+                         f"{length} tokens, fewer than the {n} asked for: ask for fewer or shorter prompts")
     return prompts
 
 

@@ -176,5 +176,22 @@ def encode_stream(tokenizer, texts: list[str]):
     return torch.tensor(ids, dtype=torch.long), torch.tensor(starts, dtype=torch.long)
 
 
+def heldout_prompt_ids(heldout_texts: list[str], n: int, length: int, encode) -> list[list[int]]:
+    """Up to n prompts of exactly `length` tokens (``encode``: text -> token ids): the beginnings
+    of held-out files, later cycles starting further into each file, pieces too short skipped
+    (fewer than n only when the files run out). `bench spec` and the demo pair's evaluation take
+    their prompts here."""
+    texts = [t for t in heldout_texts if len(t) > 4 * length]
+    rows: list[list[int]] = []
+    for i in range(n * 8 if texts else 0):
+        if len(rows) == n:
+            break
+        offset = (i // len(texts)) * length
+        ids = encode(texts[i % len(texts)][offset * 2:])[:length]
+        if len(ids) == length:
+            rows.append(ids)
+    return rows
+
+
 def write_json(path: Path, obj) -> None:
     path.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")

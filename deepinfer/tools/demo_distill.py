@@ -34,27 +34,6 @@ def greedy_continue(model, prompts, new_tokens: int):
     return torch.cat([prompts, *tokens], dim=1)
 
 
-def heldout_prompts(tokenizer, heldout_texts: list[str], n: int, length: int):
-    """Up to n prompts of `length` tokens taken as the spec benchmark takes them: the beginnings
-    of held-out files (later cycles start further into each file; a piece too short is skipped;
-    fewer than n only when the files run out)."""
-    import torch
-
-    texts = [t for t in heldout_texts if len(t) > 4 * length]
-    rows: list[list[int]] = []
-    for i in range(n * 8):
-        if len(rows) == n or not texts:
-            break
-        text = texts[i % len(texts)]
-        offset = (i // len(texts)) * length
-        ids = tokenizer.encode(text[offset * 2:], add_special_tokens=False).ids[:length]
-        if len(ids) == length:
-            rows.append(ids)
-    if not rows:
-        raise ValueError(f"no held-out file gives a prompt of {length} tokens (see --max-files)")
-    return torch.tensor(rows, dtype=torch.long)
-
-
 def self_generated_stream(target, train_ids, doc_starts, n_seqs: int, prompt_len: int,
                           new_tokens: int, batch: int, device, seed: int, end_id: int):
     """The target's greedy continuations of n_seqs training-set prompts (half at file starts), as

@@ -3,15 +3,10 @@ attention and a 2-layer Qwen3 draft, both on the corpus's tokenizer."""
 
 from __future__ import annotations
 
-import importlib
-import sys
-from pathlib import Path
-
-try:  # a sibling module, also when train_demo.py runs as a plain file
-    demo_data = importlib.import_module("deepinfer.tools.demo_data")
-except ImportError:
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    demo_data = importlib.import_module("demo_data")
+try:
+    from deepinfer.tools import demo_data
+except ImportError:  # train_demo.py run as a plain file has put this directory on sys.path
+    import demo_data
 
 
 def target_config():

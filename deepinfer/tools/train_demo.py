@@ -306,8 +306,13 @@ def run_training(args: argparse.Namespace) -> dict:
 
 def _spec_prompts(tokenizer, corpus):
     """The replay's held-out prompts (taken before any training: too few files fail early)."""
-    return _import_sibling("demo_distill").heldout_prompts(tokenizer, corpus.heldout_texts, SPEC_PROMPTS,
-                                                           SPEC_PROMPT_LEN)
+    import torch
+
+    rows = demo_data.heldout_prompt_ids(corpus.heldout_texts, SPEC_PROMPTS, SPEC_PROMPT_LEN,
+                                        lambda text: tokenizer.encode(text, add_special_tokens=False).ids)
+    if not rows:
+        raise SystemExit(f"no held-out file gives a prompt of {SPEC_PROMPT_LEN} tokens (see --max-files)")
+    return torch.tensor(rows, dtype=torch.long)
 
 
 def _evaluate(out: Path, spec_prompts, heldout_ids, args, device) -> dict:
