@@ -48,6 +48,7 @@ from pydantic import Field
 
 from deepinfer.plugins import DraftProposal, Request
 from deepinfer_builtin.draft_model import DraftModelDrafter, DraftModelOptions
+from deepinfer_builtin.draft_runner import Draft
 
 
 class DeepSparkOptions(DraftModelOptions):
@@ -121,7 +122,8 @@ class DeepSparkDrafter(DraftModelDrafter):
     def __init__(self, options: DeepSparkOptions, ctx) -> None:
         super().__init__(options, ctx)
         self.table = AcceptanceTable(options.buckets, options.num_speculative_tokens, options.prior_strength)
-        self._buckets: dict[str, list[int]] = {}  # request -> buckets of its pending drafts
+        #: request -> buckets of its pending drafts (or its drafts, whose buckets are taken when observed)
+        self._buckets: dict[str, list[int] | Draft] = {}
         self.costs = RoundCosts()
         self.clock = time.perf_counter
         self._ended: float | None = None  # when the last proposal returned
@@ -182,14 +184,15 @@ class DeepSparkDrafter(DraftModelDrafter):
         if self._ended is not None:
             self.costs.update("rest", start - self._ended)
         # a round the loop graph takes drafts all k (then the rule chooses); the others step by step
-        drafts = self.runner.propose(list(requests), self.k, go_on, self.another_step, whole_rounds=True)
-        self._ended = self.clock() if drafts else None
         budget = self.options.verify_budget
-        if self.verify_threshold == 0.0 and not budget:  # every P_j passes: verify all, learn later
-            bucket = self.table.bucket
-            for rid, d in drafts.items():
-                self._buckets[rid] = [bucket(c) for c in d.confidence]
-            return {rid: DraftProposal(d.tokens, d.probs, len(d.tokens)) for rid, d in drafts.items()}
+        verify_all = self.verify_threshold == 0.0 and not budget  # every P_j passes
+        # verifying everything, the drafts may stay on the device until the verification is read
+        drafts = self.runner.propose(list(requests), self.k, go_on, self.another_step, whole_rounds=True,
+                                     lazy=verify_all and self.options.device_drafts)
+        self._ended = self.clock() if drafts else None
+        if verify_all:  # the buckets are taken from the confidences when the result comes (observe)
+            self._buckets.update(drafts)
+            return {rid: DraftProposal(d.tokens, d.probs, len(d.tokens), d.source) for rid, d in drafts.items()}
         chains = {rid: self.value_chain(d.confidence) for rid, d in drafts.items()}
         n_verify = {rid: sum(1 for v in chain if v >= self.verify_threshold) for rid, (_, chain) in chains.items()}
         if budget and sum(n_verify.values()) > budget:
@@ -209,6 +212,8 @@ class DeepSparkDrafter(DraftModelDrafter):
         buckets = self._buckets.pop(request.request_id, None)
         if buckets is None:
             return
+        if isinstance(buckets, Draft):
+            buckets = [self.table.bucket(c) for c in buckets.confidence]
         for pos in range(min(num_verified, len(buckets))):
             self.table.record(buckets[pos], pos, pos < num_accepted)
 

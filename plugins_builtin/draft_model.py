@@ -39,6 +39,9 @@ class DraftModelOptions(BaseModel):
                                                             "sequences, at most the target's block count)")
     loop_graph: bool = Field(True, description="with device graphs, replay a greedy round's k draft steps from "
                                                "one graph (one launch and one copy to the host a round)")
+    device_drafts: bool = Field(True, description="the loop graph's drafts stay on the device, where the "
+                                                  "verification step reads them: the host prepares that step "
+                                                  "while the draft runs, and waits once a round, not twice")
 
 
 class DraftModelDrafter(Drafter):
@@ -65,8 +68,8 @@ class DraftModelDrafter(Drafter):
         self.runner.enable_graphs(graphs, batch_sizes, max_seq_len, loop_steps)
 
     def propose(self, requests: list[Request]) -> dict[str, DraftProposal]:
-        drafts = self.runner.propose(list(requests), self.k)
-        return {rid: DraftProposal(d.tokens, d.probs) for rid, d in drafts.items()}
+        drafts = self.runner.propose(list(requests), self.k, lazy=self.options.device_drafts)
+        return {rid: DraftProposal(d.tokens, d.probs, source=d.source) for rid, d in drafts.items()}
 
     def release(self, request: Request) -> None:
         self.runner.release(request.request_id)

@@ -11,11 +11,42 @@ from deepinfer.plugins import (
     BlockPool,
     DecodeGraphs,
     DeviceGraphs,
+    DeviceTokens,
     EngineContext,
     Request,
     build_step_batch,
     filter_logits,
 )
+
+
+class _RoundOnDevice:
+    """A loop round's output [n, 2, k] (each step's token and its probability), copied to the
+    host behind the round's device work; read (waiting for the copy) only when needed."""
+
+    def __init__(self, out: torch.Tensor) -> None:
+        self.ready = None
+        if out.device.type == "cpu":
+            self.host = out.clone()  # the graph's output is overwritten by its next replay
+        else:
+            self.host = torch.empty(out.shape, dtype=out.dtype, pin_memory=True)
+            self.host.copy_(out, non_blocking=True)
+            self.ready = torch.Event(out.device)
+            self.ready.record()
+        self._lists: list | None = None
+
+    def lists(self) -> list:
+        """[tokens, probabilities], each [n][k] (tokens as floats: exact below 2^24)."""
+        if self._lists is None:
+            if self.ready is not None:
+                self.ready.synchronize()
+            self._lists = self.host.transpose(0, 1).tolist()
+        return self._lists
+
+    def tokens(self, i: int) -> list[int]:
+        return [int(t) for t in self.lists()[0][i]]
+
+    def all_tokens(self) -> list[int]:
+        return [int(t) for row in self.lists()[0] for t in row]
 
 
 @dataclass(slots=True)
@@ -24,6 +55,15 @@ class _DraftSeq:
     committed: int = 0  # the request's length at the last proposal: history before it is shared
     blocks: list[Block] = field(default_factory=list)
     generator: torch.Generator | None = None
+    #: a round whose drafts are still on their way to the host, and this sequence's row: their
+    #: KV (all but the last's) is in the draft cache, their values join ``tokens`` when read
+    pending: tuple[_RoundOnDevice, int] | None = None
+
+    def settle(self) -> None:
+        if self.pending is not None:
+            rnd, i = self.pending
+            self.pending = None
+            self.tokens.extend(rnd.tokens(i)[:-1])
 
 
 class DraftLoopGraphs(DecodeGraphs):
@@ -70,11 +110,25 @@ class DraftLoopGraphs(DecodeGraphs):
         return self.model.compute_logits(hidden).float().softmax(-1).max(-1)
 
 
-@dataclass(frozen=True, slots=True)
 class Draft:
-    tokens: list[int]
-    probs: torch.Tensor | None  # [k, vocab] draft distributions (None: greedy, deterministic)
-    confidence: list[float]     # the draft's probability of each token it proposed
+    """One request's drafts. ``tokens`` are placeholders for ``source`` (see ``DeviceTokens``)
+    when the round left them on the device; ``confidence`` (the draft's probability of each token
+    it proposed) is then read from the host copy when first asked for."""
+
+    __slots__ = ("_confidence", "probs", "source", "tokens")
+
+    def __init__(self, tokens: list[int], probs: torch.Tensor | None,
+                 confidence: list[float] | Callable[[], list[float]], source: DeviceTokens | None = None) -> None:
+        self.tokens = tokens
+        self.probs = probs  # [k, vocab] draft distributions (None: greedy, deterministic)
+        self._confidence = confidence
+        self.source = source
+
+    @property
+    def confidence(self) -> list[float]:
+        if callable(self._confidence):
+            self._confidence = self._confidence()
+        return self._confidence
 
 
 class DraftRunner:
@@ -165,17 +219,20 @@ class DraftRunner:
     def propose(self, requests: list[Request], k: int,
                 go_on: Callable[[Request, list[float]], bool] | None = None,
                 another_step: Callable[[int, list[list[float]], list[int]], bool] | None = None,
-                whole_rounds: bool = False) -> dict[str, Draft]:
+                whole_rounds: bool = False, lazy: bool = False) -> dict[str, Draft]:
         """Up to k draft tokens per request; after each, ``go_on(request, confidences so far)``
         may end a request's drafting early (its later drafts would be of no use), and
         ``another_step(steps done, every request's confidences, indices of those that would go
         on)`` may end the whole round (another draft step would not pay for itself). Rounds the
         loop graph takes draft all k: those with neither callback, and with ``whole_rounds`` any
-        (the callbacks then serve only the rounds it does not take)."""
+        (the callbacks then serve only the rounds it does not take). With ``lazy``, a round the
+        loop graph takes leaves its drafts on the device (``Draft.source``): for callers that
+        need neither the tokens nor their confidences before the verification."""
         live: list[tuple[Request, _DraftSeq]] = []
         feeds = []
         for req in requests:
             seq = self._seq(req)
+            seq.settle()
             target = req.all_token_ids
             valid = _common_prefix(seq.tokens, target, seq.committed)
             seq.committed = len(target)
@@ -190,7 +247,7 @@ class DraftRunner:
         if not live:
             return {}
         if (whole_rounds or (go_on is None and another_step is None)) and all(r.params.greedy for r, _ in live):
-            drafts = self._propose_in_loop(live, feeds, k)
+            drafts = self._propose_in_loop(live, feeds, k, lazy)
             if drafts is not None:
                 return drafts
         drafted: list[list[int]] = [[] for _ in live]
@@ -233,10 +290,12 @@ class DraftRunner:
             out[req.request_id] = Draft(drafted[i], stacked, conf[i])
         return out
 
-    def _propose_in_loop(self, live: list[tuple[Request, _DraftSeq]], feeds, k: int) -> dict[str, Draft] | None:
+    def _propose_in_loop(self, live: list[tuple[Request, _DraftSeq]], feeds, k: int,
+                         lazy: bool) -> dict[str, Draft] | None:
         """Greedy rounds of k drafts for every request from the loop graph, with one copy to the
-        host. None when it does not cover the round (a sequence with more than two new tokens, as
-        after its prompt; a batch or a length beyond the captured ones)."""
+        host (waited for here, or with ``lazy`` when first read). None when it does not cover the
+        round (a sequence with more than two new tokens, as after its prompt; a batch or a length
+        beyond the captured ones)."""
         loop = self.loop
         if loop is None or loop.steps != k or max(len(t) for t, _, _ in feeds) > 2:
             return None
@@ -244,12 +303,18 @@ class DraftRunner:
         if size is None:
             return None
         tokens, starts, tables = zip(*feeds, strict=True)
-        tokens, probs = loop.run_padded(size, tokens, starts, tables)[:len(feeds)].transpose(0, 1).tolist()
+        result = loop.run_padded(size, tokens, starts, tables)[:len(feeds)]
+        rnd = _RoundOnDevice(result)
+        source = DeviceTokens(result[:, 0].reshape(-1).long(), rnd.all_tokens) if lazy else None
         out = {}
         for i, (req, seq) in enumerate(live):
-            drafted = [int(t) for t in tokens[i]]
-            seq.tokens.extend(drafted[:-1])  # the loop computed the KV of all but the last
-            out[req.request_id] = Draft(drafted, None, probs[i])
+            seq.pending = (rnd, i)  # the loop computed the KV of all but the last
+            if source is None:
+                seq.settle()
+                out[req.request_id] = Draft(rnd.tokens(i), None, rnd.lists()[1][i])
+            else:
+                out[req.request_id] = Draft([-(i * k + j + 1) for j in range(k)], None,
+                                            lambda i=i: rnd.lists()[1][i], source)
         return out
 
     def _sample(self, logits: torch.Tensor, req: Request, seq: _DraftSeq) -> tuple[int, torch.Tensor]:

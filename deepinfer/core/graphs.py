@@ -111,12 +111,14 @@ class DecodeGraphs:
         return next(s for s in self.sizes if s >= num_seqs)
 
     def run_padded(self, size: int, tokens: Sequence[Sequence[int]], starts: Sequence[int],
-                   tables: Sequence[Sequence[int]], on_device: Callable[[], None] | None = None) -> torch.Tensor:
+                   tables: Sequence[Sequence[int]], on_device: Callable[[], None] | None = None,
+                   prev_tokens: torch.Tensor | None = None) -> torch.Tensor:
         """Hidden states [size * query_len, hidden] of one step in which sequence i computes
         ``tokens[i]`` (1 to query_len of them) from position starts[i]; its rows are
         i*query_len .. i*query_len + len(tokens[i]) - 1. A sequence's length is its real tokens'
         (the padding rows see the same keys as its last real row), so attention reads exactly the
-        keys, in the same tiles, as an eager step would."""
+        keys, in the same tiles, as an eager step would. A negative token -(r+1) stands for row r
+        of ``prev_tokens`` (on the device), as in ``run``."""
         q, bs = self.query_len, self.block_size
         host = self._next_host()
         ids, pos, slots = host["ids"].numpy(), host["pos"].numpy(), host["slots"].numpy()
@@ -146,7 +148,7 @@ class DecodeGraphs:
             single[i] = n == 1
         if on_device is not None:
             on_device()
-        return self._upload_and_replay(host, size)[:size * q]
+        return self._upload_and_replay(host, size, prev_tokens)[:size * q]
 
     def run(self, size: int, tokens: Sequence[int], starts: Sequence[int], tables: Sequence[Sequence[int]],
             prev_tokens: torch.Tensor | None, on_device: Callable[[], None] | None = None) -> torch.Tensor:

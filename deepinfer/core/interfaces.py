@@ -198,15 +198,42 @@ class CachePolicy(Plugin, ABC):
 
 
 # ---------------------------------------------------------------------------------------- drafter
+class DeviceTokens:
+    """Draft tokens still on the device, their copy to the host under way. A proposal whose
+    ``source`` this is holds placeholders: token -(r+1) stands for ``tokens[r]``. The engine feeds
+    the placeholders to the verification step on the device, so the host need not wait for the
+    drafts before preparing that step, and reads the values (``values``, from ``fetch``) only once
+    the verification has been waited for anyway."""
+
+    __slots__ = ("_fetch", "_values", "tokens")
+
+    def __init__(self, tokens: torch.Tensor, fetch: Callable[[], list[int]]) -> None:
+        self.tokens = tokens  # [n] int64, on the device
+        self._fetch = fetch   # the n values on the host (waits for their copy)
+        self._values: list[int] | None = None
+
+    def values(self) -> list[int]:
+        if self._values is None:
+            self._values = self._fetch()
+        return self._values
+
+    def resolve(self, tokens: Sequence[int]) -> list[int]:
+        """``tokens`` with each placeholder replaced by its value."""
+        values = self.values()
+        return [values[-t - 1] if t < 0 else t for t in tokens]
+
+
 @dataclass(frozen=True, slots=True)
 class DraftProposal:
     """Draft tokens for one request. ``probs`` [len(tokens), vocab] is the draft distribution each
     token was drawn from (None: a deterministic proposal, taken as one-hot); only the first
-    ``num_verify`` tokens (None: all) are sent to the target."""
+    ``num_verify`` tokens (None: all) are sent to the target. With ``source``, ``tokens`` are
+    placeholders for tokens still on the device (see ``DeviceTokens``; greedy proposals only)."""
 
     tokens: list[int]
     probs: torch.Tensor | None = None
     num_verify: int | None = None
+    source: DeviceTokens | None = None
 
     @property
     def verified(self) -> list[int]:

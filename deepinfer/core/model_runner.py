@@ -93,6 +93,13 @@ def build_step_batch(seqs: list[tuple[list[int], int, list[int]]], block_size: i
     )
 
 
+def _one_source(current: torch.Tensor | None, new: torch.Tensor) -> torch.Tensor:
+    if current is not None and current is not new:
+        raise RuntimeError("a step's placeholders stand for rows of two device tensors (a step left running and "
+                           "drafts on the device, or two drafting rounds); the engine keeps them apart")
+    return new
+
+
 def _overlappable(r: Request) -> bool:
     """Its sampling needs no host-side state that a pending step could still change."""
     p = r.params
@@ -158,23 +165,27 @@ class ModelRunner:
         g.capture()
         self.verify_graphs = g
 
-    def _inputs(self, out: SchedulerOutput) -> tuple[list[tuple[list[int], int, list[int]]], bool]:
-        """Per request: tokens to compute (a placeholder as -(row+1) of the previous step's
-        samples), the first one's position, the block table; and whether any placeholder is in."""
-        seqs, pending = [], False
+    def _inputs(self, out: SchedulerOutput) -> tuple[list[tuple[list[int], int, list[int]]], torch.Tensor | None]:
+        """Per request: tokens to compute, the first one's position, the block table; and the
+        device tensor the step's placeholders stand for rows of (None: there are none). A
+        placeholder -(row+1) is the previous step's sample of that row (a step left running) or a
+        draft still on the device (a proposal with a ``source``); one step never has both."""
+        seqs, prev = [], None
         for sch in out.scheduled:
             r, n = sch.request, sch.num_new_tokens
             drafts = out.draft_tokens.get(r.request_id, [])
             start = r.num_computed_tokens
-            tokens = r.all_token_ids[start:start + n - len(drafts)] + drafts
-            if tokens[-1] == PLACEHOLDER_TOKEN:
+            tokens = r.all_token_ids[start:start + n - len(drafts)]
+            if tokens and tokens[-1] == PLACEHOLDER_TOKEN:
                 row = self._prev_rows.get(r.request_id)
                 if row is None:
                     raise RuntimeError(f"request {r.request_id} waits for a token no launched step samples")
                 tokens[-1] = -(row + 1)
-                pending = True
-            seqs.append((tokens, start, r.block_ids))
-        return seqs, pending
+                prev = _one_source(prev, self._prev_tokens)
+            if drafts and r.draft is not None and r.draft.source is not None:
+                prev = _one_source(prev, r.draft.source.tokens)
+            seqs.append((tokens + drafts, start, r.block_ids))
+        return seqs, prev
 
     def _sliding(self, out: SchedulerOutput) -> list[tuple[list[int], int]] | None:
         """Per request, the sliding-window pool's block table and replay_until (one KV group: None)."""
@@ -190,8 +201,7 @@ class ModelRunner:
     @torch.inference_mode()
     def launch(self, out: SchedulerOutput) -> StepInFlight:
         """Queue one step on the device; the samples stay there (see ``collect``)."""
-        seqs, pending = self._inputs(out)
-        prev = self._prev_tokens if pending else None
+        seqs, prev = self._inputs(out)
         decode_only = not out.draft_tokens and all(len(t) == 1 for t, _, _ in seqs)
         timing = None
         if self.timeline is not None:
@@ -201,7 +211,7 @@ class ModelRunner:
         graph_size = padded_size = None
         if self.graphs is not None and decode_only:
             graph_size = self.graphs.size_for(len(seqs), max(start + 1 for _, start, _ in seqs))
-        elif self.verify_graphs is not None and not pending and out.draft_tokens:
+        elif self.verify_graphs is not None and out.draft_tokens:
             # one-token runs (requests not speculating this step) are flagged in the graph's inputs,
             # and attention gives them the decode kernel there, as in an eager step; a backend that
             # cannot verifies such steps eagerly
@@ -214,7 +224,7 @@ class ModelRunner:
         if graph_size is not None:
             hidden = self.graphs.run(graph_size, [t[0] for t in tokens], starts, tables, prev, mark)
         elif padded_size is not None:  # sequence i's rows start at i * query_len
-            hidden = self.verify_graphs.run_padded(padded_size, tokens, starts, tables, mark)
+            hidden = self.verify_graphs.run_padded(padded_size, tokens, starts, tables, mark, prev)
         else:
             if mark is not None:
                 mark()
@@ -289,6 +299,8 @@ class ModelRunner:
         best = self.sampler.argmax(logits).tolist() if any(r.params.greedy for r, _, _ in verifying) else None
         at = 0
         for r, drafts, _ in verifying:
+            if r.draft is not None and r.draft.source is not None:  # drafts that were still on the device
+                drafts = r.draft.source.resolve(drafts)
             rows = logits[at:at + len(drafts) + 1]
             if r.params.greedy:
                 tokens = accept_greedy(drafts, best[at:at + len(drafts) + 1])

@@ -201,8 +201,14 @@ def draft_both(model_dir: str, graphs_factory, drafter: str = "draft-model", loo
 
     def recording(self, requests, k, *args, **kwargs):
         drafts = propose(self, requests, k, *args, **kwargs)
-        proposals.append(sorted((rid, d.tokens) for rid, d in drafts.items()))
+        proposals.append(sorted(drafts.items()))  # read after the run: drafts left on the device stay there
         return drafts
+
+    def values(rounds: list) -> list:
+        """Each round's drafts as token values, and how many rounds left theirs on the device."""
+        lazy = sum(any(d.source is not None for _, d in r) for r in rounds)
+        return [[(rid, d.tokens if d.source is None else d.source.resolve(d.tokens)) for rid, d in r]
+                for r in rounds], lazy
 
     DecodeGraphs.run, DecodeGraphs.run_padded, DraftRunner.propose = counting, counting_padded, recording
     try:
@@ -224,7 +230,8 @@ def draft_both(model_dir: str, graphs_factory, drafter: str = "draft-model", loo
             res = llm.generate(prompts, params, use_tqdm=False)
             llm.engine.kv.pool.check_all_free()
             llm.engine.drafter.runner.pool.check_all_free()
-            out[name] = {"tokens": [o.outputs[0].token_ids for o in res], "proposals": proposals[:],
+            drafted, lazy = values(proposals)
+            out[name] = {"tokens": [o.outputs[0].token_ids for o in res], "proposals": drafted, "lazy": lazy,
                          "replayed": {kind: {str(k): v for k, v in c.items()} for kind, c in replayed.items()},
                          "accepted": llm.get_metrics()["deepinfer:spec_decode_num_accepted_tokens"],
                          "flags_wrong": flags_wrong[:]}
@@ -236,6 +243,10 @@ def draft_both(model_dir: str, graphs_factory, drafter: str = "draft-model", loo
 
 def check_draft_graphs(got: dict, drafter: str, loop: bool) -> None:
     assert got["graphs"]["proposals"] == got["eager"]["proposals"]  # draft for draft, the same tokens
+    # draft-model's loop rounds leave their drafts on the device for the verification to read
+    # there (deepspark's here choose what to verify, which needs the drafts on the host)
+    assert got["eager"]["lazy"] == 0
+    assert (got["graphs"]["lazy"] > 0) == (loop and drafter == "draft-model")
     assert got["graphs"]["tokens"] == got["eager"]["tokens"] == got["reference"]
     replayed = got["graphs"]["replayed"]
     # draft steps after a round's first are one token per sequence: replays of 4 (3 padded to 4),

@@ -204,10 +204,17 @@ def test_deepspark_verifying_everything_skips_the_chains_and_learns_the_same():
         d.options = d.options.model_copy(update={"buckets": 10, "verify_budget": budget})
         d.table = AcceptanceTable(10, 5, 4.0)
         d.free_verification, d._ended, d._buckets, d.k = True, None, {}, 5
-        d.runner = SimpleNamespace(loop=object(), propose=lambda requests, k, *a, whole_rounds: dict(drafts))
+        d.runner = SimpleNamespace(loop=object(), propose=lambda requests, k, *a, whole_rounds, lazy: dict(drafts))
         props = d.propose([SimpleNamespace(request_id="a"), SimpleNamespace(request_id="b")])
-        got.append(({rid: (p.tokens, p.num_verify) for rid, p in props.items()}, d._buckets))
-    assert got[0] == got[1] == ({"a": ([5, 6, 7], 3), "b": ([8, 9], 2)}, {"a": [9, 4, 0], "b": [1, 7]})
+        for rid in props:  # each verified all its drafts; its first was accepted
+            d.observe(SimpleNamespace(request_id=rid), props[rid].num_verify, 1)
+        learnt = [(b, pos, d.table.trials[b][pos], d.table.accepted[b][pos]) for b in range(10) for pos in range(5)
+                  if d.table.trials[b][pos] != 4.0]
+        got.append(({rid: (p.tokens, p.num_verify) for rid, p in props.items()}, learnt))
+    # buckets of confidences 0.95, 0.4, 0.05 and 0.15, 0.75 (prior: 4 trials)
+    assert got[0] == got[1] == ({"a": ([5, 6, 7], 3), "b": ([8, 9], 2)},
+                                [(0, 2, 5.0, 0.2), (1, 0, 5.0, 1.6), (4, 1, 5.0, 1.8), (7, 1, 5.0, 3.0),
+                                 (9, 0, 5.0, 4.8)])
 
 
 def test_deepspark_without_cost_awareness_always_goes_on():

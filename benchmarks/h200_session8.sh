@@ -1,0 +1,18 @@
+# H200, session 8 (issue 8: drafts left on the device for the verification), one call each:
+#   run(command="bash benchmarks/h200_session8.sh a", carry=[".whl"], timeout_s=600)
+# after ../shared/gpu/wheels.sh.
+. benchmarks/h200_common.sh
+SPEC="python3 -m deepinfer.cli bench spec --device sm90 --output-len 256 --repeats 3 --isolate"
+if [ "${1:-a}" = a ]; then
+  # GPU tests of the speculative graphs; bench spec with each drafter in a process of its own;
+  # the same without device drafts (device_drafts off); a profile of batch-1 rounds
+  timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/plugins/test_graphs.py \
+    tests/plugins/test_spec_decode.py > "$OUT/gpu_tests.txt" 2>&1
+  timeout 200 $SPEC --drafters none,draft-model,deepspark --batch 1,64 2>&1 | filter > "$OUT/spec.txt"
+  timeout 120 $SPEC --drafters draft-model,deepspark --batch 1,64 \
+    --plugin-options '{"draft-model": {"device_drafts": false}, "deepspark": {"device_drafts": false}}' 2>&1 | \
+    filter > "$OUT/spec_host_drafts.txt"
+  cd benchmarks
+  timeout 100 python3 h200_spec_profile.py --out "$OUT/b1" --drafters none,deepspark --batch 1 \
+    --output-len 256 > "$OUT/b1.log" 2>&1
+fi
