@@ -9,9 +9,10 @@ if [ "${1:-a}" = a ]; then
   timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/plugins/test_graphs.py \
     tests/plugins/test_spec_decode.py > "$OUT/gpu_tests.txt" 2>&1
   timeout 200 $SPEC --drafters none,draft-model,deepspark --batch 1,64 2>&1 | filter > "$OUT/spec.txt"
-  timeout 120 $SPEC --drafters draft-model,deepspark --batch 1,64 \
-    --plugin-options '{"draft-model": {"device_drafts": false}, "deepspark": {"device_drafts": false}}' 2>&1 | \
-    filter > "$OUT/spec_host_drafts.txt"
+  for d in draft-model deepspark; do
+    timeout 70 $SPEC --drafters $d --batch 1,64 --plugin-options "{\"$d\": {\"device_drafts\": false}}" 2>&1 | \
+      filter > "$OUT/spec_host_drafts_$d.txt"
+  done
   cd benchmarks
   timeout 100 python3 h200_spec_profile.py --out "$OUT/b1" --drafters none,deepspark --batch 1 \
     --output-len 256 > "$OUT/b1.log" 2>&1
