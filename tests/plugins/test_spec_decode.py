@@ -72,6 +72,45 @@ def test_mixed_batch_with_preemption_is_lossless(drafter, random_pair):
     _assert_pools_free(llm)
 
 
+def test_drafts_left_on_the_device_are_verified_as_their_values(random_pair):
+    """A proposal whose tokens are placeholders for a device tensor (``DeviceTokens``) verifies as
+    the same proposal with the values would: ngram's drafts, handed over that way in an eager
+    engine with preemption, give the reference's greedy tokens and the same acceptance; the values
+    are read only after the verification step."""
+    from deepinfer.plugins import DeviceTokens, DraftProposal
+
+    target, _ = random_pair
+    prompts = [{"prompt_token_ids": [7 + i, 8, 9, 10, 11] * (2 + i % 3)} for i in range(6)]
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    runs, fetched = {}, []
+    for on_device in (False, True):
+        llm = LLM(target, dtype="float32", block_size=4, num_kv_blocks=24, max_model_len=64, plugins=["ngram"],
+                  progress=False)
+        if on_device:
+            drafter, propose = llm.engine.drafter, llm.engine.drafter.propose
+
+            def handed_over(requests, propose=propose):
+                plain = propose(requests)
+                values = [t for p in plain.values() for t in p.tokens]
+                source = DeviceTokens(torch.tensor(values), lambda v=values: fetched.append(len(v)) or v)
+                out, row = {}, 0
+                for rid, p in plain.items():
+                    out[rid] = DraftProposal([-(row + j + 1) for j in range(len(p.tokens))], source=source)
+                    row += len(p.tokens)
+                return out
+
+            drafter.propose = handed_over
+        got = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+        m = llm.get_metrics()
+        runs[on_device] = got, m["deepinfer:spec_decode_num_accepted_tokens"], m["deepinfer:num_preemptions"]
+        _assert_pools_free(llm)
+    ref = [o.outputs[0].token_ids for o in LLM(target, dtype="float32", block_size=4, progress=False)
+           .generate(prompts, params, use_tqdm=False)]
+    assert runs[True] == runs[False] and runs[True][0] == ref
+    assert runs[True][1] > 0 and runs[True][2] > 0  # drafts accepted, requests preempted
+    assert fetched  # the values were read (after each verification), not the placeholders verified
+
+
 def test_seeded_sampling_with_a_drafter_is_reproducible_and_batch_independent(random_pair):
     target, draft = random_pair
     llm = LLM(target, dtype="float32", plugins=["draft-model"], plugin_options={"draft-model": {"model": draft}},
