@@ -17,3 +17,13 @@ if [ "${1:-a}" = a ]; then
   timeout 100 python3 h200_spec_profile.py --out "$OUT/b1" --drafters none,deepspark --batch 1 \
     --output-len 256 > "$OUT/b1.log" 2>&1
 fi
+if [ "${1:-a}" = b ]; then
+  # after the verification's rows became a view (no wait for the step before queuing its LM head):
+  # GPU tests; bench spec in fresh processes, deepspark twice (an order effect shows as a gap
+  # between its two rows), then deepspark without device drafts
+  timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/plugins/test_graphs.py \
+    tests/plugins/test_spec_decode.py > "$OUT/gpu_tests.txt" 2>&1
+  timeout 330 $SPEC --repeats 5 --drafters none,deepspark,draft-model,deepspark --batch 1,64 2>&1 | filter > "$OUT/spec.txt"
+  timeout 90 $SPEC --repeats 5 --drafters deepspark --batch 1,64 \
+    --plugin-options '{"deepspark": {"device_drafts": false}}' 2>&1 | filter > "$OUT/spec_host_drafts.txt"
+fi

@@ -93,6 +93,18 @@ def build_step_batch(seqs: list[tuple[list[int], int, list[int]]], block_size: i
     )
 
 
+def _take_rows(hidden: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """hidden[rows] without waiting for the device: a view when the rows are consecutive (every
+    request of a verification computing all its rows, or every row sampling), else a gather whose
+    index goes over from pinned memory (a plain list index would wait for the step to finish
+    before the host could queue what follows it)."""
+    first = rows[0]
+    if rows[-1] - first == len(rows) - 1 and rows == list(range(first, first + len(rows))):
+        return hidden[first:first + len(rows)]
+    index = torch.tensor(rows, dtype=torch.long, pin_memory=hidden.device.type != "cpu")
+    return hidden[index.to(hidden.device, non_blocking=True)]
+
+
 def _one_source(current: torch.Tensor | None, new: torch.Tensor) -> torch.Tensor:
     if current is not None and current is not new:
         raise RuntimeError("a step's placeholders stand for rows of two device tensors (a step left running and "
@@ -257,7 +269,7 @@ class ModelRunner:
         if verifying:
             self._verify(hidden, verifying, result)
         if sampling:
-            logits = self.model.compute_logits(hidden[rows] if len(rows) < hidden.shape[0] else hidden)
+            logits = self.model.compute_logits(_take_rows(hidden, rows))
             if flight.must_sync:
                 tokens, logprobs = self.sampler(logits, sampling)
                 for r, t, lp in zip(sampling, tokens, logprobs, strict=True):
@@ -294,7 +306,7 @@ class ModelRunner:
         from deepinfer.core.spec import accept_greedy, verify
 
         index = [row + j for _, drafts, row in verifying for j in range(len(drafts) + 1)]
-        logits = self.model.compute_logits(hidden[index]).float()
+        logits = self.model.compute_logits(_take_rows(hidden, index)).float()
         # every greedy request's argmax in one kernel and one copy to the host
         best = self.sampler.argmax(logits).tolist() if any(r.params.greedy for r, _, _ in verifying) else None
         at = 0
