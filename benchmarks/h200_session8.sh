@@ -27,3 +27,13 @@ if [ "${1:-a}" = b ]; then
   timeout 90 $SPEC --repeats 5 --drafters deepspark --batch 1,64 \
     --plugin-options '{"deepspark": {"device_drafts": false}}' 2>&1 | filter > "$OUT/spec_host_drafts.txt"
 fi
+if [ "${1:-a}" = c ]; then
+  # drafters compared inside one process, runs interleaved (h200_spec_ab.py): batch 1 and 64
+  cd benchmarks
+  timeout 200 python3 h200_spec_ab.py --batch 1 --drafters none,draft-model,deepspark --runs 9 2>&1 | filter \
+    > "$OUT/ab_b1.txt"
+  timeout 150 python3 h200_spec_ab.py --batch 64 --prompts 64 --drafters none,draft-model,deepspark --runs 9 2>&1 | \
+    filter > "$OUT/ab_b64.txt"
+  timeout 120 python3 h200_spec_ab.py --batch 1 --drafters deepspark,deepspark+host --runs 9 2>&1 | filter \
+    > "$OUT/ab_b1_host_drafts.txt"
+fi

@@ -1,0 +1,77 @@
+"""Drafters compared inside one process, runs interleaved: on a host whose speed drifts between
+processes and over time (the H200 machine's host-bound runs moved by up to 75% between calls),
+alternating the configurations run by run keeps the drift out of their ratio.
+
+    python3 benchmarks/h200_spec_ab.py --batch 1 --drafters none,deepspark [--runs 9] [--device sm90]
+
+A name ending in ``+host`` is that drafter with ``device_drafts`` off (its drafts copied to the
+host before the verification is prepared).
+
+Each configuration is one LLM (all built first, each with a small KV pool); a run decodes
+``bench spec``'s held-out prompts (--prompts of them, in batches of --batch); prints every run's
+seconds, each configuration's median tok/s and its ratio to the first.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from deepinfer.bench.spec import stdlib_prompts
+from deepinfer.core.sampling_params import SamplingParams
+from deepinfer.llm import LLM
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--drafters", default="none,deepspark")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--output-len", type=int, default=256)
+    ap.add_argument("--runs", type=int, default=9)
+    ap.add_argument("--device", default="sm90")
+    a = ap.parse_args()
+    names = a.drafters.split(",")
+    llms = {}
+    for name in dict.fromkeys(names):
+        drafter = name.removesuffix("+host")
+        plugins = [] if drafter == "none" else [drafter]
+        opts = {drafter: {"device_drafts": False}} if name.endswith("+host") else {}
+        llms[name] = LLM(None, progress=False, device=a.device, plugins=plugins, kv_cache_memory_gb=2,
+                         plugin_options=opts)
+    first = next(iter(llms.values()))
+    groups = max(1, -(-a.prompts // a.batch))
+    prompts = stdlib_prompts(first.get_tokenizer(), groups * a.batch, 64)
+    params = SamplingParams(temperature=0, max_tokens=a.output_len, ignore_eos=True)
+
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+
+    def run(llm: LLM) -> float:
+        sync()
+        t = time.perf_counter()
+        for g in range(groups):
+            llm.generate([{"prompt_token_ids": p} for p in prompts[g * a.batch:(g + 1) * a.batch]], params,
+                         use_tqdm=False)
+        sync()
+        return time.perf_counter() - t
+
+    for llm in llms.values():
+        run(llm)  # warm-up
+    secs: dict[str, list[float]] = {n: [] for n in llms}
+    for i in range(a.runs):
+        order = list(llms) if i % 2 == 0 else list(reversed(llms))  # alternate which goes first
+        for n in order:
+            secs[n].append(run(llms[n]))
+    tokens = groups * a.batch * a.output_len
+    base = tokens / statistics.median(secs[names[0]])
+    print(f"batch {a.batch}, {groups * a.batch} prompts, {a.output_len} new tokens, {a.runs} interleaved runs")
+    for n, s in secs.items():
+        rate = tokens / statistics.median(s)
+        print(f"{n:12s} median {rate:10.1f} tok/s  {rate / base:5.2f}x  runs(s): "
+              + " ".join(f"{x:.3f}" for x in s))
+
+
+if __name__ == "__main__":
+    main()
