@@ -37,3 +37,11 @@ if [ "${1:-a}" = c ]; then
   timeout 120 python3 h200_spec_ab.py --batch 1 --drafters deepspark,deepspark+host --runs 9 2>&1 | filter \
     > "$OUT/ab_b1_host_drafts.txt"
 fi
+if [ "${1:-a}" = d ]; then
+  # batch 1 again, with no drafter both with and without overlap scheduling (none moved from 0.87 s
+  # to 1.4-2.1 s a run between calls, the drafters much less), 15 interleaved runs
+  cd benchmarks
+  timeout 300 python3 h200_spec_ab.py --batch 1 --drafters none,none+sync,deepspark,draft-model --runs 15 2>&1 | \
+    filter > "$OUT/ab_b1.txt"
+  nproc >> "$OUT/ab_b1.txt"; cat /proc/loadavg >> "$OUT/ab_b1.txt"
+fi

@@ -5,7 +5,7 @@ alternating the configurations run by run keeps the drift out of their ratio.
     python3 benchmarks/h200_spec_ab.py --batch 1 --drafters none,deepspark [--runs 9] [--device sm90]
 
 A name ending in ``+host`` is that drafter with ``device_drafts`` off (its drafts copied to the
-host before the verification is prepared).
+host before the verification is prepared); ``+sync``, with the scheduler's overlap off.
 
 Each configuration is one LLM (all built first, each with a small KV pool); a run decodes
 ``bench spec``'s held-out prompts (--prompts of them, in batches of --batch); prints every run's
@@ -36,9 +36,11 @@ def main() -> None:
     names = a.drafters.split(",")
     llms = {}
     for name in dict.fromkeys(names):
-        drafter = name.removesuffix("+host")
+        drafter = name.removesuffix("+host").removesuffix("+sync")
         plugins = [] if drafter == "none" else [drafter]
         opts = {drafter: {"device_drafts": False}} if name.endswith("+host") else {}
+        if name.endswith("+sync"):
+            opts = {"fcfs": {"overlap": False}}
         llms[name] = LLM(None, progress=False, device=a.device, plugins=plugins, kv_cache_memory_gb=2,
                          plugin_options=opts)
     first = next(iter(llms.values()))
