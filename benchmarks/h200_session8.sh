@@ -45,3 +45,10 @@ if [ "${1:-a}" = d ]; then
     filter > "$OUT/ab_b1.txt"
   nproc >> "$OUT/ab_b1.txt"; cat /proc/loadavg >> "$OUT/ab_b1.txt"
 fi
+if [ "${1:-a}" = e ]; then
+  # after the review (HostCopy shared by the deferred samples and the draft round): GPU tests of the
+  # graphs, speculative decoding and overlap; one bench spec at batch 1
+  timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/plugins/test_graphs.py \
+    tests/plugins/test_spec_decode.py tests/core tests/plugins/test_triton_attn.py > "$OUT/gpu_tests.txt" 2>&1
+  timeout 150 $SPEC --drafters none,deepspark --batch 1 2>&1 | filter > "$OUT/spec.txt"
+fi

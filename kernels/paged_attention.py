@@ -206,16 +206,15 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     tuning = {"num_warps": num_warps} if num_stages is None else {"num_warps": num_warps, "num_stages": num_stages}
     window = sliding_window or 0
     programs = max(1, min(splits, max_programs // (b * kvh)))
-    merge = bool(merge_in_pass)
-    count = counters(q.device, b * kvh, "decode_attention") if merge else part_lse
+    count = counters(q.device, b * kvh, "decode_attention") if merge_in_pass else part_lse
     _decode_split_kernel[(b, kvh, programs)](
         q, k_cache, v_cache, block_tables, seq_lens, part_out, part_lse, out, count, scale * LOG2E, window, splits,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), block_tables.stride(0),
         part_out.stride(0), part_out.stride(1), part_out.stride(2), part_lse.stride(0), part_lse.stride(1),
-        out.stride(0), out.stride(1), MERGE=merge, GROUP=group, HEAD_DIM=d, BLOCK_SIZE=block_size,
+        out.stride(0), out.stride(1), MERGE=merge_in_pass, GROUP=group, HEAD_DIM=d, BLOCK_SIZE=block_size,
         BLOCK_G=max(16, next_pow2(group)), BLOCK_D=max(16, next_pow2(d)), BLOCK_N=block_n, SPLIT=split_size, WINDOWED=sliding_window is not None,
         IEEE=k_cache.dtype == torch.float32, PDL=pdl, **tuning)
-    if merge:
+    if merge_in_pass:
         return out
     _decode_reduce_kernel[(b, h)](
         part_out, part_lse, seq_lens, out, window, splits,

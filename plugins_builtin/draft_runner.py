@@ -13,6 +13,7 @@ from deepinfer.plugins import (
     DeviceGraphs,
     DeviceTokens,
     EngineContext,
+    HostCopy,
     Request,
     build_step_batch,
     filter_logits,
@@ -24,22 +25,13 @@ class _RoundOnDevice:
     host behind the round's device work; read (waiting for the copy) only when needed."""
 
     def __init__(self, out: torch.Tensor) -> None:
-        self.ready = None
-        if out.device.type == "cpu":
-            self.host = out.clone()  # the graph's output is overwritten by its next replay
-        else:
-            self.host = torch.empty(out.shape, dtype=out.dtype, pin_memory=True)
-            self.host.copy_(out, non_blocking=True)
-            self.ready = torch.Event(out.device)
-            self.ready.record()
+        self.copy = HostCopy(out)
         self._lists: list | None = None
 
     def lists(self) -> list:
         """[tokens, probabilities], each [n][k] (tokens as floats: exact below 2^24)."""
         if self._lists is None:
-            if self.ready is not None:
-                self.ready.synchronize()
-            self._lists = self.host.transpose(0, 1).tolist()
+            self._lists = self.copy.wait().transpose(0, 1).tolist()
         return self._lists
 
     def tokens(self, i: int) -> list[int]:

@@ -93,6 +93,30 @@ def build_step_batch(seqs: list[tuple[list[int], int, list[int]]], block_size: i
     )
 
 
+class HostCopy:
+    """A device tensor's copy to host memory, queued behind the work that computes it; ``wait``
+    blocks on that copy alone (on the CPU there is nothing to wait for: a snapshot, as the source
+    may be a graph's output that its next replay overwrites)."""
+
+    __slots__ = ("_host", "_ready")
+
+    def __init__(self, src: torch.Tensor) -> None:
+        self._ready = None
+        if src.device.type == "cpu":
+            self._host = src.clone()
+        else:
+            self._host = torch.empty(src.shape, dtype=src.dtype, pin_memory=True)
+            self._host.copy_(src, non_blocking=True)
+            self._ready = torch.Event(src.device)
+            self._ready.record()
+
+    def wait(self) -> torch.Tensor:
+        if self._ready is not None:
+            self._ready.synchronize()
+            self._ready = None
+        return self._host
+
+
 def _take_rows(hidden: torch.Tensor, rows: list[int]) -> torch.Tensor:
     """hidden[rows] without waiting for the device: a view when the rows are consecutive (every
     request of a verification computing all its rows, or every row sampling), else a gather whose
@@ -127,8 +151,7 @@ class StepInFlight:
     result: RunnerOutput
     sampling: list[Request]
     tokens: torch.Tensor | None = None   # [len(sampling)] int64, on the device
-    host: torch.Tensor | None = None     # their copy in host memory, valid once ``ready`` is
-    ready: Any = None                    # an event recorded after the copy (None: already there)
+    host: HostCopy | None = None         # their copy to host memory
     #: the engine must collect this step before planning the next (drafts, logprobs, penalties)
     must_sync: bool = False
 
@@ -279,13 +302,7 @@ class ModelRunner:
                 flight.tokens = self.sampler.sample_on_device(logits, sampling)
                 self._prev_tokens = flight.tokens
                 self._prev_rows = {r.request_id: i for i, r in enumerate(sampling)}
-                if self.device.type == "cpu":
-                    flight.host = flight.tokens
-                else:
-                    flight.host = torch.empty(flight.tokens.shape, dtype=torch.long, pin_memory=True)
-                    flight.host.copy_(flight.tokens, non_blocking=True)
-                    flight.ready = torch.Event(self.device)
-                    flight.ready.record()
+                flight.host = HostCopy(flight.tokens)
         if timing is not None:
             timing[1].record()
             self.timeline.append(timing)
@@ -295,9 +312,7 @@ class ModelRunner:
         """Wait for a launched step's samples and return its whole result."""
         result = flight.result
         if flight.tokens is not None:
-            if flight.ready is not None:
-                flight.ready.synchronize()
-            for r, t in zip(flight.sampling, flight.host.tolist(), strict=True):
+            for r, t in zip(flight.sampling, flight.host.wait().tolist(), strict=True):
                 result.sampled[r.request_id] = [t]
         return result
 

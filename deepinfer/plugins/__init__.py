@@ -24,7 +24,7 @@ from deepinfer.core.interfaces import (
 )
 from deepinfer.core.kv_manager import KVCacheManager, SlidingKV
 from deepinfer.core.metrics import Metrics
-from deepinfer.core.model_runner import build_step_batch
+from deepinfer.core.model_runner import HostCopy, build_step_batch
 from deepinfer.core.request import PLACEHOLDER_TOKEN, Request, RequestStatus
 from deepinfer.core.sampler import filter_logits
 from deepinfer.core.sampling_params import SamplingParams
@@ -48,6 +48,7 @@ __all__ = [
     "DraftProposal",
     "Drafter",
     "EngineContext",
+    "HostCopy",
     "KVCacheManager",
     "KVGroupBatch",
     "Metrics",
