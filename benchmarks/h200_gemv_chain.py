@@ -3,13 +3,15 @@ bf16) as one CUDA graph, as a decode step runs them (without attention): GEMV ke
 without programmatic dependent launch, against cuBLAS plus the small kernels they replace. Also
 each projection alone with the default tile, PDL on and off. Writes $OUT/gemv_chain.txt."""
 import os
+import sys
 
 import torch
 import torch.nn.functional as F
 from graph_timing import graph_time
 
 import deepinfer_kernels as dk
-import deepinfer_kernels.gemv as gemv_mod
+
+gemv_mod = sys.modules["deepinfer_kernels.gemv"]  # the module (the package exports a function of its name)
 
 out_dir = os.environ.get("OUT", ".")
 dev = torch.device("cuda")

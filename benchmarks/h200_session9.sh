@@ -1,11 +1,16 @@
 # H200, session 9 (issue 6: single-token GEMV tiles chosen in a decode step's chain), one call each:
-#   run(command="bash benchmarks/h200_session9.sh a", carry=[".whl"], timeout_s=600)
+#   run(command="bash benchmarks/h200_session9.sh b", carry=[".whl"], timeout_s=600)
 # after ../shared/gpu/wheels.sh.
 . benchmarks/h200_common.sh
-if [ "${1:-a}" = a ]; then
-  # GEMV programs that go on to further row blocks (GemvConfig.programs): the GEMV tests compiled,
-  # the grid sweep (h200_gemv_persist.py), batch 1 with the defaults
-  timeout 120 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_gemv.py > "$OUT/kernel_tests.txt" 2>&1
-  (cd benchmarks && timeout 240 python3 h200_gemv_persist.py > "$OUT/persist_log.txt" 2>&1)
-  timeout 45 $LAT --repeats 2 2>&1 | filter >> "$OUT/latency.txt"
+# a: ran at commit ffa4c32 (GemvConfig.programs, dropped after): the GEMV tests compiled, the grid
+#    sweep of benchmarks/h200_gemv_persist.py, batch 1 with the defaults
+if [ "${1:-b}" = b ]; then
+  # the tile sweep, with and without prefetch; batch 1 with the defaults and with the sweep's best
+  # tiles, interleaved
+  (cd benchmarks && timeout 240 python3 h200_gemv_tiles.py > "$OUT/tiles_log.txt" 2>&1)
+  for i in 1 2; do
+    timeout 45 $LAT --repeats 2 2>&1 | filter >> "$OUT/latency.txt"
+    timeout 45 python3 benchmarks/h200_latency_with.py "$OUT/gemv_best.json" -- ${LAT#python3 -m deepinfer.cli } \
+      --repeats 2 2>&1 | filter >> "$OUT/latency_best.txt"
+  done
 fi

@@ -13,8 +13,7 @@ does each projection with its neighbours:
   the rotary embedding of q and k.
 
 Each program multiplies BLOCK_N rows (for paired outputs, BLOCK_N rows and their partners: gate
-and up, or the two halves of a rotary head) over one of SPLIT_K slices of K; with a grid of fewer
-programs than row blocks (``GemvConfig.programs``), a program goes on to every G-th block. With SPLIT_K > 1 the
+and up, or the two halves of a rotary head) over one of SPLIT_K slices of K. With SPLIT_K > 1 the
 programs of a row block write float32 partials, and the last of them to finish (an atomic counter,
 which it resets for the next launch) adds them in slice order and applies the epilogue: so the
 result never depends on which program finished last, and one launch does everything.
@@ -44,30 +43,30 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, nw_ptr, res_ptr, part_ptr, count_ptr,
                  HALF: tl.constexpr, ROT_ROWS: tl.constexpr, Q_ROWS: tl.constexpr,
                  NORM: tl.constexpr, RESIDUAL: tl.constexpr, QK_NORM: tl.constexpr, KV_WRITE: tl.constexpr,
                  D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-                 K_SLICE: tl.constexpr, NB: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr):
+                 K_SLICE: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr):
+    b = tl.program_id(0)
     s = tl.program_id(1)
-    G = tl.num_programs(0)  # a program takes row blocks pid, pid + G, ... (G < NB: a persistent grid)
     ty = x_ptr.dtype.element_ty
     n = tl.arange(0, BLOCK_N)
-    # row block b's rows: BLOCK_N rows (for MODE 2, of one head's first half, whose partners are
-    # HALF rows on); j: their place in the head
-    b = tl.program_id(0)
-    if MODE == 2:
+    if MODE == 2:  # BLOCK_N rows of one head's first half; their partners are HALF rows on
         j = (b % (HALF // BLOCK_N)) * BLOCK_N + n
         r1 = (b // (HALF // BLOCK_N)) * (2 * HALF) + j
     else:
         j = n
         r1 = b * BLOCK_N + n
-    # with PREFETCH, weights are read one tile ahead of their use (a block's last step reads the
-    # next block's first tile), the very first before waiting for the previous kernel (with PDL
-    # this launch starts while it finishes; weights never depend on it)
+    rmask = r1 < N
+    w1_rows = w_ptr + r1.to(tl.int64)[:, None] * stride_w
+    w2_rows = w_ptr + (r1 + PAIR).to(tl.int64)[:, None] * stride_w
+    # with PREFETCH, weights are read one tile ahead of their use, the first tile before waiting
+    # for the previous kernel (with PDL this launch starts while it finishes; weights never depend
+    # on it)
     k_lo = s * K_SLICE
     kr = tl.arange(0, BLOCK_K)
     if PREFETCH:
-        m2 = (r1 < N)[:, None] & ((k_lo + kr < K) & (kr < K_SLICE))[None, :]
-        w1 = tl.load(w_ptr + r1.to(tl.int64)[:, None] * stride_w + (k_lo + kr)[None, :], mask=m2, other=0.0)
-        w2 = tl.load(w_ptr + (r1 + PAIR).to(tl.int64)[:, None] * stride_w + (k_lo + kr)[None, :],
-                     mask=m2 & (MODE != 0), other=0.0)
+        kk = k_lo + kr
+        m2 = rmask[:, None] & ((kk < K) & (kr < K_SLICE))[None, :]
+        w1 = tl.load(w1_rows + kk[None, :], mask=m2, other=0.0)
+        w2 = tl.load(w2_rows + kk[None, :], mask=m2 & (MODE != 0), other=0.0)
     if PDL:
         tl.extra.cuda.gdc_wait()  # x, the residual and the counters are the previous kernel's
         tl.extra.cuda.gdc_launch_dependents()
@@ -75,124 +74,104 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, nw_ptr, res_ptr, part_ptr, count_ptr,
         xs = tl.arange(0, KP)
         xf = tl.load(x_ptr + xs, mask=xs < K, other=0.0).to(tl.float32)
         inv = tl.rsqrt(tl.sum(xf * xf, 0) / K + eps)
-    for b in range(tl.program_id(0), NB, G):
-        nb = b + G  # the next block of this program, and its rows
-        if MODE == 2:
-            nj = (nb % (HALF // BLOCK_N)) * BLOCK_N + n
-            nr = (nb // (HALF // BLOCK_N)) * (2 * HALF) + nj
+    acc1 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+    acc2 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+    for k0 in range(0, K_SLICE, BLOCK_K):
+        kk = k_lo + k0 + kr
+        kmask = (kk < K) & (k0 + kr < K_SLICE)
+        if PREFETCH:
+            nk = kk + BLOCK_K  # the next tile's columns
+            nm2 = rmask[:, None] & ((nk < K) & (k0 + BLOCK_K + kr < K_SLICE))[None, :]
+            w1_next = tl.load(w1_rows + nk[None, :], mask=nm2, other=0.0)
+            w2_next = tl.load(w2_rows + nk[None, :], mask=nm2 & (MODE != 0), other=0.0)
         else:
-            nj = n
-            nr = nb * BLOCK_N + n
-        rmask = r1 < N
-        acc1 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-        acc2 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-        for k0 in range(0, K_SLICE, BLOCK_K):
-            kk = k_lo + k0 + kr
-            kmask = (kk < K) & (k0 + kr < K_SLICE)
-            if PREFETCH:
-                at_end = k0 + BLOCK_K >= K_SLICE
-                tr = tl.where(at_end, nr, r1)
-                tk = tl.where(at_end, 0, k0 + BLOCK_K) + kr
-                tm = ((tr < N) & ((tl.zeros([BLOCK_N], tl.int32) + tl.where(at_end, nb, b)) < NB))[:, None] & \
-                    ((k_lo + tk < K) & (tk < K_SLICE))[None, :]
-                w1_next = tl.load(w_ptr + tr.to(tl.int64)[:, None] * stride_w + (k_lo + tk)[None, :], mask=tm,
-                                  other=0.0)
-                w2_next = tl.load(w_ptr + (tr + PAIR).to(tl.int64)[:, None] * stride_w + (k_lo + tk)[None, :],
-                                  mask=tm & (MODE != 0), other=0.0)
-            else:
-                m2 = rmask[:, None] & kmask[None, :]
-                w1 = tl.load(w_ptr + r1.to(tl.int64)[:, None] * stride_w + kk[None, :], mask=m2, other=0.0)
-                w2 = tl.load(w_ptr + (r1 + PAIR).to(tl.int64)[:, None] * stride_w + kk[None, :],
-                             mask=m2 & (MODE != 0), other=0.0)
-            xk = tl.load(x_ptr + kk, mask=kmask, other=0.0).to(tl.float32)
-            if NORM:
-                wn = tl.load(nw_ptr + kk, mask=kmask, other=0.0).to(tl.float32)
-                xk = ((xk * inv).to(ty).to(tl.float32) * wn).to(ty).to(tl.float32)
-            acc1 += w1.to(tl.float32) * xk[None, :]
-            if MODE != 0:
-                acc2 += w2.to(tl.float32) * xk[None, :]
-            if PREFETCH:
-                w1 = w1_next
-                w2 = w2_next
-        y1 = tl.sum(acc1, 1)
-        y2 = tl.sum(acc2, 1)
-        omask = rmask
-        if SPLIT_K > 1:  # partials out; the row block's last program sums them in slice order
-            mine = part_ptr + (b * SPLIT_K + s) * (2 * BLOCK_N)
-            tl.store(mine + n, y1)
-            tl.store(mine + BLOCK_N + n, y2)
-            tl.debug_barrier()  # every warp's partial is stored before the release below
-            done = tl.atomic_add(count_ptr + b, 1, sem="acq_rel")
-            # the test is broadcast to a vector: the interpreter rejects a scalar in a mask
-            last = (tl.zeros([BLOCK_N], tl.int32) + done) == SPLIT_K - 1
-            y1 = tl.zeros([BLOCK_N], tl.float32)
-            y2 = tl.zeros([BLOCK_N], tl.float32)
-            for i in tl.static_range(SPLIT_K):
-                theirs = part_ptr + (b * SPLIT_K + i) * (2 * BLOCK_N)
-                y1 += tl.load(theirs + n, mask=last, other=0.0, cache_modifier=".cg")
-                y2 += tl.load(theirs + BLOCK_N + n, mask=last, other=0.0, cache_modifier=".cg")
-            tl.store(count_ptr + b + n, tl.zeros([BLOCK_N], tl.int32), mask=last & (n == 0))
-            omask = rmask & last
-        y1 = y1.to(ty).to(tl.float32)  # the projection's output, rounded as the eager matmul's is
-        y2 = y2.to(ty).to(tl.float32)
-        if MODE == 1:  # silu(gate) * up
-            act = (y1 / (1.0 + tl.exp(-y1))).to(ty).to(tl.float32)
-            tl.store(out_ptr + r1, (act * y2).to(ty), mask=omask)
-        elif MODE == 2:
-            rot = r1 < ROT_ROWS  # q and k heads turn; v heads are stored as they are
-            if QK_NORM:  # BLOCK_N == HALF: the program holds the whole head
-                hinv = tl.rsqrt((tl.sum(y1 * y1, 0) + tl.sum(y2 * y2, 0)) / (2 * HALF) + qk_eps)
-                is_q = r1 < Q_ROWS
-                g1 = tl.where(is_q, tl.load(qn_ptr + j).to(tl.float32), tl.load(kn_ptr + j).to(tl.float32))
-                g2 = tl.where(is_q, tl.load(qn_ptr + HALF + j).to(tl.float32), tl.load(kn_ptr + HALF + j).to(tl.float32))
-                y1 = tl.where(rot, ((y1 * hinv).to(ty).to(tl.float32) * g1).to(ty).to(tl.float32), y1)
-                y2 = tl.where(rot, ((y2 * hinv).to(ty).to(tl.float32) * g2).to(ty).to(tl.float32), y2)
-            p = tl.load(pos_ptr).to(tl.int64)
-            c1 = tl.load(cos_ptr + p * stride_cp + j).to(tl.float32)
-            c2 = tl.load(cos_ptr + p * stride_cp + HALF + j).to(tl.float32)
-            s1 = tl.load(sin_ptr + p * stride_cp + j).to(tl.float32)
-            s2 = tl.load(sin_ptr + p * stride_cp + HALF + j).to(tl.float32)
-            o1 = (y1 * c1).to(ty).to(tl.float32) + (-y2 * s1).to(ty).to(tl.float32)
-            o2 = (y2 * c2).to(ty).to(tl.float32) + (y1 * s2).to(ty).to(tl.float32)
-            o1 = tl.where(rot, o1, y1).to(ty)
-            o2 = tl.where(rot, o2, y2).to(ty)
-            tl.store(out_ptr + r1, o1, mask=omask)
-            tl.store(out_ptr + r1 + HALF, o2, mask=omask)
-            if KV_WRITE:  # k and v heads also go straight into the paged cache, at the token's slot
-                slot = tl.load(slot_ptr).to(tl.int64)
-                kv_head = r1 // D - Q_ROWS // D  # k heads 0.., then v heads 0..
-                kv_n = (ROT_ROWS - Q_ROWS) // D
-                keep = omask & (r1 >= Q_ROWS) & ((tl.zeros([BLOCK_N], tl.int64) + slot) >= 0)
-                is_v = kv_head >= kv_n
-                at = slot * stride_cs + tl.where(is_v, kv_head - kv_n, kv_head) * stride_ch + r1 % D
-                kd = kc_ptr.dtype.element_ty
-                tl.store(kc_ptr + at, o1.to(kd), mask=keep & ~is_v)
-                tl.store(kc_ptr + at + HALF, o2.to(kd), mask=keep & ~is_v)
-                tl.store(vc_ptr + at, o1.to(kd), mask=keep & is_v)
-                tl.store(vc_ptr + at + HALF, o2.to(kd), mask=keep & is_v)
-        elif RESIDUAL:
-            r = tl.load(res_ptr + r1, mask=omask, other=0.0).to(tl.float32)
-            tl.store(res_ptr + r1, (y1 + r).to(ty), mask=omask)
-        else:
-            tl.store(out_ptr + r1, y1.to(ty), mask=omask)
-        j = nj
-        r1 = nr
+            m2 = rmask[:, None] & kmask[None, :]
+            w1 = tl.load(w1_rows + kk[None, :], mask=m2, other=0.0)
+            w2 = tl.load(w2_rows + kk[None, :], mask=m2 & (MODE != 0), other=0.0)
+        xk = tl.load(x_ptr + kk, mask=kmask, other=0.0).to(tl.float32)
+        if NORM:
+            wn = tl.load(nw_ptr + kk, mask=kmask, other=0.0).to(tl.float32)
+            xk = ((xk * inv).to(ty).to(tl.float32) * wn).to(ty).to(tl.float32)
+        acc1 += w1.to(tl.float32) * xk[None, :]
+        if MODE != 0:
+            acc2 += w2.to(tl.float32) * xk[None, :]
+        if PREFETCH:
+            w1 = w1_next
+            w2 = w2_next
+    y1 = tl.sum(acc1, 1)
+    y2 = tl.sum(acc2, 1)
+    omask = rmask
+    if SPLIT_K > 1:  # partials out; the row block's last program sums them in slice order
+        mine = part_ptr + (b * SPLIT_K + s) * (2 * BLOCK_N)
+        tl.store(mine + n, y1)
+        tl.store(mine + BLOCK_N + n, y2)
+        tl.debug_barrier()  # every warp's partial is stored before the release below
+        done = tl.atomic_add(count_ptr + b, 1, sem="acq_rel")
+        # the test is broadcast to a vector: the interpreter rejects a scalar in a mask
+        last = (tl.zeros([BLOCK_N], tl.int32) + done) == SPLIT_K - 1
+        y1 = tl.zeros([BLOCK_N], tl.float32)
+        y2 = tl.zeros([BLOCK_N], tl.float32)
+        for i in tl.static_range(SPLIT_K):
+            theirs = part_ptr + (b * SPLIT_K + i) * (2 * BLOCK_N)
+            y1 += tl.load(theirs + n, mask=last, other=0.0, cache_modifier=".cg")
+            y2 += tl.load(theirs + BLOCK_N + n, mask=last, other=0.0, cache_modifier=".cg")
+        tl.store(count_ptr + b + n, tl.zeros([BLOCK_N], tl.int32), mask=last & (n == 0))
+        omask = rmask & last
+    y1 = y1.to(ty).to(tl.float32)  # the projection's output, rounded as the eager matmul's is
+    y2 = y2.to(ty).to(tl.float32)
+    if MODE == 1:  # silu(gate) * up
+        act = (y1 / (1.0 + tl.exp(-y1))).to(ty).to(tl.float32)
+        tl.store(out_ptr + r1, (act * y2).to(ty), mask=omask)
+    elif MODE == 2:
+        rot = r1 < ROT_ROWS  # q and k heads turn; v heads are stored as they are
+        if QK_NORM:  # BLOCK_N == HALF: the program holds the whole head
+            hinv = tl.rsqrt((tl.sum(y1 * y1, 0) + tl.sum(y2 * y2, 0)) / (2 * HALF) + qk_eps)
+            is_q = r1 < Q_ROWS
+            g1 = tl.where(is_q, tl.load(qn_ptr + j).to(tl.float32), tl.load(kn_ptr + j).to(tl.float32))
+            g2 = tl.where(is_q, tl.load(qn_ptr + HALF + j).to(tl.float32), tl.load(kn_ptr + HALF + j).to(tl.float32))
+            y1 = tl.where(rot, ((y1 * hinv).to(ty).to(tl.float32) * g1).to(ty).to(tl.float32), y1)
+            y2 = tl.where(rot, ((y2 * hinv).to(ty).to(tl.float32) * g2).to(ty).to(tl.float32), y2)
+        p = tl.load(pos_ptr).to(tl.int64)
+        c1 = tl.load(cos_ptr + p * stride_cp + j).to(tl.float32)
+        c2 = tl.load(cos_ptr + p * stride_cp + HALF + j).to(tl.float32)
+        s1 = tl.load(sin_ptr + p * stride_cp + j).to(tl.float32)
+        s2 = tl.load(sin_ptr + p * stride_cp + HALF + j).to(tl.float32)
+        o1 = (y1 * c1).to(ty).to(tl.float32) + (-y2 * s1).to(ty).to(tl.float32)
+        o2 = (y2 * c2).to(ty).to(tl.float32) + (y1 * s2).to(ty).to(tl.float32)
+        o1 = tl.where(rot, o1, y1).to(ty)
+        o2 = tl.where(rot, o2, y2).to(ty)
+        tl.store(out_ptr + r1, o1, mask=omask)
+        tl.store(out_ptr + r1 + HALF, o2, mask=omask)
+        if KV_WRITE:  # k and v heads also go straight into the paged cache, at the token's slot
+            slot = tl.load(slot_ptr).to(tl.int64)
+            kv_head = r1 // D - Q_ROWS // D  # k heads 0.., then v heads 0..
+            kv_n = (ROT_ROWS - Q_ROWS) // D
+            keep = omask & (r1 >= Q_ROWS) & ((tl.zeros([BLOCK_N], tl.int64) + slot) >= 0)
+            is_v = kv_head >= kv_n
+            at = slot * stride_cs + tl.where(is_v, kv_head - kv_n, kv_head) * stride_ch + r1 % D
+            kd = kc_ptr.dtype.element_ty
+            tl.store(kc_ptr + at, o1.to(kd), mask=keep & ~is_v)
+            tl.store(kc_ptr + at + HALF, o2.to(kd), mask=keep & ~is_v)
+            tl.store(vc_ptr + at, o1.to(kd), mask=keep & is_v)
+            tl.store(vc_ptr + at + HALF, o2.to(kd), mask=keep & is_v)
+    elif RESIDUAL:
+        r = tl.load(res_ptr + r1, mask=omask, other=0.0).to(tl.float32)
+        tl.store(res_ptr + r1, (y1 + r).to(ty), mask=omask)
+    else:
+        tl.store(out_ptr + r1, y1.to(ty), mask=omask)
 
 
 @dataclass(frozen=True)
 class GemvConfig:
     """Tile of one program: ``block_n`` output rows (pairs, in the paired modes) by ``block_k``
     columns a loop step, over one of ``split_k`` slices of K; ``prefetch``: load each weight tile
-    one step ahead of its use. ``programs``: how many programs share the row blocks (each takes
-    every programs-th block, streaming on from one block's weights into the next's); 0 (or at
-    least the number of blocks): one program a block."""
+    one step ahead of its use."""
 
     block_n: int
     block_k: int
     split_k: int
     num_warps: int = 4
     prefetch: bool = True
-    programs: int = 0
 
 
 _SM_COUNT: dict[int, int] = {}
@@ -253,10 +232,9 @@ def _check(x: torch.Tensor, weight: torch.Tensor, name: str) -> None:
 def _launch(x, weight, out, rows, cfg: GemvConfig, mode, pair, *, norm_weight=None, eps=1e-6, residual=None,
             rotary=None, kv_write=None, pdl=False):
     k = x.shape[1]
-    if cfg.split_k < 1 or cfg.block_n < 1 or cfg.block_k < 1 or cfg.programs < 0:
-        raise ValueError(f"a GEMV tile needs positive sizes (programs 0 or more); got {cfg}")
+    if cfg.split_k < 1 or cfg.block_n < 1 or cfg.block_k < 1:
+        raise ValueError(f"a GEMV tile needs positive sizes; got {cfg}")
     blocks = triton.cdiv(rows, cfg.block_n)
-    programs = min(cfg.programs or blocks, blocks)
     k_slice = triton.cdiv(k, cfg.split_k)
     if cfg.split_k > 1:
         part = torch.empty(blocks * cfg.split_k * 2 * cfg.block_n, dtype=torch.float32, device=x.device)
@@ -265,7 +243,7 @@ def _launch(x, weight, out, rows, cfg: GemvConfig, mode, pair, *, norm_weight=No
         part = count = out
     cos, sin, pos, qn, kn, qk_eps, half, rot_rows, q_rows = rotary or (x, x, x, x, x, 0.0, 1, 0, 0)
     kc, vc, slot = kv_write or (x, x, x)
-    _gemv_kernel[(programs, cfg.split_k)](
+    _gemv_kernel[(blocks, cfg.split_k)](
         x, weight, out, norm_weight if norm_weight is not None else x, residual if residual is not None else x,
         part, count, cos, sin, pos, qn if qn is not None else x, kn if kn is not None else x, kc, vc, slot,
         eps, qk_eps, weight.stride(0), cos.stride(0) if rotary else 0, kc.stride(0) if kv_write else 0,
@@ -273,7 +251,7 @@ def _launch(x, weight, out, rows, cfg: GemvConfig, mode, pair, *, norm_weight=No
         N=(rows if mode != _ROTARY else weight.shape[0]), K=k, KP=next_pow2(k), MODE=mode, PAIR=pair, HALF=half,
         ROT_ROWS=rot_rows, Q_ROWS=q_rows, NORM=norm_weight is not None, RESIDUAL=residual is not None,
         QK_NORM=qn is not None, KV_WRITE=kv_write is not None, D=2 * half, BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k, K_SLICE=k_slice, NB=blocks, PDL=pdl, PREFETCH=cfg.prefetch,
+        BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k, K_SLICE=k_slice, PDL=pdl, PREFETCH=cfg.prefetch,
         num_warps=cfg.num_warps)
 
 

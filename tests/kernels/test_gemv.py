@@ -9,10 +9,8 @@ from deepinfer_kernels._launch import _COUNTERS
 from tests.kernels.paged import DTYPES, randn
 
 TOL = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
-#: one program over all of K, and split K (with a ragged last slice, and a loop inside each slice);
-#: fewer programs than row blocks (a program streams on into its next block; blocks not a multiple)
-CONFIGS = [GemvConfig(8, 16, 1), GemvConfig(4, 8, 3), GemvConfig(2, 4, 4), GemvConfig(4, 8, 2, prefetch=False),
-           GemvConfig(4, 8, 1, programs=3), GemvConfig(2, 8, 2, programs=5), GemvConfig(4, 8, 1, prefetch=False, programs=2)]
+#: one program over all of K, and split K (with a ragged last slice, and a loop inside each slice)
+CONFIGS = [GemvConfig(8, 16, 1), GemvConfig(4, 8, 3), GemvConfig(2, 4, 4), GemvConfig(4, 8, 2, prefetch=False)]
 
 
 def _close(got, want, dtype):
@@ -73,15 +71,14 @@ def _qkv_args(dtype, device, qk_norm):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("qk_norm", [False, True])
-@pytest.mark.parametrize("cfg", [None, GemvConfig(2, 16, 1), GemvConfig(4, 8, 2), GemvConfig(2, 8, 1, programs=3)],
-                         ids=str)
+@pytest.mark.parametrize("cfg", [None, GemvConfig(2, 16, 1), GemvConfig(4, 8, 2)], ids=str)
 def test_qkv_with_rotary(dtype, qk_norm, cfg, device):
     args = _qkv_args(dtype, device, qk_norm)
     x, w, nw, h, kv, d = args[0], args[1], args[2], args[7], args[8], args[4].shape[1]
     if qk_norm and cfg is not None:  # the q/k norm takes whole heads in a program
         with pytest.raises(ValueError, match="whole heads"):
             gemv_qkv_rotary(*args, config=GemvConfig(d // 4, 16, 1))
-        cfg = GemvConfig(d // 2, cfg.block_k, cfg.split_k, programs=cfg.programs)
+        cfg = GemvConfig(d // 2, cfg.block_k, cfg.split_k)
     got = gemv_qkv_rotary(*args, config=cfg)
     want = gemv_qkv_rotary_ref(*args)
     _close(got, want, dtype)
@@ -92,8 +89,7 @@ def test_qkv_with_rotary(dtype, qk_norm, cfg, device):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("qk_norm", [False, True])
 @pytest.mark.parametrize("slot", [5, -1])
-@pytest.mark.parametrize("programs", [0, 3])
-def test_qkv_writes_the_kv_cache(dtype, qk_norm, slot, programs, device):
+def test_qkv_writes_the_kv_cache(dtype, qk_norm, slot, device):
     """With kv_cache, the token's k (rotated) and v land at its slot, exactly as write_kv_cache puts
     them; nothing else in the caches changes; a negative slot writes nothing."""
     args = _qkv_args(dtype, device, qk_norm)
@@ -101,8 +97,7 @@ def test_qkv_writes_the_kv_cache(dtype, qk_norm, slot, programs, device):
     caches = [randn(12, kv, d, dtype=dtype, device=device, seed=s) for s in (7, 8)]
     want = [c.clone() for c in caches]
     at = torch.tensor([slot], device=device)
-    # split K: the last program writes (with programs=3, each program does several blocks)
-    cfg = GemvConfig(d // 2 if qk_norm else 2, 16, 2, programs=programs)
+    cfg = GemvConfig(d // 2, 16, 2) if qk_norm else GemvConfig(2, 16, 2)  # split K: the last program writes
     got = gemv_qkv_rotary(*args, config=cfg, kv_cache=(caches[0], caches[1], at))
     ref = gemv_qkv_rotary_ref(*args, kv_cache=(want[0], want[1], at))
     _close(got, ref, dtype)
@@ -113,22 +108,6 @@ def test_qkv_writes_the_kv_cache(dtype, qk_norm, slot, programs, device):
     if slot >= 0:  # the written key and value are the returned ones, bit for bit
         assert torch.equal(caches[0][slot].reshape(-1), got[0, h * d:(h + kv) * d])
         assert torch.equal(caches[1][slot].reshape(-1), got[0, (h + kv) * d:])
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("prefetch", [True, False])
-def test_fewer_programs_than_blocks_give_the_same_bits(dtype, prefetch, device):
-    """A program that goes on to further row blocks sums each exactly as a program of its own
-    would: the grid's size never changes a bit."""
-    x = randn(1, 40, dtype=dtype, device=device)
-    w = randn(2 * 27, 40, dtype=dtype, device=device, seed=1) * 0.3
-    nw = randn(40, dtype=dtype, device=device, seed=2)
-    for split in (1, 2):
-        want = gemv(x, w, norm_weight=nw, silu_mul=True, config=GemvConfig(2, 16, split, prefetch=prefetch))
-        for programs in (1, 4, 13):
-            cfg = GemvConfig(2, 16, split, prefetch=prefetch, programs=programs)
-            assert torch.equal(gemv(x, w, norm_weight=nw, silu_mul=True, config=cfg), want), (split, programs)
-    assert _counters_zero()
 
 
 def test_bad_shapes_are_refused(device):
@@ -149,8 +128,6 @@ def test_bad_shapes_are_refused(device):
         cos = torch.zeros(4, 4, device=device)
         gemv_qkv_rotary(x[:1], randn(4 * 4, 16, dtype=torch.float32, device=device), torch.ones(16, device=device),
                         1e-6, cos, cos, torch.tensor([0], device=device), 2, 1, config=GemvConfig(4, 8, 1))
-    with pytest.raises(ValueError, match="programs 0 or more"):
-        gemv(x[:1], w, config=GemvConfig(4, 8, 1, programs=-1))
 
 
 def test_fused_ops_offer_the_gemvs_only_when_asked(device):
