@@ -14,3 +14,15 @@ if [ "${1:-b}" = b ]; then
       --repeats 2 2>&1 | filter >> "$OUT/latency_best.txt"
   done
 fi
+if [ "${1:-b}" = c ]; then
+  # after b: the new default tiles (gate/up 8 x 256 with 4 warps, down 8 x 1,024 with 8 warps).
+  # Batch 1 against session 8's tiles (gemv_session8_tiles.json), interleaved; a batch-1 step's
+  # device time kernel by kernel; the triton/torch equality check at batch 1
+  for i in 1 2; do
+    timeout 45 $LAT --repeats 2 2>&1 | filter >> "$OUT/latency.txt"
+    timeout 45 python3 benchmarks/h200_latency_with.py benchmarks/gemv_session8_tiles.json -- \
+      ${LAT#python3 -m deepinfer.cli } --repeats 2 2>&1 | filter >> "$OUT/latency_session8_tiles.txt"
+  done
+  (cd benchmarks && timeout 120 python3 h200_step_trace.py llama-1b > "$OUT/trace_log.txt" 2>&1)
+  timeout 120 python3 benchmarks/h200_triton_equal.py "$OUT/triton_equal.md" llama-1b > "$OUT/equal_log.txt" 2>&1
+fi

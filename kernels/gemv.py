@@ -191,16 +191,18 @@ def default_config(rows: int, k: int, device: torch.device, paired: bool = False
                    row_quantum: int | None = None, block_n: int | None = None) -> GemvConfig:
     """The tile for ``rows`` output rows (pairs when ``paired``) over K = ``k``.
 
-    From the H200 sweep (benchmarks/h200_gemv_sweep.py, docs/benchmarks.md): plain rows 4 a
-    program with up to 2,048 columns a step; pairs 2 a program by 512 columns, or 8 by 256 when
-    there are many (gate/up). K is split only when there are fewer row blocks than SMs.
+    From the H200 sweeps (benchmarks/h200_gemv_sweep.py, then h200_gemv_tiles.py, which times
+    each projection as 16 launches with PDL, as a decode step runs them; docs/benchmarks.md):
+    plain rows 4 a program by 2,048 columns a step (8 warps), or 8 by 1,024 when K is longer
+    (down); pairs 2 a program by 512 columns, or 8 by 256 with 4 warps when there are many
+    (gate/up). K is split only when there are fewer row blocks than SMs.
     ``row_quantum``: block_n must divide it (a rotary half-head). ``block_n``: fixed by the caller
     (whole heads for the q/k norm); the step then keeps the tile at 4,096 weights or fewer.
     """
     if paired:
-        bn, block_k, warps = (8, 256, 2) if rows >= 4096 else (2, 512, 4)
+        bn, block_k, warps = (8, 256, 4) if rows >= 4096 else (2, 512, 4)
     else:
-        bn, block_k, warps = 4, 2048, 8 if k <= 2048 else 4
+        bn, block_k, warps = (4, 2048, 8) if k <= 2048 else (8, 1024, 8)
     if block_n is not None:
         block_k = max(16, min(block_k, 4096 // next_pow2(block_n)))
     else:
