@@ -5,7 +5,9 @@ the end of the device's work on (its end minus the latest end before it), so ker
 under PDL are not counted twice and idle gaps land on the kernel after them. Writes
 $OUT/step_trace.txt.
 
-    python3 benchmarks/h200_step_trace.py [llama-1b] [--tokens 24]
+    python3 benchmarks/h200_step_trace.py [llama-1b] [--tokens 24] [--variants JSON ...]
+
+(--variants: plugin options for each traced engine, e.g. '{}' '{"triton": {"split_size": 512}}'.)
 """
 import json
 import os
@@ -22,42 +24,53 @@ out = os.environ.get("OUT", ".")
 shape = sys.argv[1] if len(sys.argv) > 1 and not sys.argv[1].startswith("-") else "llama-1b"
 tokens = int(sys.argv[sys.argv.index("--tokens") + 1]) if "--tokens" in sys.argv else 24
 model = build_random_model(shape, "bfloat16", "cuda")
-llm = LLM(model, device="sm90", dtype="bfloat16", kv_cache_memory_gb=8, progress=False)
-prompt = [{"prompt_token_ids": [(7 * j) % 1000 + 10 for j in range(512)]}]
-sp = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
-llm.generate(prompt, sp, use_tqdm=False)
-with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+variants = [json.loads(v) for v in sys.argv[sys.argv.index("--variants") + 1:]] if "--variants" in sys.argv else [{}]
+
+
+def trace(plugin_options):
+    """Per kernel name: (launches a step, us a step charged); the device time of a step; steps."""
+    llm = LLM(model, device="sm90", dtype="bfloat16", kv_cache_memory_gb=8, progress=False,
+              plugin_options=plugin_options)
+    prompt = [{"prompt_token_ids": [(7 * j) % 1000 + 10 for j in range(512)]}]
+    sp = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
     llm.generate(prompt, sp, use_tqdm=False)
-    torch.cuda.synchronize()
-path = f"{out}/trace.json"
-prof.export_chrome_trace(path)
-with open(path) as f:
-    events = [e for e in json.load(f)["traceEvents"] if e.get("cat") == "kernel" and e.get("ph") == "X"]
-os.remove(path)
-events.sort(key=lambda e: e["ts"])
-# the decode steps: from the first kernel after the prefill's last one; a step ends at the argmax
-names = [e["name"] for e in events]
-step_ends = [i for i, n in enumerate(names) if "argmax" in n]
-if len(step_ends) < 4:
-    sys.exit(f"found {len(step_ends)} argmax kernels; cannot cut steps: {sorted(set(names))[:20]}")
-first, last = step_ends[1] + 1, step_ends[-1]  # whole steps after the first decode step
-steps = len(step_ends) - 2
-charge: dict[str, float] = defaultdict(float)
-count: dict[str, int] = defaultdict(int)
-end = events[first - 1]["ts"] + events[first - 1]["dur"]
-busy_end = end
-for e in events[first:last + 1]:
-    e_end = e["ts"] + e["dur"]
-    key = e["name"][:70]
-    charge[key] += max(0.0, e_end - end)
-    count[key] += 1
-    end = max(end, e_end)
-total = end - busy_end
-lines = [(f"{shape} batch 1, {steps} decode steps traced: {total / steps:.1f} us a step on the device "
-          "(from the end of one step's argmax to the next's)"),
-         f"{'kernel':70s} {'a step':>7s} {'us a step':>10s} {'us each':>8s}"]
-for key, t in sorted(charge.items(), key=lambda kv: -kv[1]):
-    lines.append(f"{key:70s} {count[key] / steps:7.1f} {t / steps:10.1f} {t / count[key]:8.2f}")
+    with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+        llm.generate(prompt, sp, use_tqdm=False)
+        torch.cuda.synchronize()
+    del llm
+    torch.cuda.empty_cache()
+    path = f"{out}/trace.json"
+    prof.export_chrome_trace(path)
+    with open(path) as f:
+        events = [e for e in json.load(f)["traceEvents"] if e.get("cat") == "kernel" and e.get("ph") == "X"]
+    os.remove(path)
+    events.sort(key=lambda e: e["ts"])
+    # decode steps end at the argmax; the prefill's and the first decode step's are left out
+    step_ends = [i for i, e in enumerate(events) if "argmax" in e["name"]]
+    if len(step_ends) < 4:
+        sys.exit(f"found {len(step_ends)} argmax kernels; cannot cut steps")
+    first, last = step_ends[1] + 1, step_ends[-1]
+    steps = len(step_ends) - 2
+    charge: dict[str, float] = defaultdict(float)
+    count: dict[str, int] = defaultdict(int)
+    end = start = events[first - 1]["ts"] + events[first - 1]["dur"]
+    for e in events[first:last + 1]:
+        e_end = e["ts"] + e["dur"]
+        charge[e["name"][:70]] += max(0.0, e_end - end)
+        count[e["name"][:70]] += 1
+        end = max(end, e_end)
+    return {k: (count[k] / steps, charge[k] / steps) for k in charge}, (end - start) / steps, steps
+
+
+lines = []
+for opts in variants:
+    per, step, steps = trace(opts)
+    lines += [f"{shape} batch 1, plugin options {json.dumps(opts)}: {steps} decode steps traced, {step:.1f} us a "
+              "step on the device (end of one step's argmax to the next's; gaps where the device waited for the "
+              "host are charged to the kernel after them)",
+              f"  {'kernel':70s} {'a step':>7s} {'us a step':>10s} {'us each':>8s}"]
+    for key, (n, t) in sorted(per.items(), key=lambda kv: -kv[1][1]):
+        lines.append(f"  {key:70s} {n:7.1f} {t:10.1f} {t / n:8.2f}")
+    print("\n".join(lines[-len(per) - 2:]), flush=True)
 with open(f"{out}/step_trace.txt", "w") as f:
     f.write("\n".join(lines) + "\n")
-print("\n".join(lines))
