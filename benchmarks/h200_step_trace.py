@@ -65,9 +65,9 @@ def trace(plugin_options):
 lines = []
 for opts in variants:
     per, step, steps = trace(opts)
-    lines += [f"{shape} batch 1, plugin options {json.dumps(opts)}: {steps} decode steps traced, {step:.1f} us a "
+    lines += [(f"{shape} batch 1, plugin options {json.dumps(opts)}: {steps} decode steps traced, {step:.1f} us a "
               "step on the device (end of one step's argmax to the next's; gaps where the device waited for the "
-              "host are charged to the kernel after them)",
+              "host are charged to the kernel after them)"),
               f"  {'kernel':70s} {'a step':>7s} {'us a step':>10s} {'us each':>8s}"]
     for key, (n, t) in sorted(per.items(), key=lambda kv: -kv[1][1]):
         lines.append(f"  {key:70s} {n:7.1f} {t:10.1f} {t / n:8.2f}")
