@@ -26,3 +26,14 @@ if [ "${1:-b}" = c ]; then
   (cd benchmarks && timeout 120 python3 h200_step_trace.py llama-1b > "$OUT/trace_log.txt" 2>&1)
   timeout 120 python3 benchmarks/h200_triton_equal.py "$OUT/triton_equal.md" llama-1b > "$OUT/equal_log.txt" 2>&1
 fi
+if [ "${1:-b}" = d ]; then
+  # decode attention's split at batch 1 (device time kernel by kernel), then end to end, interleaved
+  (cd benchmarks && timeout 150 python3 h200_step_trace.py llama-1b --variants '{}' '{"triton": {"split_size": 512}}' \
+    '{"triton": {"split_size": 1024}}' '{"triton": {"split_size": 128}}' > "$OUT/trace_log.txt" 2>&1)
+  for i in 1 2; do
+    for split in 256 512 1024; do
+      timeout 45 $LAT --repeats 2 --plugin-options "{\"triton\": {\"split_size\": $split}}" 2>&1 | filter \
+        >> "$OUT/latency_split$split.txt"
+    done
+  done
+fi
