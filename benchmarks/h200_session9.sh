@@ -37,3 +37,15 @@ if [ "${1:-b}" = d ]; then
     done
   done
 fi
+if [ "${1:-b}" = e ]; then
+  # a decode split of its own for single-token steps (triton single_token_split): device time
+  # kernel by kernel, then batch 1 end to end, interleaved
+  (cd benchmarks && timeout 120 python3 h200_step_trace.py llama-1b --variants '{}' \
+    '{"triton": {"single_token_split": 128}}' '{"triton": {"single_token_split": 64}}' > "$OUT/trace_log.txt" 2>&1)
+  for i in 1 2; do
+    for split in 256 128 64; do
+      timeout 45 $LAT --repeats 2 --plugin-options "{\"triton\": {\"single_token_split\": $split}}" 2>&1 | filter \
+        >> "$OUT/latency_single$split.txt"
+    done
+  done
+fi

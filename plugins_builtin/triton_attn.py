@@ -41,6 +41,10 @@ class TritonAttentionOptions(BaseModel):
 
     split_size: int = Field(256, ge=16, description="key positions per decode split (a multiple of 16); "
                                                     "fixed, so results do not depend on the batch")
+    single_token_split: int | None = Field(None, ge=16, description="key positions per decode split in steps of a "
+                                           "single token (batch-1 decode; None: split_size). Like the device's "
+                                           "single-token GEMVs, a split of its own gives a sequence decoded alone "
+                                           "other bits than a batch gives it")
     programmatic_launch: bool = Field(True, description="in steps of a single token (batch-1 decode), launch "
                                       "the KV write and decode kernels with programmatic dependent launch "
                                       "(compute capability 9.0+): each starts while the previous kernel finishes")
@@ -48,11 +52,11 @@ class TritonAttentionOptions(BaseModel):
                                       "kernel write the key and value into the cache, and merge the decode "
                                       "splits in the first pass (the same numbers, two launches fewer a layer)")
 
-    @field_validator("split_size")
+    @field_validator("split_size", "single_token_split")
     @classmethod
-    def _multiple_of_16(cls, v: int) -> int:
-        if v % 16:
-            raise ValueError(f"split_size must be a multiple of 16, got {v}")
+    def _multiple_of_16(cls, v: int | None, info) -> int | None:
+        if v is not None and v % 16:
+            raise ValueError(f"{info.field_name} must be a multiple of 16, got {v}")
         return v
 
 
@@ -181,6 +185,8 @@ class TritonAttention(AttentionBackend):
         if k is not None:  # (None: the fused qkv kernel wrote them, see fused_kv_write)
             kern.write_kv_cache(k, v, k_cache, v_cache, slots, pdl=pdl)  # negative slots are skipped
         split = self.options.split_size
+        if single and self.options.single_token_split is not None:
+            split = self.options.single_token_split
         if m.decode_only:
             return kern.paged_decode_attention(q, k_cache, v_cache, tables, m.seq_lens, m.block_size,
                                                layer.scale, layer.sliding_window, m.max_seq_len, split, pdl=pdl,

@@ -82,6 +82,9 @@ def test_interpreter_engine_gives_the_torch_backends_greedy_tokens(model_dir):
     # prefill chunks after a cached prefix, one-token runs inside mixed steps, pure decode steps
     assert got["kinds"].get("prefill", 0) > 0 and got["kinds"].get("mixed", 0) > 0 and got["kinds"]["decode"] > 0
     assert "bfloat16 wrongly" in got["bf16_error"]
+    alone = got["alone"]
+    assert alone["triton"] == alone["torch"]
+    assert alone["splits"] == {"1:16": alone["splits"]["1:16"]} and alone["splits"]["1:16"] > 0
 
 
 def test_unavailable_without_a_gpu_or_the_interpreter_says_what_it_needs():
@@ -125,6 +128,21 @@ def _main(model_dir: str) -> None:
               "max_num_batched_tokens": 24}
     out = generate_both(model_dir, "float32", _prompts([3, 17, 30, 9]), 8, triton_options={"split_size": 16},
                         **engine)
+    # one sequence alone: its single-token steps split the keys by single_token_split, others by split_size
+    import deepinfer_kernels
+
+    splits: Counter[str] = Counter()
+    decode = deepinfer_kernels.paged_decode_attention
+
+    def recording(q, *args, **kwargs):
+        splits[f"{q.shape[0]}:{args[8]}"] += 1
+        return decode(q, *args, **kwargs)
+
+    deepinfer_kernels.paged_decode_attention = recording
+    alone = generate_both(model_dir, "float32", _prompts([21]), 12,
+                          triton_options={"split_size": 32, "single_token_split": 16}, **engine)
+    deepinfer_kernels.paged_decode_attention = decode
+    out["alone"] = {"torch": alone["torch"], "triton": alone["triton"], "splits": dict(splits)}
     from deepinfer import LLM
 
     try:
