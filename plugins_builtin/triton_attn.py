@@ -41,10 +41,10 @@ class TritonAttentionOptions(BaseModel):
 
     split_size: int = Field(256, ge=16, description="key positions per decode split (a multiple of 16); "
                                                     "fixed, so results do not depend on the batch")
-    single_token_split: int | None = Field(None, ge=16, description="key positions per decode split in steps of a "
-                                           "single token (batch-1 decode; None: split_size). Like the device's "
-                                           "single-token GEMVs, a split of its own gives a sequence decoded alone "
-                                           "other bits than a batch gives it")
+    single_token_split: int | None = Field(128, ge=16, description="key positions per decode split in steps of a "
+                                           "single token (batch-1 decode; None: split_size), on devices whose "
+                                           "kernels give such steps other bits than a batch anyway (no batch "
+                                           "invariance: the CUDA devices' single-token GEMVs); elsewhere split_size")
     programmatic_launch: bool = Field(True, description="in steps of a single token (batch-1 decode), launch "
                                       "the KV write and decode kernels with programmatic dependent launch "
                                       "(compute capability 9.0+): each starts while the previous kernel finishes")
@@ -119,6 +119,11 @@ class TritonAttention(AttentionBackend):
         if reason is not None:
             raise PluginError(f"attention plugin 'triton' cannot run here: {reason}")
         self.kernels = _kernels()
+        # a split of its own for single-token steps only where they already get other bits than in a batch
+        device = ctx.device
+        self.single_split = self.options.single_token_split
+        if device is not None and device.supports_batch_invariance:
+            self.single_split = None
 
     def kv_cache_bytes_per_block(self, layers: Sequence[AttentionLayerSpec], block_size: int,
                                  dtype: torch.dtype) -> int:
@@ -185,8 +190,8 @@ class TritonAttention(AttentionBackend):
         if k is not None:  # (None: the fused qkv kernel wrote them, see fused_kv_write)
             kern.write_kv_cache(k, v, k_cache, v_cache, slots, pdl=pdl)  # negative slots are skipped
         split = self.options.split_size
-        if single and self.options.single_token_split is not None:
-            split = self.options.single_token_split
+        if single and self.single_split is not None:
+            split = self.single_split
         if m.decode_only:
             return kern.paged_decode_attention(q, k_cache, v_cache, tables, m.seq_lens, m.block_size,
                                                layer.scale, layer.sliding_window, m.max_seq_len, split, pdl=pdl,

@@ -85,6 +85,7 @@ def test_interpreter_engine_gives_the_torch_backends_greedy_tokens(model_dir):
     alone = got["alone"]
     assert alone["triton"] == alone["torch"]
     assert alone["splits"] == {"1:16": alone["splits"]["1:16"]} and alone["splits"]["1:16"] > 0
+    assert got["single_split"] == [128, None]
 
 
 def test_unavailable_without_a_gpu_or_the_interpreter_says_what_it_needs():
@@ -143,6 +144,13 @@ def _main(model_dir: str) -> None:
                           triton_options={"split_size": 32, "single_token_split": 16}, **engine)
     deepinfer_kernels.paged_decode_attention = decode
     out["alone"] = {"torch": alone["torch"], "triton": alone["triton"], "splits": dict(splits)}
+    # ... but only on a device whose kernels give single-token steps other bits anyway
+    from types import SimpleNamespace
+
+    from deepinfer_builtin.triton_attn import TritonAttention, TritonAttentionOptions
+
+    out["single_split"] = [TritonAttention(TritonAttentionOptions(), SimpleNamespace(
+        device=SimpleNamespace(supports_batch_invariance=inv))).single_split for inv in (False, True)]
     from deepinfer import LLM
 
     try:
