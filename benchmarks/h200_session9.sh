@@ -49,3 +49,13 @@ if [ "${1:-b}" = e ]; then
     done
   done
 fi
+if [ "${1:-b}" = f ]; then
+  # the final defaults (tiles of call b, single_token_split 128): kernel tests compiled, the GPU tests
+  # of the plugins, the triton/torch equality at batch 1, batch 1 end to end
+  timeout 150 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_gemv.py tests/kernels/test_paged_attention.py \
+    > "$OUT/kernel_tests.txt" 2>&1
+  timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/plugins/test_triton_attn.py tests/plugins/test_graphs.py \
+    tests/plugins/test_spec_decode.py > "$OUT/gpu_tests.txt" 2>&1
+  timeout 100 python3 benchmarks/h200_triton_equal.py "$OUT/triton_equal.md" llama-1b > "$OUT/equal_log.txt" 2>&1
+  timeout 60 $LAT --repeats 3 2>&1 | filter > "$OUT/latency.txt"
+fi
