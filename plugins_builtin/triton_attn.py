@@ -119,11 +119,11 @@ class TritonAttention(AttentionBackend):
         if reason is not None:
             raise PluginError(f"attention plugin 'triton' cannot run here: {reason}")
         self.kernels = _kernels()
-        # a split of its own for single-token steps only where they already get other bits than in a batch
-        device = ctx.device
-        self.single_split = self.options.single_token_split
-        if device is not None and device.supports_batch_invariance:
-            self.single_split = None
+        # a split of its own for single-token steps only where they already get other bits than in a
+        # batch (a device that says so; none known: one split for every step)
+        device = getattr(ctx, "device", None)
+        self.single_split = None if device is None or device.supports_batch_invariance \
+            else self.options.single_token_split
 
     def kv_cache_bytes_per_block(self, layers: Sequence[AttentionLayerSpec], block_size: int,
                                  dtype: torch.dtype) -> int:
