@@ -41,12 +41,21 @@ def _argmax_kernel(x_ptr, val_ptr, idx_ptr, count_ptr, out_ptr, stride_x, V,
     tl.store(count_ptr + row + j, tl.zeros([CHUNKS_P], tl.int32), mask=last & (j == 0))
 
 
+#: vocabularies up to this size go to torch's argmax unless a chunk is asked for: its one block a
+#: row is as quick on the device there, and one launch costs the host far less than this kernel's
+#: (which matters in the host-bound steps of small models)
+TORCH_UP_TO = 16384
+
+
 def argmax(logits: torch.Tensor, chunk: int | None = None) -> torch.Tensor:
-    """``logits.argmax(-1)`` for logits [B, V] (last dimension contiguous): int64 [B]."""
+    """``logits.argmax(-1)`` for logits [B, V] (last dimension contiguous): int64 [B]. ``chunk``:
+    entries a program (default 4,096); without it, V up to ``TORCH_UP_TO`` takes torch's argmax."""
     if logits.dim() != 2 or logits.stride(1) != 1:
         raise ValueError(f"argmax takes logits [B, V], contiguous along V; got {tuple(logits.shape)} with "
                          f"strides {logits.stride()}")
     b, v = logits.shape
+    if chunk is None and 0 < v <= TORCH_UP_TO:
+        return logits.argmax(-1)
     out = torch.empty(b, dtype=torch.int64, device=logits.device)
     if b == 0:
         return out

@@ -69,7 +69,7 @@ class DraftLoopGraphs(DecodeGraphs):
 
     def __init__(self, one: DecodeGraphs, steps: int) -> None:
         super().__init__(one.model, one.attention, one.kv_caches, one.api, one.device, one.block_size, one.sizes,
-                         one.max_seq_len, query_len=2)
+                         one.max_seq_len, query_len=2, placeholders=False)
         self.steps = steps
         # the steps after the first fill the one-token graphs' static inputs (replays never overlap,
         # and each of those graphs' replays uploads all its inputs anew)
@@ -157,7 +157,7 @@ class DraftRunner:
             raise ValueError(f"the attention plugin {self.attention.name!r} cannot run in device graphs; "
                              "the draft model runs eagerly with it (do not enable graphs)")
         one, two = (DecodeGraphs(self.model, self.attention, self.kv_caches, graphs, self.device, self.block_size,
-                                 batch_sizes, max_seq_len, query_len=q) for q in (1, 2))
+                                 batch_sizes, max_seq_len, query_len=q, placeholders=False) for q in (1, 2))
         one.capture()
         two.capture()
         self.graphs, self.first_graphs = one, two

@@ -42,7 +42,10 @@ class DecodeGraphs:
 
     def __init__(self, model: CausalLM, attention: AttentionBackend, kv_caches: list[Any],
                  graphs: DeviceGraphs, device: torch.device, block_size: int, batch_sizes: Sequence[int],
-                 max_seq_len: int, query_len: int = 1) -> None:
+                 max_seq_len: int, query_len: int = 1, placeholders: bool = True) -> None:
+        """``placeholders``: the replays resolve placeholder tokens themselves (a few small kernels
+        each); False for graphs that are never given any (a drafter's), which then resolve any
+        that come before the replay."""
         if not batch_sizes or min(batch_sizes) < 1:
             raise ValueError(f"graph batch sizes must be positive integers, got {list(batch_sizes)}")
         if query_len < 1:
@@ -65,6 +68,8 @@ class DecodeGraphs:
         self.query_start_loc = torch.arange(n + 1, dtype=torch.int32, device=dev) * q
         self.block_tables = torch.zeros(n, self.max_blocks, dtype=torch.int32, device=dev)
         self.single_runs = torch.zeros(n, dtype=torch.bool, device=dev)
+        #: the values of this step's placeholders (tokens still on the device), resolved in the graph
+        self.prev_tokens = torch.zeros(n * q if placeholders else 0, dtype=torch.long, device=dev)
         # two sets of host staging buffers, used in turn: a step's copies may still be queued
         # behind the step before it while the next step is being prepared
         pin = dev.type != "cpu"
@@ -96,7 +101,13 @@ class DecodeGraphs:
         """Record the forward of every batch size, largest first (the captures share memory)."""
         for b in reversed(self.sizes):
             batch = self._batch(b)
-            self._replays[b] = self.api.capture(lambda batch=batch: self.captured_work(batch))
+            work = self._replayed if self.prev_tokens.numel() else self.captured_work
+            self._replays[b] = self.api.capture(lambda batch=batch, work=work: work(batch))
+
+    def _replayed(self, batch: StepBatch) -> torch.Tensor:
+        ids = batch.input_ids  # placeholders first (a few small kernels, launched with the graph's)
+        ids.copy_(resolve_placeholders(ids, self.prev_tokens))
+        return self.captured_work(batch)
 
     def captured_work(self, batch: StepBatch) -> torch.Tensor:
         """What a replay computes from the static inputs: one forward (a subclass may do more)."""
@@ -187,8 +198,9 @@ class DecodeGraphs:
 
     def _upload_and_replay(self, host: dict[str, torch.Tensor], size: int,
                            prev_tokens: torch.Tensor | None = None) -> torch.Tensor:
-        """Copy the first ``size`` sequences' inputs to the static tensors (resolving placeholders
-        on the device), replay that size's graph and return its whole output."""
+        """Copy the first ``size`` sequences' inputs to the static tensors, and the placeholders'
+        values to the graph's buffer (the replay resolves them first), replay that size's graph and
+        return its whole output."""
         t = size * self.query_len
         per_seq = [("lens", self.seq_lens), ("tables", self.block_tables)]
         if self.query_len > 1:  # one-token steps never read the context lengths
@@ -198,8 +210,11 @@ class DecodeGraphs:
         for name, dst in per_seq:
             dst[:size].copy_(host[name][:size], non_blocking=True)
         if prev_tokens is not None:
-            ids = self.input_ids[:t]
-            ids.copy_(resolve_placeholders(ids, prev_tokens))
+            if prev_tokens.numel() <= self.prev_tokens.numel():  # the graph resolves them
+                self.prev_tokens[:prev_tokens.numel()].copy_(prev_tokens)
+            else:  # more than the graph's buffer holds: resolved here, before the replay
+                ids = self.input_ids[:t]
+                ids.copy_(resolve_placeholders(ids, prev_tokens))
         replay, out = self._replays[size]
         replay()
         return out

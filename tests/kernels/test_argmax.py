@@ -10,7 +10,7 @@ from tests.kernels.paged import DTYPES, randn
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("chunk", [None, 16, 64])
+@pytest.mark.parametrize("chunk", [None, 16, 64, 512])  # None: torch's argmax (a small vocabulary); 512: one chunk
 def test_argmax_matches_torch(dtype, chunk, device):
     x = randn(3, 301, dtype=dtype, device=device)  # 301: a ragged last chunk
     x[1, 290] = 50.0  # the maximum in the ragged chunk

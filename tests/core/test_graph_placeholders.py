@@ -1,0 +1,50 @@
+"""Placeholder tokens (-(r+1): row r of a device tensor) in steps replayed from graphs: resolved by
+the replay itself, or before it when the graph's buffer is too small or the graph resolves none.
+Oracle: a stand-in model whose output is its input ids."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from deepinfer.core.graphs import DecodeGraphs
+from deepinfer.plugins import DeviceGraphs
+
+
+class _Replays(DeviceGraphs):
+    """Replay re-runs the captured function on the static tensors (as the CPU tests' graphs do)."""
+
+    def capture(self, fn):
+        out = fn().clone()
+        return (lambda: out.copy_(fn())), out
+
+
+class _Attention:
+    def build_metadata(self, batch):
+        return None
+
+
+def _ids_model(input_ids, positions, kv_caches, meta):
+    return input_ids.to(torch.float32)[:, None].clone()
+
+
+def _graphs(placeholders: bool) -> DecodeGraphs:
+    g = DecodeGraphs(_ids_model, _Attention(), [], _Replays(), torch.device("cpu"), 4, [1, 2, 4], 16,
+                     placeholders=placeholders)
+    g.capture()
+    return g
+
+
+@pytest.mark.parametrize("placeholders", [True, False])
+@torch.inference_mode()  # as the engine's steps run
+def test_placeholders_become_the_device_tokens_they_stand_for(placeholders):
+    g = _graphs(placeholders)
+    assert g.prev_tokens.numel() == (4 if placeholders else 0)
+    tables = [[0, 1], [2, 3]]
+    prev = torch.tensor([11, 12])
+    assert g.run(2, [-2, 7], [3, 5], tables, prev)[:, 0].tolist() == [12, 7]
+    # more values than the graph's buffer holds: resolved before the replay
+    many = torch.arange(100, 109)
+    assert g.run(2, [5, -9], [3, 5], tables, many)[:, 0].tolist() == [5, 108]
+    # none: the tokens as given (the buffer's stale values are never read)
+    assert g.run(2, [3, 4], [3, 5], tables, None)[:, 0].tolist() == [3, 4]
+    assert g.run(1, [-1], [6], tables[:1], torch.tensor([21]))[:, 0].tolist() == [21]
