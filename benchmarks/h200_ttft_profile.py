@@ -31,8 +31,8 @@ for _ in range(5):
     o = run()
     times.append(time.perf_counter() - t)
 m = o[0].metrics
-lines = [f"generate of 1 token: {', '.join(f'{1000 * x:.1f}' for x in times)} ms; last TTFT "
-         f"{1000 * (m['first_token_time'] - m['arrival_time']):.1f} ms"]
+lines = [(f"generate of 1 token: {', '.join(f'{1000 * x:.1f}' for x in times)} ms; last TTFT "
+         f"{1000 * (m['first_token_time'] - m['arrival_time']):.1f} ms")]
 with profile(activities=[ProfilerActivity.CUDA]) as prof:
     run()
     torch.cuda.synchronize()
