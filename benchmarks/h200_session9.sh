@@ -71,3 +71,7 @@ if [ "${1:-b}" = g ]; then
   (cd benchmarks && timeout 150 python3 h200_spec_ab.py --batch 1 --drafters none,none+sync,deepspark --runs 7 2>&1 | \
     filter > "$OUT/ab_b1.txt")
 fi
+if [ "${1:-b}" = h ]; then
+  # the first token at batch 1 (14.9 ms in call g): device time and host profile of a one-token generate
+  (cd benchmarks && timeout 150 python3 h200_ttft_profile.py > "$OUT/ttft_log.txt" 2>&1)
+fi
