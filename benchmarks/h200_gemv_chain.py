@@ -8,6 +8,7 @@ import sys
 import torch
 import torch.nn.functional as F
 from graph_timing import graph_time
+from llama_gemv_layers import INTER, KV, LAYERS, D, H, llama_layers
 
 import deepinfer_kernels as dk
 
@@ -16,21 +17,8 @@ gemv_mod = sys.modules["deepinfer_kernels.gemv"]  # the module (the package expo
 out_dir = os.environ.get("OUT", ".")
 dev = torch.device("cuda")
 dt = torch.bfloat16
-torch.manual_seed(0)
-HID, INTER, H, KV, D, LAYERS = 2048, 8192, 32, 8, 64, 16
-
-
-layers = [{"qkv": torch.randn((H + 2 * KV) * D, HID, device=dev, dtype=dt) * 0.02,
-           "o": torch.randn(HID, H * D, device=dev, dtype=dt) * 0.02,
-           "gu": torch.randn(2 * INTER, HID, device=dev, dtype=dt) * 0.02,
-           "down": torch.randn(HID, INTER, device=dev, dtype=dt) * 0.02,
-           "n1": torch.rand(HID, device=dev, dtype=dt) + 0.5, "n2": torch.rand(HID, device=dev, dtype=dt) + 0.5}
-          for _ in range(LAYERS)]
-ang = torch.outer(torch.arange(1024.0), torch.rand(D // 2))
-cos = torch.cat([ang, ang], -1).cos().to(dev, dt)
-sin = torch.cat([ang, ang], -1).sin().to(dev, dt)
-pos = torch.tensor([600], device=dev)
-res0 = torch.randn(1, HID, device=dev, dtype=dt)
+inputs = llama_layers(dev, dt)
+layers, cos, sin, pos, res0 = (inputs[k] for k in ("layers", "cos", "sin", "pos", "res0"))
 weight_mb = sum(t.numel() * t.element_size() for ly in layers for k, t in ly.items() if k in ("qkv", "o", "gu", "down")) / 1e6
 
 

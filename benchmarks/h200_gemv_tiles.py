@@ -9,6 +9,7 @@ import os
 
 import torch
 from graph_timing import graph_time
+from llama_gemv_layers import HID, INTER, KV, LAYERS, D, H, llama_layers
 
 import deepinfer_kernels as dk
 from deepinfer_kernels.gemv import GemvConfig, default_config
@@ -16,23 +17,11 @@ from deepinfer_kernels.gemv import GemvConfig, default_config
 out_dir = os.environ.get("OUT", ".")
 dev = torch.device("cuda")
 dt = torch.bfloat16
-torch.manual_seed(0)
-HID, INTER, H, KV, D, LAYERS = 2048, 8192, 32, 8, 64, 16
 SMS = torch.cuda.get_device_properties(dev).multi_processor_count
-
-layers = [{"qkv": torch.randn((H + 2 * KV) * D, HID, device=dev, dtype=dt) * 0.02,
-           "o": torch.randn(HID, H * D, device=dev, dtype=dt) * 0.02,
-           "gu": torch.randn(2 * INTER, HID, device=dev, dtype=dt) * 0.02,
-           "down": torch.randn(HID, INTER, device=dev, dtype=dt) * 0.02,
-           "n1": torch.rand(HID, device=dev, dtype=dt) + 0.5, "n2": torch.rand(HID, device=dev, dtype=dt) + 0.5}
-          for _ in range(LAYERS)]
-ang = torch.outer(torch.arange(1024.0), torch.rand(D // 2))
-cos = torch.cat([ang, ang], -1).cos().to(dev, dt)
-sin = torch.cat([ang, ang], -1).sin().to(dev, dt)
-pos = torch.tensor([600], device=dev)
+inputs = llama_layers(dev, dt)
+layers, cos, sin, pos, res0 = (inputs[k] for k in ("layers", "cos", "sin", "pos", "res0"))
 x0 = torch.randn(1, HID, device=dev, dtype=dt)
 act0 = torch.randn(1, INTER, device=dev, dtype=dt) * 0.1
-res0 = torch.randn(1, HID, device=dev, dtype=dt)
 MB = {k: layers[0][k].numel() * 2 / 1e6 for k in ("qkv", "o", "gu", "down")}
 
 

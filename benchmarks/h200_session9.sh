@@ -26,28 +26,27 @@ if [ "${1:-b}" = c ]; then
   (cd benchmarks && timeout 120 python3 h200_step_trace.py llama-1b > "$OUT/trace_log.txt" 2>&1)
   timeout 120 python3 benchmarks/h200_triton_equal.py "$OUT/triton_equal.md" llama-1b > "$OUT/equal_log.txt" 2>&1
 fi
+# two interleaved rounds of batch 1 with each value of one triton option: OPTION FILE_PREFIX VALUES...
+interleaved() {
+  local opt=$1 prefix=$2; shift 2
+  for i in 1 2; do
+    for v in "$@"; do
+      timeout 45 $LAT --repeats 2 --plugin-options "{\"triton\": {\"$opt\": $v}}" 2>&1 | filter >> "$OUT/$prefix$v.txt"
+    done
+  done
+}
 if [ "${1:-b}" = d ]; then
   # decode attention's split at batch 1 (device time kernel by kernel), then end to end, interleaved
   (cd benchmarks && timeout 150 python3 h200_step_trace.py llama-1b --variants '{}' '{"triton": {"split_size": 512}}' \
     '{"triton": {"split_size": 1024}}' '{"triton": {"split_size": 128}}' > "$OUT/trace_log.txt" 2>&1)
-  for i in 1 2; do
-    for split in 256 512 1024; do
-      timeout 45 $LAT --repeats 2 --plugin-options "{\"triton\": {\"split_size\": $split}}" 2>&1 | filter \
-        >> "$OUT/latency_split$split.txt"
-    done
-  done
+  interleaved split_size latency_split 256 512 1024
 fi
 if [ "${1:-b}" = e ]; then
   # a decode split of its own for single-token steps (triton single_token_split): device time
   # kernel by kernel, then batch 1 end to end, interleaved
   (cd benchmarks && timeout 120 python3 h200_step_trace.py llama-1b --variants '{}' \
     '{"triton": {"single_token_split": 128}}' '{"triton": {"single_token_split": 64}}' > "$OUT/trace_log.txt" 2>&1)
-  for i in 1 2; do
-    for split in 256 128 64; do
-      timeout 45 $LAT --repeats 2 --plugin-options "{\"triton\": {\"single_token_split\": $split}}" 2>&1 | filter \
-        >> "$OUT/latency_single$split.txt"
-    done
-  done
+  interleaved single_token_split latency_single 256 128 64
 fi
 if [ "${1:-b}" = f ]; then
   # the final defaults (tiles of call b, single_token_split 128): kernel tests compiled, the GPU tests
