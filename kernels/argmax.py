@@ -4,7 +4,9 @@ A plain reduction over a 128K vocabulary runs one block per row, tens of microse
 row. Here each program takes a chunk of a row and writes its maximum and that maximum's first
 index; the row's last program to finish (an atomic counter, which it resets) picks the chunk with
 the highest value, the first such chunk on ties: so the result is torch.argmax's, the first index
-of the maximum, however the programs ran. NaN is not treated specially (logits have none).
+of the maximum, however the programs ran. NaN is not treated specially (logits have none), and
+values are compared in float32 (float64 logits that differ only below that may tie differently).
+Small vocabularies (``TORCH_UP_TO``) take torch's argmax itself.
 """
 from __future__ import annotations
 

@@ -193,16 +193,17 @@ def default_config(rows: int, k: int, device: torch.device, paired: bool = False
 
     From the H200 sweeps (benchmarks/h200_gemv_sweep.py, then h200_gemv_tiles.py, which times
     each projection as 16 launches with PDL, as a decode step runs them; docs/benchmarks.md):
-    plain rows 4 a program by 2,048 columns a step (8 warps), or 8 by 1,024 when K is longer
-    (down); pairs 2 a program by 512 columns, or 8 by 256 with 4 warps when there are many
-    (gate/up). K is split only when there are fewer row blocks than SMs.
+    plain rows 4 a program by 2,048 columns a step (8 warps; 4 when K is longer), or 8 by 1,024
+    with 8 warps when K is over 2,048 and at least twice N (down); pairs 2 a program by 512
+    columns, or 8 by 256 with 4 warps when there are many (gate/up). K is split only when there are fewer row blocks than SMs.
     ``row_quantum``: block_n must divide it (a rotary half-head). ``block_n``: fixed by the caller
     (whole heads for the q/k norm); the step then keeps the tile at 4,096 weights or fewer.
     """
     if paired:
         bn, block_k, warps = (8, 256, 4) if rows >= 4096 else (2, 512, 4)
     else:
-        bn, block_k, warps = (4, 2048, 8) if k <= 2048 else (8, 1024, 8)
+        # down (K several times N): 8 by 1,024; the others (o, and any plain projection) 4 by 2,048
+        bn, block_k, warps = (8, 1024, 8) if k > 2048 and k >= 2 * rows else (4, 2048, 8 if k <= 2048 else 4)
     if block_n is not None:
         block_k = max(16, min(block_k, 4096 // next_pow2(block_n)))
     else:

@@ -174,7 +174,7 @@ class DraftRunner:
             if size is not None:
                 tokens, starts, tables = zip(*feeds, strict=True)
                 if longest == 1:
-                    hidden = g.run(size, [t[0] for t in tokens], starts, tables, None)
+                    hidden = g.run(size, [t[0] for t in tokens], starts, tables, prev_tokens=None)
                 else:  # sequence i's rows are 2i and 2i + 1
                     hidden = g.run_padded(size, tokens, starts, tables)
                     hidden = hidden[[2 * i + len(t) - 1 for i, t in enumerate(tokens)]]

@@ -40,11 +40,13 @@ class TritonAttentionOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     split_size: int = Field(256, ge=16, description="key positions per decode split (a multiple of 16); "
-                                                    "fixed, so results do not depend on the batch")
+                                                    "fixed, so results do not depend on the batch (steps of a "
+                                                    "single token: see single_token_split)")
     single_token_split: int | None = Field(128, ge=16, description="key positions per decode split in steps of a "
-                                           "single token (batch-1 decode; None: split_size), on devices whose "
-                                           "kernels give such steps other bits than a batch anyway (no batch "
-                                           "invariance: the CUDA devices' single-token GEMVs); elsewhere split_size")
+                                           "single token (batch-1 decode; None: split_size), on devices that do "
+                                           "not claim batch invariance (all but a CUDA device with its "
+                                           "single-token GEMVs off); a sequence decoded alone then gets other "
+                                           "bits than in a batch")
     programmatic_launch: bool = Field(True, description="in steps of a single token (batch-1 decode), launch "
                                       "the KV write and decode kernels with programmatic dependent launch "
                                       "(compute capability 9.0+): each starts while the previous kernel finishes")

@@ -89,7 +89,7 @@ def run_bench(args: argparse.Namespace, overrides: dict) -> int:
     print(roof, flush=True)
     if args.bench_command == "latency" and "ttft_ms_median" in ours.extra:
         ttft = ours.extra["ttft_ms_median"] / 1000
-        after = (wl.num_output_tokens - len(wl.prompts)) / max(ours.seconds[-1] - ttft, 1e-9)
+        after = (ours.output_tokens - len(wl.prompts)) / max(ours.seconds[-1] - ttft, 1e-9)
         print(f"first token after {1000 * ttft:.1f} ms (median over the requests of the last run); "
               f"{after:,.1f} output tok/s after it", flush=True)
     if args.peer == "hf":

@@ -105,8 +105,11 @@ class DecodeGraphs:
             self._replays[b] = self.api.capture(lambda batch=batch, work=work: work(batch))
 
     def _replayed(self, batch: StepBatch) -> torch.Tensor:
-        ids = batch.input_ids  # placeholders first (a few small kernels, launched with the graph's)
-        ids.copy_(resolve_placeholders(ids, self.prev_tokens))
+        # placeholders first: five small kernels, run at every replay (a step without placeholders
+        # keeps its ids), against the five to seven launches of resolving them before the replay
+        ids = batch.input_ids
+        rows = torch.bitwise_not(ids).clamp_(min=0)  # -(r+1) -> r; real tokens -> 0
+        torch.where(ids < 0, self.prev_tokens[rows], ids, out=ids)
         return self.captured_work(batch)
 
     def captured_work(self, batch: StepBatch) -> torch.Tensor:
@@ -157,6 +160,7 @@ class DecodeGraphs:
             lens[i] = start + n
             ctx[i] = start
             single[i] = n == 1
+        self._check_placeholders(int(ids[:size * q].min()), prev_tokens)
         if on_device is not None:
             on_device()
         return self._upload_and_replay(host, size, prev_tokens)[:size * q]
@@ -172,6 +176,7 @@ class DecodeGraphs:
             raise ValueError(f"run() replays one-token steps; these graphs take {self.query_len} tokens a "
                              "sequence (use run_padded)")
         b, bs = len(tokens), self.block_size
+        self._check_placeholders(min(tokens), prev_tokens)
         host = self._next_host()
         ids, pos, slots = host["ids"].numpy(), host["pos"].numpy(), host["slots"].numpy()
         lens, tab = host["lens"].numpy(), host["tables"].numpy()
@@ -190,6 +195,14 @@ class DecodeGraphs:
         if on_device is not None:
             on_device()
         return self._upload_and_replay(host, size, prev_tokens)[:b]
+
+    @staticmethod
+    def _check_placeholders(lowest: int, prev_tokens: torch.Tensor | None) -> None:
+        """A placeholder -(r+1) needs row r of the given device tokens."""
+        have = 0 if prev_tokens is None else prev_tokens.numel()
+        if lowest < -have:
+            raise ValueError(f"placeholder token {lowest} stands for row {-lowest - 1} of the device tokens, "
+                             f"but {have} were given")
 
     def _next_host(self) -> dict[str, torch.Tensor]:
         host = self._host[self._turn]

@@ -257,9 +257,11 @@ class ModelRunner:
         if graph_size is not None or padded_size is not None:
             tokens, starts, tables = zip(*seqs, strict=True)
         if graph_size is not None:
-            hidden = self.graphs.run(graph_size, [t[0] for t in tokens], starts, tables, prev, mark)
+            hidden = self.graphs.run(graph_size, [t[0] for t in tokens], starts, tables, prev_tokens=prev,
+                                     on_device=mark)
         elif padded_size is not None:  # sequence i's rows start at i * query_len
-            hidden = self.verify_graphs.run_padded(padded_size, tokens, starts, tables, mark, prev)
+            hidden = self.verify_graphs.run_padded(padded_size, tokens, starts, tables, on_device=mark,
+                                                   prev_tokens=prev)
         else:
             if mark is not None:
                 mark()

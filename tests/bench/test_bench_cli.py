@@ -27,6 +27,12 @@ def test_latency_writes_json_and_a_chart(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert matplotlib.image.imread(str(png)).shape[:2] == (480, 840)  # 7 x 4 inches at 120 dpi
     assert f"chart written to {png}" in res.stdout
+    # the first token's time, and the decode rate after it: 14 tokens over the run less that time
+    ttft_ms = got["results"][0]["ttft_ms_median"]
+    seconds = got["results"][0]["seconds"][-1]
+    line = next(ln for ln in res.stdout.splitlines() if ln.startswith("first token after"))
+    assert line == (f"first token after {ttft_ms:.1f} ms (median over the requests of the last run); "
+                    f"{14 / (seconds - ttft_ms / 1000):,.1f} output tok/s after it")
 
 
 def test_throughput_peer_on_a_subset(tmp_path):

@@ -48,3 +48,23 @@ def test_placeholders_become_the_device_tokens_they_stand_for(placeholders):
     # none: the tokens as given (the buffer's stale values are never read)
     assert g.run(2, [3, 4], [3, 5], tables, None)[:, 0].tolist() == [3, 4]
     assert g.run(1, [-1], [6], tables[:1], torch.tensor([21]))[:, 0].tolist() == [21]
+    # a placeholder with no device token behind it is refused before anything runs
+    with pytest.raises(ValueError, match="row 2 of the device tokens, but 2 were given"):
+        g.run(2, [-3, 4], [3, 5], tables, prev)
+    with pytest.raises(ValueError, match="but 0 were given"):
+        g.run_padded(2, [[4], [-1]], [3, 5], tables)
+
+
+@pytest.mark.gpu
+@torch.inference_mode()
+def test_cuda_graphs_resolve_placeholders_in_the_replay():
+    from deepinfer_builtin.cuda import CUDAGraphs
+
+    dev = torch.device("cuda")
+    g = DecodeGraphs(_ids_model, _Attention(), [], CUDAGraphs(dev), dev, 4, [1, 2, 4], 16)
+    g.capture()
+    tables = [[0, 1], [2, 3]]
+    assert g.run(2, [-2, 7], [3, 5], tables, torch.tensor([11, 12], device=dev))[:, 0].tolist() == [12, 7]
+    assert g.run(2, [3, 4], [3, 5], tables, None)[:, 0].tolist() == [3, 4]
+    assert g.run(4, [-1, 5, -4, 6], [1, 2, 3, 4], tables * 2,
+                 torch.tensor([31, 32, 33, 34], device=dev))[:, 0].tolist() == [31, 5, 34, 6]

@@ -1,6 +1,8 @@
 """Row-wise argmax over chunks of the vocabulary against torch.argmax, ties included."""
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 
@@ -10,7 +12,7 @@ from tests.kernels.paged import DTYPES, randn
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("chunk", [None, 16, 64, 512])  # None: torch's argmax (a small vocabulary); 512: one chunk
+@pytest.mark.parametrize("chunk", [16, 64, 512])  # 512: one chunk
 def test_argmax_matches_torch(dtype, chunk, device):
     x = randn(3, 301, dtype=dtype, device=device)  # 301: a ragged last chunk
     x[1, 290] = 50.0  # the maximum in the ragged chunk
@@ -20,6 +22,29 @@ def test_argmax_matches_torch(dtype, chunk, device):
     assert got.tolist() == argmax_ref(x).tolist()
     assert got[2].item() == 5
     assert all(int(c.abs().sum()) == 0 for c in _COUNTERS.values())  # ready for the next launch
+
+
+def test_without_a_chunk_small_vocabularies_take_torch_and_large_ones_the_kernel(device, monkeypatch):
+    import deepinfer_kernels.argmax  # noqa: F401 (the module: the package exports the function)
+
+    mod = sys.modules["deepinfer_kernels.argmax"]
+    launches = []
+    kernel = mod._argmax_kernel
+
+    class Recording:
+        def __getitem__(self, grid):
+            launches.append(grid)
+            return kernel[grid]
+
+    monkeypatch.setattr(mod, "_argmax_kernel", Recording())
+    for v, kernel_runs in ((mod.TORCH_UP_TO, False), (mod.TORCH_UP_TO + 1, True)):
+        x = torch.zeros(2, v, device=device)
+        x[0, v - 1] = 3.0  # the maximum in the last (ragged) chunk
+        x[1, 7] = x[1, v - 2] = 2.0  # a tie across chunks: the first wins
+        launches.clear()
+        assert argmax(x).tolist() == [v - 1, 7] == argmax_ref(x).tolist()
+        assert bool(launches) == kernel_runs
+    assert launches == [(2, 5)]  # 16,385 entries: four chunks of 4,096 and one of 1
 
 
 def test_argmax_tie_inside_a_chunk_and_bad_input(device):

@@ -50,9 +50,9 @@ def run_both(model_dir: str, prompts, max_tokens: list[int], graphs_factory, siz
     replayed: Counter[int] = Counter()
     run = DecodeGraphs.run
 
-    def counting(self, size, *args):
+    def counting(self, size, *args, **kwargs):
         replayed[size] += 1
-        return run(self, size, *args)
+        return run(self, size, *args, **kwargs)
 
     out = {}
     DecodeGraphs.run = counting
@@ -186,14 +186,14 @@ def draft_both(model_dir: str, graphs_factory, drafter: str = "draft-model", loo
     draft_firsts: list = []  # the draft's graphs for a round's first step
     run, run_padded, propose = DecodeGraphs.run, DecodeGraphs.run_padded, DraftRunner.propose
 
-    def counting(self, size, *args):
+    def counting(self, size, *args, **kwargs):
         replayed["one-token"][size] += 1
-        return run(self, size, *args)
+        return run(self, size, *args, **kwargs)
 
-    def counting_padded(self, size, tokens, *args):
+    def counting_padded(self, size, tokens, *args, **kwargs):
         kind = "loop" if isinstance(self, DraftLoopGraphs) else "verify"
         replayed["draft-first" if any(self is g for g in draft_firsts) else kind][size] += 1
-        hidden = run_padded(self, size, tokens, *args)
+        hidden = run_padded(self, size, tokens, *args, **kwargs)
         flags = self.single_runs[:size].tolist()
         if flags != [len(t) == 1 for t in tokens] + [False] * (size - len(tokens)):
             flags_wrong.append((self.query_len, [len(t) for t in tokens], flags))

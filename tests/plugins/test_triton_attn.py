@@ -86,6 +86,8 @@ def test_interpreter_engine_gives_the_torch_backends_greedy_tokens(model_dir):
     assert alone["triton"] == alone["torch"]
     assert alone["splits"] == {"1:16": alone["splits"]["1:16"]} and alone["splits"]["1:16"] > 0
     assert got["single_split"] == [128, None]
+    batched = got["batched_splits"]  # steps of several sequences keep split_size
+    assert all(key.endswith(":16") for key in batched if not key.startswith("1:")) and len(batched) > 1
 
 
 def test_unavailable_without_a_gpu_or_the_interpreter_says_what_it_needs():
@@ -127,9 +129,8 @@ def _main(model_dir: str) -> None:
     """Child of the interpreter test: prints the outputs of both backends as one JSON line."""
     engine = {"device": "cpu", "block_size": 4, "num_kv_blocks": 64, "max_model_len": 64,
               "max_num_batched_tokens": 24}
-    out = generate_both(model_dir, "float32", _prompts([3, 17, 30, 9]), 8, triton_options={"split_size": 16},
-                        **engine)
-    # one sequence alone: its single-token steps split the keys by single_token_split, others by split_size
+    # decode attention's split: single_token_split in steps of one token (one sequence alone), else
+    # split_size (recorded as "rows:split" per call)
     import deepinfer_kernels
 
     splits: Counter[str] = Counter()
@@ -140,6 +141,10 @@ def _main(model_dir: str) -> None:
         return decode(q, *args, **kwargs)
 
     deepinfer_kernels.paged_decode_attention = recording
+    out = generate_both(model_dir, "float32", _prompts([3, 17, 30, 9]), 8,
+                        triton_options={"split_size": 16, "single_token_split": 32}, **engine)
+    out["batched_splits"] = dict(splits)
+    splits.clear()
     alone = generate_both(model_dir, "float32", _prompts([21]), 12,
                           triton_options={"split_size": 32, "single_token_split": 16}, **engine)
     deepinfer_kernels.paged_decode_attention = decode
