@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+import numpy as np
 import torch
 
 from deepinfer.plugins import (
@@ -60,40 +61,62 @@ class _DraftSeq:
 
 class DraftLoopGraphs(DecodeGraphs):
     """A greedy round's k draft steps in one replay. The first step computes each sequence's one or
-    two new tokens, laid out as in the two-token graphs (``run_padded``); then, on the device, each
-    step's argmax becomes the next step's one token, whose position, slot (from the block table)
-    and length follow its sequence's (padding rows stay at slot -1: they write nothing). The
-    output holds every step's token and probability, [size, 2, k] (float32: token ids below 2^24
-    are exact): one launch and one copy to the host a round, instead of k launches each waiting
-    for its token."""
+    two new tokens, laid out as in the two-token graphs (``run_padded``); then each step's argmax
+    becomes the next step's one token, on the device. The later steps' positions, slots and lengths
+    follow from the first's, so the host writes them for all k - 1 steps with the round's inputs
+    (padding rows stay at slot -1 and length 0: they write nothing). The output holds every step's
+    token and probability, [size, 2, k] (float32: token ids below 2^24 are exact): one launch and
+    one copy to the host a round, instead of k launches each waiting for its token."""
 
     def __init__(self, one: DecodeGraphs, steps: int) -> None:
         super().__init__(one.model, one.attention, one.kv_caches, one.api, one.device, one.block_size, one.sizes,
                          one.max_seq_len, query_len=2, placeholders=False)
         self.steps = steps
-        # the steps after the first fill the one-token graphs' static inputs (replays never overlap,
-        # and each of those graphs' replays uploads all its inputs anew)
-        self.one = one
+        self.one = one  # the later steps run the one-token graphs' forward on the inputs below
+        later, n, dev = max(steps - 1, 0), self.max_batch, self.device
+        self.step_positions = torch.zeros(later, n, dtype=torch.long, device=dev)
+        self.step_slots = torch.full((later, n), -1, dtype=torch.long, device=dev)
+        self.step_lens = torch.zeros(later, n, dtype=torch.int32, device=dev)
+        pin = dev.type != "cpu"  # two host sets, used in turn (as the base class's)
+        self._step_host = [{"pos": torch.zeros(later, n, dtype=torch.long, pin_memory=pin),
+                            "slots": torch.zeros(later, n, dtype=torch.long, pin_memory=pin),
+                            "lens": torch.zeros(later, n, dtype=torch.int32, pin_memory=pin)} for _ in range(2)]
+        self._step_turn = 0
+
+    def run_padded(self, size, tokens, starts, tables, on_device=None, prev_tokens=None) -> torch.Tensor:
+        host = self._step_host[self._step_turn]
+        self._step_turn ^= 1
+        pos, slots, lens = host["pos"].numpy(), host["slots"].numpy(), host["lens"].numpy()
+        pos[:, :size], slots[:, :size], lens[:, :size] = 0, -1, 0
+        bs, ahead = self.block_size, np.arange(1, self.steps)
+        for i, (toks, start, blocks) in enumerate(zip(tokens, starts, tables, strict=True)):
+            p = start + len(toks) - 1 + ahead  # step j's one token sits j places after the first step's last
+            pos[:, i] = p
+            lens[:, i] = p + 1
+            slots[:, i] = np.asarray(blocks, dtype=np.int64)[p // bs] * bs + p % bs
+
+        def upload() -> None:
+            if on_device is not None:
+                on_device()
+            # whole buffers (a few KiB): contiguous, so the copies stay asynchronous; the graph of
+            # this size reads only its first ``size`` columns, all written above
+            for name, dst in (("pos", self.step_positions), ("slots", self.step_slots), ("lens", self.step_lens)):
+                dst.copy_(host[name], non_blocking=True)
+
+        return super().run_padded(size, tokens, starts, tables, on_device=upload, prev_tokens=prev_tokens)
 
     def captured_work(self, batch) -> torch.Tensor:
-        bs, b = self.block_size, batch.seq_lens.shape[0]
+        b = batch.seq_lens.shape[0]
         new = batch.seq_lens - batch.context_lens  # 1 or 2 new tokens; 0 for padding
         last = torch.arange(b, device=new.device) * 2 + (new.long() - 1).clamp(min=0)
         p, t = self._argmax(super().captured_work(batch)[last])
         tokens, probs = [t], [p]
         one = self.one._batch(b)
-        real = new > 0
-        one.block_tables.copy_(batch.block_tables)
-        one.positions.copy_(torch.where(real, batch.seq_lens.long() - 1, 0))  # advanced below
-        one.seq_lens.copy_(torch.where(real, batch.seq_lens, 0))
-        for _ in range(self.steps - 1):
-            one.input_ids.copy_(tokens[-1])
-            one.positions.add_(real.long())
-            one.seq_lens.add_(real.int())
-            pos = one.positions
-            block = one.block_tables.gather(1, (pos // bs)[:, None]).squeeze(1).long()
-            one.slot_mapping.copy_(torch.where(real, block * bs + pos % bs, -1))
-            p, t = self._argmax(self.one.captured_work(one))
+        for j in range(self.steps - 1):
+            step = replace(one, input_ids=tokens[-1], positions=self.step_positions[j, :b],
+                           slot_mapping=self.step_slots[j, :b], seq_lens=self.step_lens[j, :b],
+                           block_tables=batch.block_tables)
+            p, t = self._argmax(self.one.captured_work(step))
             tokens.append(t)
             probs.append(p)
         return torch.stack((torch.stack(tokens, 1).float(), torch.stack(probs, 1)), dim=1)
