@@ -195,7 +195,8 @@ def default_config(rows: int, k: int, device: torch.device, paired: bool = False
     each projection as 16 launches with PDL, as a decode step runs them; docs/benchmarks.md):
     plain rows 4 a program by 2,048 columns a step (8 warps; 4 when K is longer), or 8 by 1,024
     with 8 warps when K is over 2,048 and at least twice N (down); pairs 2 a program by 512
-    columns, or 8 by 256 with 4 warps when there are many (gate/up). K is split only when there are fewer row blocks than SMs.
+    columns, or 8 by 256 with 4 warps when there are many (gate/up). K is split only when there
+    are fewer row blocks than SMs.
     ``row_quantum``: block_n must divide it (a rotary half-head). ``block_n``: fixed by the caller
     (whole heads for the q/k norm); the step then keeps the tile at 4,096 weights or fewer.
     """

@@ -69,24 +69,25 @@ class DraftLoopGraphs(DecodeGraphs):
     one copy to the host a round, instead of k launches each waiting for its token."""
 
     def __init__(self, one: DecodeGraphs, steps: int) -> None:
+        self.steps = steps  # (before the base class makes its host buffers, which hold the later steps' too)
         super().__init__(one.model, one.attention, one.kv_caches, one.api, one.device, one.block_size, one.sizes,
                          one.max_seq_len, query_len=2, placeholders=False)
-        self.steps = steps
         self.one = one  # the later steps run the one-token graphs' forward on the inputs below
-        later, n, dev = max(steps - 1, 0), self.max_batch, self.device
-        self.step_positions = torch.zeros(later, n, dtype=torch.long, device=dev)
-        self.step_slots = torch.full((later, n), -1, dtype=torch.long, device=dev)
-        self.step_lens = torch.zeros(later, n, dtype=torch.int32, device=dev)
-        pin = dev.type != "cpu"  # two host sets, used in turn (as the base class's)
-        self._step_host = [{"pos": torch.zeros(later, n, dtype=torch.long, pin_memory=pin),
-                            "slots": torch.zeros(later, n, dtype=torch.long, pin_memory=pin),
-                            "lens": torch.zeros(later, n, dtype=torch.int32, pin_memory=pin)} for _ in range(2)]
-        self._step_turn = 0
+        later, n, dev = steps - 1, self.max_batch, self.device
+        self.step_inputs = {"step_pos": torch.zeros(later, n, dtype=torch.long, device=dev),
+                            "step_slots": torch.full((later, n), -1, dtype=torch.long, device=dev),
+                            "step_lens": torch.zeros(later, n, dtype=torch.int32, device=dev)}
+
+    def _host_buffers(self, n: int, pin: bool) -> dict[str, torch.Tensor]:
+        later = self.steps - 1
+        return {**super()._host_buffers(n, pin),
+                "step_pos": torch.zeros(later, n, dtype=torch.long, pin_memory=pin),
+                "step_slots": torch.zeros(later, n, dtype=torch.long, pin_memory=pin),
+                "step_lens": torch.zeros(later, n, dtype=torch.int32, pin_memory=pin)}
 
     def run_padded(self, size, tokens, starts, tables, on_device=None, prev_tokens=None) -> torch.Tensor:
-        host = self._step_host[self._step_turn]
-        self._step_turn ^= 1
-        pos, slots, lens = host["pos"].numpy(), host["slots"].numpy(), host["lens"].numpy()
+        host = self._host[self._turn]  # the set the base class's run_padded takes next
+        pos, slots, lens = (host[k].numpy() for k in ("step_pos", "step_slots", "step_lens"))
         pos[:, :size], slots[:, :size], lens[:, :size] = 0, -1, 0
         bs, ahead = self.block_size, np.arange(1, self.steps)
         for i, (toks, start, blocks) in enumerate(zip(tokens, starts, tables, strict=True)):
@@ -100,7 +101,7 @@ class DraftLoopGraphs(DecodeGraphs):
                 on_device()
             # whole buffers (a few KiB): contiguous, so the copies stay asynchronous; the graph of
             # this size reads only its first ``size`` columns, all written above
-            for name, dst in (("pos", self.step_positions), ("slots", self.step_slots), ("lens", self.step_lens)):
+            for name, dst in self.step_inputs.items():
                 dst.copy_(host[name], non_blocking=True)
 
         return super().run_padded(size, tokens, starts, tables, on_device=upload, prev_tokens=prev_tokens)
@@ -113,8 +114,9 @@ class DraftLoopGraphs(DecodeGraphs):
         tokens, probs = [t], [p]
         one = self.one._batch(b)
         for j in range(self.steps - 1):
-            step = replace(one, input_ids=tokens[-1], positions=self.step_positions[j, :b],
-                           slot_mapping=self.step_slots[j, :b], seq_lens=self.step_lens[j, :b],
+            ins = self.step_inputs
+            step = replace(one, input_ids=tokens[-1], positions=ins["step_pos"][j, :b],
+                           slot_mapping=ins["step_slots"][j, :b], seq_lens=ins["step_lens"][j, :b],
                            block_tables=batch.block_tables)
             p, t = self._argmax(self.one.captured_work(step))
             tokens.append(t)

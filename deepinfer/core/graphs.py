@@ -32,9 +32,12 @@ def default_batch_sizes(max_num_seqs: int) -> list[int]:
     return sizes
 
 
-def resolve_placeholders(ids: torch.Tensor, prev_tokens: torch.Tensor) -> torch.Tensor:
-    """``ids`` with each negative entry -(r+1) replaced by ``prev_tokens[r]``, on the device."""
-    return torch.where(ids < 0, prev_tokens[(-ids - 1).clamp(min=0)], ids)
+def resolve_placeholders(ids: torch.Tensor, prev_tokens: torch.Tensor,
+                         out: torch.Tensor | None = None) -> torch.Tensor:
+    """``ids`` with each negative entry -(r+1) replaced by ``prev_tokens[r]``, on the device, in
+    five small kernels (into ``out``, which may be ``ids`` itself)."""
+    rows = torch.bitwise_not(ids).clamp_(min=0)  # -(r+1) -> r; real tokens -> 0
+    return torch.where(ids < 0, prev_tokens[rows], ids, out=out)
 
 
 class DecodeGraphs:
@@ -105,11 +108,9 @@ class DecodeGraphs:
             self._replays[b] = self.api.capture(lambda batch=batch, work=work: work(batch))
 
     def _replayed(self, batch: StepBatch) -> torch.Tensor:
-        # placeholders first: five small kernels, run at every replay (a step without placeholders
-        # keeps its ids), against the five to seven launches of resolving them before the replay
-        ids = batch.input_ids
-        rows = torch.bitwise_not(ids).clamp_(min=0)  # -(r+1) -> r; real tokens -> 0
-        torch.where(ids < 0, self.prev_tokens[rows], ids, out=ids)
+        # placeholders first, at every replay (a step without placeholders keeps its ids): no
+        # launches of their own before the replay
+        resolve_placeholders(batch.input_ids, self.prev_tokens, out=batch.input_ids)
         return self.captured_work(batch)
 
     def captured_work(self, batch: StepBatch) -> torch.Tensor:
@@ -227,7 +228,7 @@ class DecodeGraphs:
                 self.prev_tokens[:prev_tokens.numel()].copy_(prev_tokens)
             else:  # more than the graph's buffer holds: resolved here, before the replay
                 ids = self.input_ids[:t]
-                ids.copy_(resolve_placeholders(ids, prev_tokens))
+                resolve_placeholders(ids, prev_tokens, out=ids)
         replay, out = self._replays[size]
         replay()
         return out
