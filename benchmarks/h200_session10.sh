@@ -1,0 +1,38 @@
+# H200, session 10, one call each:
+#   run(command="bash benchmarks/h200_session10.sh a", carry=[".whl"], timeout_s=600)
+# after ../shared/gpu/wheels.sh.
+. benchmarks/h200_common.sh
+if [ "${1:-a}" = a ]; then
+  # session 9's changes not yet run on the GPU: the GPU tests of core, graphs, speculative decoding,
+  # argmax and in-replay placeholders; deepspark at batch 1 with the host-written draft loop graph
+  # (interleaved against no drafter and draft-model); a profile of one batch-1 generate per drafter
+  timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/core tests/plugins/test_graphs.py \
+    tests/plugins/test_spec_decode.py > "$OUT/gpu_tests.txt" 2>&1
+  timeout 60 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_argmax.py tests/core/test_graph_placeholders.py \
+    >> "$OUT/gpu_tests.txt" 2>&1
+  (cd benchmarks && timeout 180 python3 h200_spec_ab.py --batch 1 --drafters none,deepspark,draft-model --runs 5 2>&1 | \
+    filter > "$OUT/ab_b1.txt")
+  (cd benchmarks && timeout 150 python3 h200_spec_profile.py --out "$OUT/prof" --batch 1 --output-len 128 \
+    --drafters none,deepspark > "$OUT/prof_log.txt" 2>&1)
+fi
+if [ "${1:-a}" = b ]; then
+  # where the first token's 14.9 ms go at batch 1 (Llama-3.2-1B shape): a timeline of the first
+  # steps with overlap on and off; the prefill's device time and host profile (one-token generate)
+  (cd benchmarks && timeout 120 python3 h200_first_steps.py --overlap 1 > "$OUT/first_steps_overlap.txt" 2>&1)
+  (cd benchmarks && timeout 120 python3 h200_first_steps.py --overlap 0 > "$OUT/first_steps_sync.txt" 2>&1)
+  (cd benchmarks && timeout 150 python3 h200_ttft_profile.py > "$OUT/ttft_log.txt" 2>&1)
+fi
+if [ "${1:-a}" = c ]; then
+  # PDL successors launched at a kernel's start instead of after its wait (_launch.EARLY_TRIGGER):
+  # same bits (batch-1 tokens and logprobs), a step's device time kernel by kernel, then batch 1
+  # end to end, interleaved
+  timeout 150 python3 benchmarks/h200_flag_equal.py EARLY_TRIGGER > "$OUT/equal.txt" 2>&1
+  (cd benchmarks && timeout 150 python3 h200_with_flags.py EARLY_TRIGGER=1 -- h200_step_trace.py llama-1b \
+    > "$OUT/trace_early_log.txt" 2>&1; mv "$OUT/step_trace.txt" "$OUT/step_trace_early.txt"
+   timeout 150 python3 h200_step_trace.py llama-1b > "$OUT/trace_log.txt" 2>&1)
+  for i in 1 2; do
+    timeout 45 $LAT --repeats 2 2>&1 | filter >> "$OUT/latency.txt"
+    timeout 45 python3 benchmarks/h200_with_flags.py EARLY_TRIGGER=1 -- ${LAT#python3 -m deepinfer.cli } \
+      --repeats 2 2>&1 | filter >> "$OUT/latency_early.txt"
+  done
+fi
