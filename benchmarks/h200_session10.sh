@@ -22,17 +22,12 @@ if [ "${1:-a}" = b ]; then
   (cd benchmarks && timeout 120 python3 h200_first_steps.py --overlap 0 > "$OUT/first_steps_sync.txt" 2>&1)
   (cd benchmarks && timeout 150 python3 h200_ttft_profile.py > "$OUT/ttft_log.txt" 2>&1)
 fi
-if [ "${1:-a}" = c ]; then
-  # PDL successors launched at a kernel's start instead of after its wait (_launch.EARLY_TRIGGER):
-  # same bits (batch-1 tokens and logprobs), a step's device time kernel by kernel, then batch 1
-  # end to end, interleaved
-  timeout 150 python3 benchmarks/h200_flag_equal.py EARLY_TRIGGER > "$OUT/equal.txt" 2>&1
-  (cd benchmarks && timeout 150 python3 h200_with_flags.py EARLY_TRIGGER=1 -- h200_step_trace.py llama-1b \
-    > "$OUT/trace_early_log.txt" 2>&1; mv "$OUT/step_trace.txt" "$OUT/step_trace_early.txt"
-   timeout 150 python3 h200_step_trace.py llama-1b > "$OUT/trace_log.txt" 2>&1)
-  for i in 1 2; do
-    timeout 45 $LAT --repeats 2 2>&1 | filter >> "$OUT/latency.txt"
-    timeout 45 python3 benchmarks/h200_with_flags.py EARLY_TRIGGER=1 -- ${LAT#python3 -m deepinfer.cli } \
-      --repeats 2 2>&1 | filter >> "$OUT/latency_early.txt"
-  done
+# c: ran at commit 540b951 (dropped after): kernels launched with PDL letting their successor launch at
+#    their start (_launch.EARLY_TRIGGER), through benchmarks/h200_with_flags.py and
+#    h200_flag_equal.py of that commit: the same bits, a step's device time kernel by kernel, batch 1
+#    interleaved (off / on)
+if [ "${1:-a}" = d ]; then
+  # why a batch-1 prefill's launch takes 13.3 ms on the host with overlap and 8.1 ms (device wait
+  # included) without (call b): cProfile of the prefill launches in both modes
+  (cd benchmarks && timeout 200 python3 h200_prefill_launch.py > "$OUT/prefill_log.txt" 2>&1)
 fi

@@ -98,12 +98,6 @@ def counters(device: torch.device, n: int, user: str) -> torch.Tensor:
 
 _PDL: dict[torch.device, bool] = {}
 
-#: Where kernels launched with PDL let their successor launch. False: after ``gdc_wait`` (once the
-#: kernel before has finished). True: at the very start, so that while this kernel still waits, the
-#: next one's programs can already load their weights (its own ``gdc_wait`` still waits for this
-#: kernel to finish, so results are the same). Read at each launch; see docs/kernels.md.
-EARLY_TRIGGER = False
-
 
 def pdl_supported(device: torch.device) -> bool:
     """Programmatic dependent launch: compiled kernels on compute capability 9.0 or newer, with a

@@ -30,7 +30,6 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from deepinfer_kernels import _launch as launch_flags
 from deepinfer_kernels._launch import counters, kernel, next_pow2
 
 _PLAIN, _SILU_MUL, _ROTARY = 0, 1, 2
@@ -44,9 +43,7 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, nw_ptr, res_ptr, part_ptr, count_ptr,
                  HALF: tl.constexpr, ROT_ROWS: tl.constexpr, Q_ROWS: tl.constexpr,
                  NORM: tl.constexpr, RESIDUAL: tl.constexpr, QK_NORM: tl.constexpr, KV_WRITE: tl.constexpr,
                  D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-                 K_SLICE: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr, EARLY: tl.constexpr):
-    if PDL and EARLY:  # the next kernel may launch (and load its weights) while this one waits
-        tl.extra.cuda.gdc_launch_dependents()
+                 K_SLICE: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr):
     b = tl.program_id(0)
     s = tl.program_id(1)
     ty = x_ptr.dtype.element_ty
@@ -72,8 +69,7 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, nw_ptr, res_ptr, part_ptr, count_ptr,
         w2 = tl.load(w2_rows + kk[None, :], mask=m2 & (MODE != 0), other=0.0)
     if PDL:
         tl.extra.cuda.gdc_wait()  # x, the residual and the counters are the previous kernel's
-        if not EARLY:
-            tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_launch_dependents()
     if NORM:  # the input RMSNorm's scale, over the whole row
         xs = tl.arange(0, KP)
         xf = tl.load(x_ptr + xs, mask=xs < K, other=0.0).to(tl.float32)
@@ -260,7 +256,7 @@ def _launch(x, weight, out, rows, cfg: GemvConfig, mode, pair, *, norm_weight=No
         ROT_ROWS=rot_rows, Q_ROWS=q_rows, NORM=norm_weight is not None, RESIDUAL=residual is not None,
         QK_NORM=qn is not None, KV_WRITE=kv_write is not None, D=2 * half, BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k, K_SLICE=k_slice, PDL=pdl, PREFETCH=cfg.prefetch,
-        EARLY=launch_flags.EARLY_TRIGGER, num_warps=cfg.num_warps)
+        num_warps=cfg.num_warps)
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: torch.Tensor | None = None, eps: float = 1e-6,

@@ -10,7 +10,6 @@ from __future__ import annotations
 import torch
 import triton.language as tl
 
-from deepinfer_kernels import _launch as launch_flags
 from deepinfer_kernels._launch import kernel, next_pow2
 
 
@@ -18,13 +17,10 @@ from deepinfer_kernels._launch import kernel, next_pow2
 def _write_kv_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
                      stride_kt, stride_kh, stride_vt, stride_vh, stride_cs, stride_ch,
                      NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-                     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr):
+                     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
     if PDL:  # launched early (programmatic dependent launch): wait for the previous kernel first
-        if EARLY:
-            tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
-        if not EARLY:
-            tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_launch_dependents()
     t = tl.program_id(0)
     slot = tl.load(slot_ptr + t).to(tl.int64)
     h = tl.arange(0, BLOCK_H)[:, None]
@@ -59,8 +55,7 @@ def write_kv_cache(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_ca
     _write_kv_kernel[(t,)](k, v, k_cache, v_cache, slot_mapping,
                            k.stride(0), k.stride(1), v.stride(0), v.stride(1),
                            k_cache.stride(0), k_cache.stride(1),
-                           NUM_HEADS=h, HEAD_DIM=d, BLOCK_H=next_pow2(h), BLOCK_D=next_pow2(d), PDL=pdl,
-                           EARLY=launch_flags.EARLY_TRIGGER)
+                           NUM_HEADS=h, HEAD_DIM=d, BLOCK_H=next_pow2(h), BLOCK_D=next_pow2(d), PDL=pdl)
 
 
 def write_kv_cache_ref(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -20,7 +20,6 @@ import torch
 import triton
 import triton.language as tl
 
-from deepinfer_kernels import _launch as launch_flags
 from deepinfer_kernels._launch import counters, kernel, next_pow2
 
 LOG2E = 1.4426950408889634
@@ -38,13 +37,10 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_
                          stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ob, stride_oh,
                          MERGE: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                          BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
-                         WINDOWED: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr):
+                         WINDOWED: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr):
     if PDL:  # launched early (programmatic dependent launch): wait for the previous kernel first
-        if EARLY:
-            tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
-        if not EARLY:
-            tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_launch_dependents()
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     seq_len = tl.load(seq_lens_ptr + b)
@@ -131,13 +127,10 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_
 def _decode_reduce_kernel(part_out_ptr, part_lse_ptr, seq_lens_ptr, out_ptr, window, max_splits,
                           stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ob, stride_oh,
                           HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SPLIT: tl.constexpr,
-                          WINDOWED: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr):
+                          WINDOWED: tl.constexpr, PDL: tl.constexpr):
     if PDL:  # launched early (programmatic dependent launch): wait for the previous kernel first
-        if EARLY:
-            tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
-        if not EARLY:
-            tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_launch_dependents()
     b = tl.program_id(0)
     h = tl.program_id(1)
     seq_len = tl.load(seq_lens_ptr + b)
@@ -220,7 +213,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         part_out.stride(0), part_out.stride(1), part_out.stride(2), part_lse.stride(0), part_lse.stride(1),
         out.stride(0), out.stride(1), MERGE=merge_in_pass, GROUP=group, HEAD_DIM=d, BLOCK_SIZE=block_size,
         BLOCK_G=max(16, next_pow2(group)), BLOCK_D=max(16, next_pow2(d)), BLOCK_N=block_n, SPLIT=split_size, WINDOWED=sliding_window is not None,
-        IEEE=k_cache.dtype == torch.float32, PDL=pdl, EARLY=launch_flags.EARLY_TRIGGER, **tuning)
+        IEEE=k_cache.dtype == torch.float32, PDL=pdl, **tuning)
     if merge_in_pass:
         return out
     _decode_reduce_kernel[(b, h)](
@@ -228,7 +221,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         part_out.stride(0), part_out.stride(1), part_out.stride(2), part_lse.stride(0), part_lse.stride(1),
         out.stride(0), out.stride(1),
         HEAD_DIM=d, BLOCK_D=next_pow2(d), SPLIT=split_size, WINDOWED=sliding_window is not None, PDL=pdl,
-        EARLY=launch_flags.EARLY_TRIGGER, num_warps=1)
+        num_warps=1)
     return out
 
 
