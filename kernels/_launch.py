@@ -43,20 +43,31 @@ class Kernel:
                 self._jit = InterpretedFunction(self.fn)
             else:
                 self._jit = triton.jit(self.fn, do_not_specialize=self.do_not_specialize)
-        if not isinstance(self._jit, JITFunction):
-            return self._jit
-        cpu = next((a for a in args if isinstance(a, torch.Tensor) and a.device.type != "cuda"), None)
-        if cpu is not None:
-            raise ValueError(f"{self.fn.__name__} was given a tensor on {cpu.device}; compiled Triton kernels "
-                             "need CUDA tensors. To run on the CPU, set TRITON_INTERPRET=1 in the environment "
-                             "before triton is first imported")
         return self._jit
+
+    def _device_error(self, args: Sequence[Any]) -> ValueError | None:
+        """The usual mistake behind a failed compiled launch, a tensor not on the GPU, as a clear
+        error (looked for only once a launch has failed: the scan costs the host on every launch)."""
+        if not isinstance(self._jit, JITFunction):
+            return None
+        cpu = next((a for a in args if isinstance(a, torch.Tensor) and not a.is_cuda), None)
+        if cpu is None:
+            return None
+        return ValueError(f"{self.fn.__name__} was given a tensor on {cpu.device}; compiled Triton kernels need "
+                          "CUDA tensors. To run on the CPU, set TRITON_INTERPRET=1 in the environment before "
+                          "triton is first imported")
 
     def __getitem__(self, grid: tuple[int, ...]) -> Callable[..., Any]:
         def launch(*args: Any, **kwargs: Any) -> Any:
             if kwargs.get("PDL"):  # a kernel that waits for its predecessor (gdc_wait) may launch early
                 kwargs["launch_pdl"] = True
-            return self._pick(args)[grid](*args, **kwargs)
+            try:
+                return self._pick(args)[grid](*args, **kwargs)
+            except Exception as exc:
+                err = self._device_error(args)
+                if err is not None:
+                    raise err from exc
+                raise
 
         return launch
 

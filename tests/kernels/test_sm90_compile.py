@@ -18,3 +18,20 @@ def test_every_kernel_compiles_for_sm90_within_shared_memory():
                          capture_output=True, text=True, timeout=300, check=False)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
     assert res.stdout.count("compiled ") >= 14  # one per launch in _all_calls
+
+
+@pytest.mark.subprocess
+def test_compiled_kernels_given_cpu_tensors_say_so():
+    """In compiled mode (no TRITON_INTERPRET), a kernel given CPU tensors fails with an error that
+    names the tensor's device and the way to run on the CPU, whatever Triton itself raised."""
+    code = ("import torch, deepinfer_kernels as K\n"
+            "try:\n"
+            "    K.rms_norm(torch.ones(2, 8), torch.ones(8), 1e-6)\n"
+            "except ValueError as e:\n"
+            "    print('ERR', e)\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=300, check=False)
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
+    assert "ERR _rms_norm_kernel was given a tensor on cpu" in res.stdout, res.stdout + res.stderr[-2000:]
+    assert "TRITON_INTERPRET=1" in res.stdout
