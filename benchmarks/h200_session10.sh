@@ -31,3 +31,15 @@ if [ "${1:-a}" = d ]; then
   # included) without (call b): cProfile of the prefill launches in both modes
   (cd benchmarks && timeout 200 python3 h200_prefill_launch.py > "$OUT/prefill_log.txt" 2>&1)
 fi
+if [ "${1:-a}" = e ]; then
+  # the draft loop graph's confidences from one fused kernel (argmax_prob) instead of a float copy,
+  # a softmax and a max a step: its kernel test compiled, the GPU tests of graphs and speculative
+  # decoding, deepspark at batch 1 interleaved against no drafter, a profile of a batch-1 generate
+  timeout 100 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_argmax.py > "$OUT/tests.txt" 2>&1
+  timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/plugins/test_graphs.py \
+    tests/plugins/test_spec_decode.py >> "$OUT/tests.txt" 2>&1
+  (cd benchmarks && timeout 180 python3 h200_spec_ab.py --batch 1 --drafters none,deepspark --runs 7 2>&1 | \
+    filter > "$OUT/ab_b1.txt")
+  (cd benchmarks && timeout 120 python3 h200_spec_profile.py --out "$OUT/prof" --batch 1 --output-len 128 \
+    --drafters deepspark > "$OUT/prof_log.txt" 2>&1)
+fi

@@ -7,6 +7,12 @@ the highest value, the first such chunk on ties: so the result is torch.argmax's
 of the maximum, however the programs ran. NaN is not treated specially (logits have none), and
 values are compared in float32 (float64 logits that differ only below that may tie differently).
 Small vocabularies (``TORCH_UP_TO``) take torch's argmax itself.
+
+``argmax_prob`` also gives the maximum's softmax probability (what a draft model's greedy step
+reports as its confidence), in the same launch: each chunk adds up ``exp(x - m)`` over its entries
+beside its maximum ``m``, and the last program rescales the chunks' sums to the row's maximum
+``M``: the probability is ``1 / sum_c(s_c * exp(m_c - M))``. One launch instead of a float32 copy
+of the logits, a softmax and a max.
 """
 from __future__ import annotations
 
@@ -18,8 +24,8 @@ from deepinfer_kernels._launch import counters, kernel, next_pow2
 
 
 @kernel
-def _argmax_kernel(x_ptr, val_ptr, idx_ptr, count_ptr, out_ptr, stride_x, V,
-                   CHUNK: tl.constexpr, CHUNKS: tl.constexpr, CHUNKS_P: tl.constexpr):
+def _argmax_kernel(x_ptr, val_ptr, idx_ptr, sum_ptr, count_ptr, out_ptr, prob_ptr, stride_x, V,
+                   CHUNK: tl.constexpr, CHUNKS: tl.constexpr, CHUNKS_P: tl.constexpr, PROB: tl.constexpr):
     row = tl.program_id(0)
     c = tl.program_id(1)
     offs = c * CHUNK + tl.arange(0, CHUNK)
@@ -28,6 +34,8 @@ def _argmax_kernel(x_ptr, val_ptr, idx_ptr, count_ptr, out_ptr, stride_x, V,
     first = tl.min(tl.where(x == m, offs, 2147483647), 0)
     tl.store(val_ptr + row * CHUNKS + c, m)
     tl.store(idx_ptr + row * CHUNKS + c, first)
+    if PROB:  # the chunk's softmax denominator relative to its own maximum
+        tl.store(sum_ptr + row * CHUNKS + c, tl.sum(tl.exp(x - m), 0))
     tl.debug_barrier()  # the chunk's result is stored before the release below
     done = tl.atomic_add(count_ptr + row, 1, sem="acq_rel")
     j = tl.arange(0, CHUNKS_P)
@@ -40,6 +48,13 @@ def _argmax_kernel(x_ptr, val_ptr, idx_ptr, count_ptr, out_ptr, stride_x, V,
     pick = tl.min(tl.where(vals == best, idxs, 2147483647), 0)
     out = tl.zeros([CHUNKS_P], tl.int64) + pick.to(tl.int64)
     tl.store(out_ptr + row + j, out, mask=last & (j == 0))
+    if PROB:
+        sums = tl.load(sum_ptr + row * CHUNKS + j, mask=last & (j < CHUNKS), other=0.0, cache_modifier=".cg")
+        # (programs other than the last hold -inf everywhere: kept finite, their result unused;
+        # in the last, the maximum's own entry makes the total at least 1)
+        total = tl.sum(tl.where(j < CHUNKS, sums * tl.exp(vals - tl.maximum(best, -3.0e38)), 0.0), 0)
+        prob = tl.zeros([CHUNKS_P], tl.float32) + 1.0 / tl.maximum(total, 1.0)
+        tl.store(prob_ptr + row + j, prob, mask=last & (j == 0))
     tl.store(count_ptr + row + j, tl.zeros([CHUNKS_P], tl.int32), mask=last & (j == 0))
 
 
@@ -52,27 +67,50 @@ TORCH_UP_TO = 16384
 def argmax(logits: torch.Tensor, chunk: int | None = None) -> torch.Tensor:
     """``logits.argmax(-1)`` for logits [B, V] (last dimension contiguous): int64 [B]. ``chunk``:
     entries a program (default 4,096); without it, V up to ``TORCH_UP_TO`` takes torch's argmax."""
+    _check(logits)
+    if chunk is None and 0 < logits.shape[1] <= TORCH_UP_TO:
+        return logits.argmax(-1)
+    return _launch(logits, chunk, False)[1]
+
+
+def argmax_prob(logits: torch.Tensor, chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``logits.float().softmax(-1).max(-1)`` in one launch, as (probability float32 [B], index
+    int64 [B]); the index is the first of the maximum, as :func:`argmax`'s. Any vocabulary size
+    takes the kernel (this replaces three or four launches, not one)."""
+    _check(logits)
+    return _launch(logits, chunk, True)
+
+
+def _check(logits: torch.Tensor) -> None:
     if logits.dim() != 2 or logits.stride(1) != 1:
         raise ValueError(f"argmax takes logits [B, V], contiguous along V; got {tuple(logits.shape)} with "
                          f"strides {logits.stride()}")
-    b, v = logits.shape
-    if chunk is None and 0 < v <= TORCH_UP_TO:
-        return logits.argmax(-1)
-    out = torch.empty(b, dtype=torch.int64, device=logits.device)
-    if b == 0:
-        return out
-    if v == 0:
+    if logits.shape[0] and not logits.shape[1]:
         raise ValueError("argmax of an empty vocabulary")
+
+
+def _launch(logits: torch.Tensor, chunk: int | None, prob: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    b, v = logits.shape
+    out = torch.empty(b, dtype=torch.int64, device=logits.device)
+    probs = torch.empty(b if prob else 0, dtype=torch.float32, device=logits.device)
+    if b == 0:
+        return probs, out
     chunk = chunk or min(4096, next_pow2(v))
     chunks = triton.cdiv(v, chunk)
     vals = torch.empty(b * chunks, dtype=torch.float32, device=logits.device)
     idxs = torch.empty(b * chunks, dtype=torch.int32, device=logits.device)
+    sums = torch.empty(b * chunks if prob else 1, dtype=torch.float32, device=logits.device)
     cnt = counters(logits.device, b + next_pow2(chunks), "argmax")
-    _argmax_kernel[(b, chunks)](logits, vals, idxs, cnt, out, logits.stride(0), v, CHUNK=chunk, CHUNKS=chunks,
-                                CHUNKS_P=next_pow2(chunks), num_warps=4)
-    return out
+    _argmax_kernel[(b, chunks)](logits, vals, idxs, sums, cnt, out, probs if prob else vals, logits.stride(0), v,
+                                CHUNK=chunk, CHUNKS=chunks, CHUNKS_P=next_pow2(chunks), PROB=prob, num_warps=4)
+    return probs, out
 
 
 def argmax_ref(logits: torch.Tensor, chunk: int | None = None) -> torch.Tensor:
     """Torch reference of :func:`argmax`."""
     return logits.argmax(-1)
+
+
+def argmax_prob_ref(logits: torch.Tensor, chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Torch reference of :func:`argmax_prob`."""
+    return logits.float().softmax(-1).max(-1)

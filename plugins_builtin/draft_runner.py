@@ -124,7 +124,11 @@ class DraftLoopGraphs(DecodeGraphs):
         return torch.stack((torch.stack(tokens, 1).float(), torch.stack(probs, 1)), dim=1)
 
     def _argmax(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.model.compute_logits(hidden).float().softmax(-1).max(-1)
+        """Each row's greedy token and its probability (the draft's confidence): one fused kernel
+        where the device offers it, else softmax and max."""
+        logits = self.model.compute_logits(hidden)
+        fused = getattr(self.model.fused_ops, "argmax_prob", None)
+        return fused(logits) if fused is not None else logits.float().softmax(-1).max(-1)
 
 
 class Draft:

@@ -20,6 +20,7 @@ class CausalLM(nn.Module, ABC):
         super().__init__()
         self.config = config
         self.attention = attention
+        self.fused_ops: Any = None  # the device's fused kernels, if it offers them (use_fused_ops)
 
     @abstractmethod
     def attention_layers(self) -> list[AttentionLayerSpec]: ...

@@ -99,6 +99,7 @@ def _all_calls(dtype: torch.dtype, attention_only: bool) -> None:
     K.gemv_qkv_rotary(x, w, nw, 1e-6, cache[:, 0, :16], cache[:, 0, :16], torch.zeros(1, dtype=torch.int64), 2, 1,
                       pdl=True, kv_cache=(kv, kv, torch.zeros(1, dtype=torch.int64)))
     K.argmax(torch.zeros(2, 5000, dtype=dtype), chunk=4096)  # (without a chunk, 5,000 goes to torch's)
+    K.argmax_prob(torch.zeros(2, 5000, dtype=dtype))  # with the softmax probability
 
 
 def main() -> int:

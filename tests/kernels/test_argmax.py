@@ -6,7 +6,7 @@ import sys
 import pytest
 import torch
 
-from deepinfer_kernels import argmax, argmax_ref
+from deepinfer_kernels import argmax, argmax_prob, argmax_prob_ref, argmax_ref
 from deepinfer_kernels._launch import _COUNTERS
 from tests.kernels.paged import DTYPES, randn
 
@@ -53,3 +53,28 @@ def test_argmax_tie_inside_a_chunk_and_bad_input(device):
     assert argmax(x, chunk=64).item() == 9
     with pytest.raises(ValueError, match=r"logits \[B, V\]"):
         argmax(torch.zeros(4, device=device))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("chunk", [16, 64, 512, None])  # 512: one chunk; None: the default
+def test_argmax_prob_matches_the_softmax_maximum(dtype, chunk, device):
+    x = randn(4, 301, dtype=dtype, device=device) * 3
+    x[1, 290] = 9.0  # the maximum in the ragged last chunk
+    x[2, 5] = x[2, 200] = 12.0  # a tie across chunks: the first index, probability of one of them
+    x[3] = 0.0  # flat: every entry has probability 1/301
+    prob, idx = argmax_prob(x, chunk=chunk)
+    ref_prob, _ = argmax_prob_ref(x)
+    assert prob.dtype == torch.float32 and idx.dtype == torch.int64
+    assert idx.tolist() == argmax_ref(x).tolist()  # the first index of the maximum
+    torch.testing.assert_close(prob, ref_prob, rtol=1e-5, atol=1e-6)
+    assert abs(prob[3].item() - 1 / 301) < 1e-7
+    assert all(int(c.abs().sum()) == 0 for c in _COUNTERS.values())
+
+
+def test_argmax_prob_of_no_rows_and_bad_input(device):
+    prob, idx = argmax_prob(torch.zeros(0, 10, device=device))
+    assert prob.shape == idx.shape == (0,)
+    with pytest.raises(ValueError, match="empty vocabulary"):
+        argmax_prob(torch.zeros(2, 0, device=device))
+    with pytest.raises(ValueError, match=r"logits \[B, V\]"):
+        argmax_prob(torch.zeros(2, 8, device=device)[:, ::2])
