@@ -43,3 +43,9 @@ if [ "${1:-a}" = e ]; then
   (cd benchmarks && timeout 120 python3 h200_spec_profile.py --out "$OUT/prof" --batch 1 --output-len 128 \
     --drafters deepspark > "$OUT/prof_log.txt" 2>&1)
 fi
+if [ "${1:-a}" = f ]; then
+  # the final code: batch 1 of issue 6; bench spec at batch 1 and 64 (verified and accepted drafts)
+  timeout 60 $LAT --repeats 3 2>&1 | filter > "$OUT/latency.txt"
+  timeout 400 python3 -m deepinfer.cli bench spec --device sm90 --batch 1,64 --drafters none,draft-model,deepspark \
+    --output-len 256 --repeats 3 2>&1 | filter > "$OUT/spec.txt"
+fi
