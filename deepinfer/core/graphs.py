@@ -10,7 +10,8 @@ its drafts) every sequence gets Q query rows, rows ``i*Q .. i*Q+Q-1`` of the out
 with fewer tokens is padded at its end with rows that write no KV (slot -1) and whose outputs are
 ignored. Causal attention keeps the real rows from seeing the padding. A sequence with one real
 token is flagged (``StepBatch.single_runs``), so that attention can give it the decode kernel, as
-an eager step would.
+an eager step would; graphs built with ``single_runs=False`` take only sequences of two tokens or
+more and leave that pass out (for the steps in which every sequence verifies drafts).
 """
 from __future__ import annotations
 
@@ -45,10 +46,13 @@ class DecodeGraphs:
 
     def __init__(self, model: CausalLM, attention: AttentionBackend, kv_caches: list[Any],
                  graphs: DeviceGraphs, device: torch.device, block_size: int, batch_sizes: Sequence[int],
-                 max_seq_len: int, query_len: int = 1, placeholders: bool = True) -> None:
+                 max_seq_len: int, query_len: int = 1, placeholders: bool = True,
+                 single_runs: bool = True) -> None:
         """``placeholders``: the replays resolve placeholder tokens themselves (a few small kernels
         each); False for graphs that are never given any (a drafter's), which then resolve any
-        that come before the replay."""
+        that come before the replay. ``single_runs`` (query_len > 1): sequences of one token may
+        come, flagged for attention's decode pass; False: every sequence brings 2 to query_len
+        tokens, and the graphs hold no such pass."""
         if not batch_sizes or min(batch_sizes) < 1:
             raise ValueError(f"graph batch sizes must be positive integers, got {list(batch_sizes)}")
         if query_len < 1:
@@ -62,6 +66,7 @@ class DecodeGraphs:
         self.max_seq_len = max_seq_len
         self.max_blocks = -(-max_seq_len // block_size)
         self.query_len = q = query_len
+        self.takes_single_runs = single_runs or q == 1
         n, dev = self.max_batch, device
         self.input_ids = torch.zeros(n * q, dtype=torch.long, device=dev)
         self.positions = torch.zeros(n * q, dtype=torch.long, device=dev)
@@ -97,7 +102,8 @@ class DecodeGraphs:
             query_start_loc=self.query_start_loc[:b + 1], seq_lens=self.seq_lens[:b],
             context_lens=self.context_lens[:b], block_tables=self.block_tables[:b],
             query_lens_cpu=(q,) * b, seq_lens_cpu=(self.max_seq_len,) * b, block_size=self.block_size,
-            max_query_len=q, max_seq_len=self.max_seq_len, single_runs=self.single_runs[:b] if q > 1 else None)
+            max_query_len=q, max_seq_len=self.max_seq_len,
+            single_runs=self.single_runs[:b] if q > 1 and self.takes_single_runs else None)
 
     @torch.inference_mode()
     def capture(self) -> None:
@@ -146,10 +152,11 @@ class DecodeGraphs:
         ctx[:size] = 0
         single[:size] = False
         offsets = np.arange(q)
+        least = 1 if self.takes_single_runs else 2
         for i, (toks, start, blocks) in enumerate(zip(tokens, starts, tables, strict=True)):
             n = len(toks)
-            if not 1 <= n <= q:
-                raise ValueError(f"a sequence of this step has {n} tokens; these graphs take 1 to {q}")
+            if not least <= n <= q:
+                raise ValueError(f"a sequence of this step has {n} tokens; these graphs take {least} to {q}")
             nb = min(len(blocks), self.max_blocks)
             tab[i, :nb] = blocks[:nb]
             tab[i, nb:] = 0  # no other request's blocks behind this one's
@@ -218,7 +225,9 @@ class DecodeGraphs:
         t = size * self.query_len
         per_seq = [("lens", self.seq_lens), ("tables", self.block_tables)]
         if self.query_len > 1:  # one-token steps never read the context lengths
-            per_seq += [("ctx", self.context_lens), ("single", self.single_runs)]
+            per_seq.append(("ctx", self.context_lens))
+            if self.takes_single_runs:
+                per_seq.append(("single", self.single_runs))
         for name, dst in (("ids", self.input_ids), ("pos", self.positions), ("slots", self.slot_mapping)):
             dst[:t].copy_(host[name][:t], non_blocking=True)
         for name, dst in per_seq:

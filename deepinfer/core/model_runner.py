@@ -169,6 +169,8 @@ class ModelRunner:
         self.sampler = sampler
         self.graphs: DecodeGraphs | None = None
         self.verify_graphs: DecodeGraphs | None = None  # steps of up to query_len tokens a sequence
+        #: the same for steps in which every sequence verifies drafts (2+ tokens): no decode pass
+        self.verify_graphs_multi: DecodeGraphs | None = None
         #: (start, end, decode_only) of every launched step, when a benchmark sets it to a list:
         #: device events recorded just before the step's first device work and after its last
         self.timeline: list[tuple[Any, Any, bool]] | None = None
@@ -192,13 +194,20 @@ class ModelRunner:
     def enable_verify_graphs(self, graphs: DeviceGraphs, batch_sizes: Sequence[int], max_seq_len: int,
                              query_len: int) -> None:
         """Also capture steps of up to ``query_len`` tokens per sequence (speculative decoding's
-        verification: the last token and up to query_len - 1 drafts), in graphs of their own."""
+        verification: the last token and up to query_len - 1 drafts), in graphs of their own; where
+        attention gives one-token runs a decode pass in them, a second set without it serves the
+        steps in which every sequence verifies at least one draft."""
         if self.graphs is None:
             raise ValueError("enable decode graphs first (enable_graphs)")
-        g = DecodeGraphs(self.model, self.attention, self.kv_caches, graphs, self.device, self.block_size,
-                         batch_sizes, max_seq_len, query_len)
+        args = (self.model, self.attention, self.kv_caches, graphs, self.device, self.block_size, batch_sizes,
+                max_seq_len, query_len)
+        g = DecodeGraphs(*args)
         g.capture()
         self.verify_graphs = g
+        if self.attention.handles_single_runs:
+            multi = DecodeGraphs(*args, single_runs=False)
+            multi.capture()
+            self.verify_graphs_multi = multi
 
     def _inputs(self, out: SchedulerOutput) -> tuple[list[tuple[list[int], int, list[int]]], torch.Tensor | None]:
         """Per request: tokens to compute, the first one's position, the block table; and the
@@ -260,8 +269,10 @@ class ModelRunner:
             hidden = self.graphs.run(graph_size, [t[0] for t in tokens], starts, tables, prev_tokens=prev,
                                      on_device=mark)
         elif padded_size is not None:  # sequence i's rows start at i * query_len
-            hidden = self.verify_graphs.run_padded(padded_size, tokens, starts, tables, on_device=mark,
-                                                   prev_tokens=prev)
+            g = self.verify_graphs
+            if self.verify_graphs_multi is not None and all(len(t) > 1 for t in tokens):
+                g = self.verify_graphs_multi  # no one-token run: the graphs without the decode pass
+            hidden = g.run_padded(padded_size, tokens, starts, tables, on_device=mark, prev_tokens=prev)
         else:
             if mark is not None:
                 mark()

@@ -179,10 +179,11 @@ def draft_both(model_dir: str, graphs_factory, drafter: str = "draft-model", loo
     base = LLM(model_dir, plugins=["triton"], progress=False, enforce_eager=True, plugin_options=triton, **engine)
     out = {"reference": [o.outputs[0].token_ids for o in base.generate(prompts, params, use_tqdm=False)]}
     del base
-    replayed: dict[str, Counter[int]] = {"one-token": Counter(), "verify": Counter(), "draft-first": Counter(),
-                                         "loop": Counter()}
+    replayed: dict[str, Counter[int]] = {"one-token": Counter(), "verify": Counter(), "verify-multi": Counter(),
+                                         "draft-first": Counter(), "loop": Counter()}
     proposals: list = []
     flags_wrong: list = []  # padded steps whose one-token flags disagree with their runs
+    routing_wrong: list = []  # verification steps without a one-token run in the graphs with the decode pass
     draft_firsts: list = []  # the draft's graphs for a round's first step
     run, run_padded, propose = DecodeGraphs.run, DecodeGraphs.run_padded, DraftRunner.propose
 
@@ -191,9 +192,13 @@ def draft_both(model_dir: str, graphs_factory, drafter: str = "draft-model", loo
         return run(self, size, *args, **kwargs)
 
     def counting_padded(self, size, tokens, *args, **kwargs):
-        kind = "loop" if isinstance(self, DraftLoopGraphs) else "verify"
-        replayed["draft-first" if any(self is g for g in draft_firsts) else kind][size] += 1
+        kind = "loop" if isinstance(self, DraftLoopGraphs) else "verify" if self.takes_single_runs else "verify-multi"
+        if any(self is g for g in draft_firsts):
+            kind = "draft-first"
+        replayed[kind][size] += 1
         hidden = run_padded(self, size, tokens, *args, **kwargs)
+        if kind == "verify" and self.takes_single_runs and all(len(t) > 1 for t in tokens):
+            routing_wrong.append([len(t) for t in tokens])  # had no one-token run: the other graphs'
         flags = self.single_runs[:size].tolist()
         if flags != [len(t) == 1 for t in tokens] + [False] * (size - len(tokens)):
             flags_wrong.append((self.query_len, [len(t) for t in tokens], flags))
@@ -234,7 +239,7 @@ def draft_both(model_dir: str, graphs_factory, drafter: str = "draft-model", loo
             out[name] = {"tokens": [o.outputs[0].token_ids for o in res], "proposals": drafted, "lazy": lazy,
                          "replayed": {kind: {str(k): v for k, v in c.items()} for kind, c in replayed.items()},
                          "accepted": llm.get_metrics()["deepinfer:spec_decode_num_accepted_tokens"],
-                         "flags_wrong": flags_wrong[:]}
+                         "flags_wrong": flags_wrong[:], "routing_wrong": routing_wrong[:]}
             del llm
     finally:
         DecodeGraphs.run, DecodeGraphs.run_padded, DraftRunner.propose = run, run_padded, propose
@@ -259,14 +264,21 @@ def check_draft_graphs(got: dict, drafter: str, loop: bool) -> None:
     # ... verification steps replay theirs, the penalised request's one-token run in them too: 4
     # sequences, then fewer (with deepspark, requests verify different numbers of drafts, so the
     # rows behind a short run must not shift: a test of the padded layout) ...
-    assert replayed["verify"].get("4", 0) > 0 and len(replayed["verify"]) >= 2
+    verify = replayed["verify"] | replayed["verify-multi"]
+    assert verify.get("4", 0) > 0 and len(verify) >= 2
+    # steps with the penalised request's one-token run replay the graphs with attention's decode
+    # pass; once it has finished, every sequence verifies drafts: the graphs without that pass
+    # (here deepspark's verification steps after it come to hold drafting requests only)
+    assert replayed["verify"] and (replayed["verify-multi"] or drafter != "deepspark")
+    assert got["graphs"]["routing_wrong"] == []
     # ... and so do the draft's first steps of a round with two new tokens (the last draft and the
     # target's, when every draft was accepted; deepspark, still learning here, stops drafting
     # before its last drafts and so never has two; with the loop, those steps are the loop's)
     if drafter == "draft-model" and not loop:
         assert sum(replayed["draft-first"].values()) > 0
     assert got["graphs"]["flags_wrong"] == []
-    assert got["eager"]["replayed"] == {"one-token": {}, "verify": {}, "draft-first": {}, "loop": {}}
+    assert got["eager"]["replayed"] == {"one-token": {}, "verify": {}, "verify-multi": {}, "draft-first": {},
+                                        "loop": {}}
     assert got["graphs"]["accepted"] > 0  # the draft is the target itself: drafts are accepted
 
 
