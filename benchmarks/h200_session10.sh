@@ -49,3 +49,16 @@ if [ "${1:-a}" = f ]; then
   timeout 400 python3 -m deepinfer.cli bench spec --device sm90 --batch 1,64 --drafters none,draft-model,deepspark \
     --output-len 256 --repeats 3 2>&1 | filter > "$OUT/spec.txt"
 fi
+if [ "${1:-a}" = g ]; then
+  # verification steps without a one-token run replay graphs without attention's decode pass (six
+  # kernels a layer fewer): GPU tests of graphs and speculative decoding; batch 1 interleaved (none,
+  # deepspark, draft-model) and 64 (draft-model, deepspark); a profile of a batch-1 generate
+  timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/plugins/test_graphs.py \
+    tests/plugins/test_spec_decode.py > "$OUT/tests.txt" 2>&1
+  (cd benchmarks && timeout 150 python3 h200_spec_ab.py --batch 1 --drafters none,deepspark,draft-model --runs 7 2>&1 | \
+    filter > "$OUT/ab_b1.txt")
+  (cd benchmarks && timeout 150 python3 h200_spec_ab.py --batch 64 --prompts 64 --drafters draft-model,deepspark \
+    --runs 5 2>&1 | filter > "$OUT/ab_b64.txt")
+  (cd benchmarks && timeout 120 python3 h200_spec_profile.py --out "$OUT/prof" --batch 1 --output-len 128 \
+    --drafters deepspark > "$OUT/prof_log.txt" 2>&1)
+fi
