@@ -62,3 +62,7 @@ if [ "${1:-a}" = g ]; then
   (cd benchmarks && timeout 120 python3 h200_spec_profile.py --out "$OUT/prof" --batch 1 --output-len 128 \
     --drafters deepspark > "$OUT/prof_log.txt" 2>&1)
 fi
+if [ "${1:-a}" = h ]; then
+  # the final code: every gpu-marked test of the repository
+  timeout 500 python3 -m pytest -q -p no:cacheprovider -m gpu tests > "$OUT/gpu_tests.txt" 2>&1
+fi
