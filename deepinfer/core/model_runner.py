@@ -194,20 +194,20 @@ class ModelRunner:
     def enable_verify_graphs(self, graphs: DeviceGraphs, batch_sizes: Sequence[int], max_seq_len: int,
                              query_len: int) -> None:
         """Also capture steps of up to ``query_len`` tokens per sequence (speculative decoding's
-        verification: the last token and up to query_len - 1 drafts), in graphs of their own; where
-        attention gives one-token runs a decode pass in them, a second set without it serves the
-        steps in which every sequence verifies at least one draft."""
+        verification: the last token and up to query_len - 1 drafts), in graphs of their own. Where
+        attention gives one-token runs a decode pass, they take such runs, and a second set without
+        the pass serves the steps in which every sequence verifies at least one draft; elsewhere
+        one set takes steps of two or more tokens a sequence."""
         if self.graphs is None:
             raise ValueError("enable decode graphs first (enable_graphs)")
         args = (self.model, self.attention, self.kv_caches, graphs, self.device, self.block_size, batch_sizes,
                 max_seq_len, query_len)
-        g = DecodeGraphs(*args)
-        g.capture()
-        self.verify_graphs = g
-        if self.attention.handles_single_runs:
-            multi = DecodeGraphs(*args, single_runs=False)
-            multi.capture()
-            self.verify_graphs_multi = multi
+        singles = self.attention.handles_single_runs
+        self.verify_graphs = DecodeGraphs(*args, single_runs=singles)
+        self.verify_graphs.capture()
+        if singles:
+            self.verify_graphs_multi = DecodeGraphs(*args, single_runs=False)
+            self.verify_graphs_multi.capture()
 
     def _inputs(self, out: SchedulerOutput) -> tuple[list[tuple[list[int], int, list[int]]], torch.Tensor | None]:
         """Per request: tokens to compute, the first one's position, the block table; and the
@@ -260,7 +260,7 @@ class ModelRunner:
             # and attention gives them the decode kernel there, as in an eager step; a backend that
             # cannot verifies such steps eagerly
             q = self.verify_graphs.query_len
-            least = 1 if self.attention.handles_single_runs else 2
+            least = 1 if self.verify_graphs.takes_single_runs else 2
             if all(least <= len(t) <= q for t, _, _ in seqs):
                 padded_size = self.verify_graphs.size_for(len(seqs), max(s + len(t) for t, s, _ in seqs))
         if graph_size is not None or padded_size is not None:
