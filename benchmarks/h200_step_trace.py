@@ -5,7 +5,9 @@ the end of the device's work on (its end minus the latest end before it), so ker
 under PDL are not counted twice and idle gaps land on the kernel after them. Writes
 $OUT/step_trace.txt.
 
-    python3 benchmarks/h200_step_trace.py [llama-1b] [--tokens 24] [--variants JSON ...]
+    python3 benchmarks/h200_step_trace.py [llama-1b] [--tokens 24] [--copies] [--variants JSON ...]
+
+(--copies: memory copies and sets are charged as kernels are, under their own names.)
 
 (--variants: plugin options for each traced engine, e.g. '{}' '{"triton": {"split_size": 512}}'.)
 """
@@ -24,6 +26,7 @@ out = os.environ.get("OUT", ".")
 shape = sys.argv[1] if len(sys.argv) > 1 and not sys.argv[1].startswith("-") else "llama-1b"
 tokens = int(sys.argv[sys.argv.index("--tokens") + 1]) if "--tokens" in sys.argv else 24
 model = build_random_model(shape, "bfloat16", "cuda")
+KINDS = ("kernel", "gpu_memcpy", "gpu_memset") if "--copies" in sys.argv else ("kernel",)
 variants = [json.loads(v) for v in sys.argv[sys.argv.index("--variants") + 1:]] if "--variants" in sys.argv else [{}]
 
 
@@ -42,7 +45,7 @@ def trace(plugin_options):
     path = f"{out}/trace.json"
     prof.export_chrome_trace(path)
     with open(path) as f:
-        events = [e for e in json.load(f)["traceEvents"] if e.get("cat") == "kernel" and e.get("ph") == "X"]
+        events = [e for e in json.load(f)["traceEvents"] if e.get("cat") in KINDS and e.get("ph") == "X"]
     os.remove(path)
     events.sort(key=lambda e: e["ts"])
     # decode steps end at the argmax; the prefill's and the first decode step's are left out

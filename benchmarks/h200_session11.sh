@@ -1,0 +1,26 @@
+# H200, session 11, one call each:
+#   run(command="bash benchmarks/h200_session11.sh a", carry=[".whl"], timeout_s=600)
+# after ../shared/gpu/wheels.sh.
+. benchmarks/h200_common.sh
+if [ "${1:-a}" = a ]; then
+  # the single-token qkv (and o) GEMVs asking the L2 to fetch the layer's next weights once done, so
+  # that they arrive while attention runs: bits and the projection chain (h200_l2_check.py); a
+  # step's device time kernel by kernel; batch 1 end to end, interleaved
+  (cd benchmarks && timeout 120 python3 h200_l2_check.py > "$OUT/l2_log.txt" 2>&1)
+  (cd benchmarks && timeout 200 python3 h200_step_trace.py llama-1b --variants '{}' \
+    '{"sm90": {"l2_prefetch_qkv_mb": 24}}' '{"sm90": {"l2_prefetch_qkv_mb": 40}}' \
+    '{"sm90": {"l2_prefetch_qkv_mb": 24, "l2_prefetch_o_mb": 16}}' > "$OUT/trace_log.txt" 2>&1)
+  for r in 1 2; do
+    for v in '{}' '{"sm90": {"l2_prefetch_qkv_mb": 24}}' '{"sm90": {"l2_prefetch_qkv_mb": 24, "l2_prefetch_o_mb": 16}}'; do
+      echo "== $v" >> "$OUT/latency.txt"
+      timeout 60 $LAT --repeats 2 --plugin-options "$v" 2>&1 | filter | grep -e "tok/s" -e "first" >> "$OUT/latency.txt"
+    done
+  done
+fi
+# a: also ran with the L2 prefetch of commit-less code (kernels/gemv.py PF_PER, dropped: see docs/benchmarks.md)
+if [ "${1:-a}" = b ]; then
+  # what the device does between two decode steps (42 us a step charged to the replay's first
+  # kernel in call a): copies included, overlap on and off
+  (cd benchmarks && timeout 200 python3 h200_step_trace.py llama-1b --copies --variants '{}' \
+    '{"fcfs": {"overlap": false}}' > "$OUT/trace_log.txt" 2>&1)
+fi
