@@ -24,3 +24,16 @@ if [ "${1:-a}" = b ]; then
   (cd benchmarks && timeout 200 python3 h200_step_trace.py llama-1b --copies --variants '{}' \
     '{"fcfs": {"overlap": false}}' > "$OUT/trace_log.txt" 2>&1)
 fi
+if [ "${1:-a}" = c ]; then
+  # a step's inputs in one host-to-device copy (PackedInputs) and greedy samples written straight
+  # into the decode graphs' placeholder buffer: GPU tests; the step trace with copies; batch 1;
+  # deepspark at batch 1 interleaved against no drafter
+  timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/core tests/plugins/test_graphs.py \
+    tests/plugins/test_spec_decode.py > "$OUT/tests.txt" 2>&1
+  timeout 60 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_argmax.py \
+    tests/core/test_graph_placeholders.py >> "$OUT/tests.txt" 2>&1
+  (cd benchmarks && timeout 120 python3 h200_step_trace.py llama-1b --copies --variants '{}' > "$OUT/trace_log.txt" 2>&1)
+  timeout 60 $LAT --repeats 3 2>&1 | filter > "$OUT/latency.txt"
+  (cd benchmarks && timeout 150 python3 h200_spec_ab.py --batch 1 --drafters none,deepspark --runs 7 2>&1 | \
+    filter > "$OUT/ab_b1.txt")
+fi

@@ -64,13 +64,18 @@ def _argmax_kernel(x_ptr, val_ptr, idx_ptr, sum_ptr, count_ptr, out_ptr, prob_pt
 TORCH_UP_TO = 16384
 
 
-def argmax(logits: torch.Tensor, chunk: int | None = None) -> torch.Tensor:
-    """``logits.argmax(-1)`` for logits [B, V] (last dimension contiguous): int64 [B]. ``chunk``:
-    entries a program (default 4,096); without it, V up to ``TORCH_UP_TO`` takes torch's argmax."""
+def argmax(logits: torch.Tensor, chunk: int | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``logits.argmax(-1)`` for logits [B, V] (last dimension contiguous): int64 [B], written into
+    ``out`` when given. ``chunk``: entries a program (default 4,096); without it, V up to
+    ``TORCH_UP_TO`` takes torch's argmax."""
     _check(logits)
+    if out is not None and (out.shape != logits.shape[:1] or out.dtype != torch.int64 or out.device != logits.device
+                            or not out.is_contiguous()):
+        raise ValueError(f"argmax: out must be a contiguous int64 [{logits.shape[0]}] on {logits.device}; got "
+                         f"{out.dtype} {tuple(out.shape)} on {out.device}")
     if chunk is None and 0 < logits.shape[1] <= TORCH_UP_TO:
-        return logits.argmax(-1)
-    return _launch(logits, chunk, False)[1]
+        return logits.argmax(-1) if out is None else torch.argmax(logits, -1, out=out)
+    return _launch(logits, chunk, False, out)[1]
 
 
 def argmax_prob(logits: torch.Tensor, chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -89,9 +94,11 @@ def _check(logits: torch.Tensor) -> None:
         raise ValueError("argmax of an empty vocabulary")
 
 
-def _launch(logits: torch.Tensor, chunk: int | None, prob: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _launch(logits: torch.Tensor, chunk: int | None, prob: bool,
+            out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     b, v = logits.shape
-    out = torch.empty(b, dtype=torch.int64, device=logits.device)
+    if out is None:
+        out = torch.empty(b, dtype=torch.int64, device=logits.device)
     probs = torch.empty(b if prob else 0, dtype=torch.float32, device=logits.device)
     if b == 0:
         return probs, out
@@ -106,9 +113,9 @@ def _launch(logits: torch.Tensor, chunk: int | None, prob: bool) -> tuple[torch.
     return probs, out
 
 
-def argmax_ref(logits: torch.Tensor, chunk: int | None = None) -> torch.Tensor:
+def argmax_ref(logits: torch.Tensor, chunk: int | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """Torch reference of :func:`argmax`."""
-    return logits.argmax(-1)
+    return logits.argmax(-1) if out is None else torch.argmax(logits, -1, out=out)
 
 
 def argmax_prob_ref(logits: torch.Tensor, chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -69,42 +69,27 @@ class DraftLoopGraphs(DecodeGraphs):
     one copy to the host a round, instead of k launches each waiting for its token."""
 
     def __init__(self, one: DecodeGraphs, steps: int) -> None:
-        self.steps = steps  # (before the base class makes its host buffers, which hold the later steps' too)
+        self.steps = steps  # (before the base class lays out its inputs, which hold the later steps' too)
         super().__init__(one.model, one.attention, one.kv_caches, one.api, one.device, one.block_size, one.sizes,
                          one.max_seq_len, query_len=2, placeholders=False)
         self.one = one  # the later steps run the one-token graphs' forward on the inputs below
-        later, n, dev = steps - 1, self.max_batch, self.device
-        self.step_inputs = {"step_pos": torch.zeros(later, n, dtype=torch.long, device=dev),
-                            "step_slots": torch.full((later, n), -1, dtype=torch.long, device=dev),
-                            "step_lens": torch.zeros(later, n, dtype=torch.int32, device=dev)}
 
-    def _host_buffers(self, n: int, pin: bool) -> dict[str, torch.Tensor]:
+    def _fields(self):
         later = self.steps - 1
-        return {**super()._host_buffers(n, pin),
-                "step_pos": torch.zeros(later, n, dtype=torch.long, pin_memory=pin),
-                "step_slots": torch.zeros(later, n, dtype=torch.long, pin_memory=pin),
-                "step_lens": torch.zeros(later, n, dtype=torch.int32, pin_memory=pin)}
+        return {**super()._fields(), "step_pos": (torch.long, lambda b: (later, b)),
+                "step_slots": (torch.long, lambda b: (later, b)), "step_lens": (torch.int32, lambda b: (later, b))}
 
     def run_padded(self, size, tokens, starts, tables, on_device=None, prev_tokens=None) -> torch.Tensor:
-        host = self._host[self._turn]  # the set the base class's run_padded takes next
-        pos, slots, lens = (host[k].numpy() for k in ("step_pos", "step_slots", "step_lens"))
-        pos[:, :size], slots[:, :size], lens[:, :size] = 0, -1, 0
+        host = self.inputs.host(self._turn, size)  # the buffer the base class's run_padded fills next
+        pos, slots, lens = (host[k] for k in ("step_pos", "step_slots", "step_lens"))
+        pos[:], slots[:], lens[:] = 0, -1, 0
         bs, ahead = self.block_size, np.arange(1, self.steps)
         for i, (toks, start, blocks) in enumerate(zip(tokens, starts, tables, strict=True)):
             p = start + len(toks) - 1 + ahead  # step j's one token sits j places after the first step's last
             pos[:, i] = p
             lens[:, i] = p + 1
             slots[:, i] = np.asarray(blocks, dtype=np.int64)[p // bs] * bs + p % bs
-
-        def upload() -> None:
-            if on_device is not None:
-                on_device()
-            # whole buffers (a few KiB): contiguous, so the copies stay asynchronous; the graph of
-            # this size reads only its first ``size`` columns, all written above
-            for name, dst in self.step_inputs.items():
-                dst.copy_(host[name], non_blocking=True)
-
-        return super().run_padded(size, tokens, starts, tables, on_device=upload, prev_tokens=prev_tokens)
+        return super().run_padded(size, tokens, starts, tables, on_device=on_device, prev_tokens=prev_tokens)
 
     def captured_work(self, batch) -> torch.Tensor:
         b = batch.seq_lens.shape[0]
@@ -112,11 +97,10 @@ class DraftLoopGraphs(DecodeGraphs):
         last = torch.arange(b, device=new.device) * 2 + (new.long() - 1).clamp(min=0)
         p, t = self._argmax(super().captured_work(batch)[last])
         tokens, probs = [t], [p]
-        one = self.one._batch(b)
+        one, ins = self.one._batch(b), self.inputs.device(b)
         for j in range(self.steps - 1):
-            ins = self.step_inputs
-            step = replace(one, input_ids=tokens[-1], positions=ins["step_pos"][j, :b],
-                           slot_mapping=ins["step_slots"][j, :b], seq_lens=ins["step_lens"][j, :b],
+            step = replace(one, input_ids=tokens[-1], positions=ins["step_pos"][j],
+                           slot_mapping=ins["step_slots"][j], seq_lens=ins["step_lens"][j],
                            block_tables=batch.block_tables)
             p, t = self._argmax(self.one.captured_work(step))
             tokens.append(t)

@@ -12,6 +12,9 @@ ignored. Causal attention keeps the real rows from seeing the padding. A sequenc
 token is flagged (``StepBatch.single_runs``), so that attention can give it the decode kernel, as
 an eager step would; graphs built with ``single_runs=False`` take only sequences of two tokens or
 more and leave that pass out (for the steps in which every sequence verifies drafts).
+
+A step's inputs go to the device in one copy: each batch size has its own layout of the input
+fields in one shared buffer (``PackedInputs``), so a replay copies exactly its size's bytes.
 """
 from __future__ import annotations
 
@@ -41,6 +44,44 @@ def resolve_placeholders(ids: torch.Tensor, prev_tokens: torch.Tensor,
     return torch.where(ids < 0, prev_tokens[rows], ids, out=out)
 
 
+class PackedInputs:
+    """The static inputs of a set of graphs in one device buffer, refilled from a pinned host
+    buffer by one copy a step. Each batch size lays the fields out back to back for that size
+    (field name -> dtype and shape for a batch size), so a step copies its size's bytes and no
+    more; the layouts share the buffer (one replay at a time). ``sets`` host buffers are used in
+    turn: a step's copy may still be queued behind the step before it while the next is filled."""
+
+    def __init__(self, fields: dict[str, tuple[torch.dtype, Callable[[int], tuple[int, ...]]]],
+                 sizes: Sequence[int], device: torch.device, pin: bool, sets: int = 2) -> None:
+        self.layouts: dict[int, tuple[dict[str, tuple[int, torch.dtype, tuple[int, ...]]], int]] = {}
+        for b in sizes:
+            at, fields_b = 0, {}
+            for name, (dtype, shape) in fields.items():
+                shp = tuple(shape(b))
+                fields_b[name] = (at, dtype, shp)
+                at += -(-int(np.prod(shp)) * dtype.itemsize // 16) * 16  # 16-byte aligned fields
+            self.layouts[b] = (fields_b, at)
+        total = max(n for _, n in self.layouts.values())
+        self.device_buffer = torch.zeros(total, dtype=torch.uint8, device=device)
+        self.host_buffers = [torch.zeros(total, dtype=torch.uint8, pin_memory=pin) for _ in range(sets)]
+
+    def _views(self, buf: torch.Tensor, b: int) -> dict[str, torch.Tensor]:
+        return {name: buf[at:at + int(np.prod(shp)) * dtype.itemsize].view(dtype).view(shp)
+                for name, (at, dtype, shp) in self.layouts[b][0].items()}
+
+    def device(self, b: int) -> dict[str, torch.Tensor]:
+        """Size b's fields in the device buffer (what its graph reads)."""
+        return self._views(self.device_buffer, b)
+
+    def host(self, turn: int, b: int) -> dict[str, np.ndarray]:
+        """Size b's fields in host buffer ``turn``, as arrays to fill."""
+        return {k: v.numpy() for k, v in self._views(self.host_buffers[turn], b).items()}
+
+    def upload(self, turn: int, b: int) -> None:
+        n = self.layouts[b][1]
+        self.device_buffer[:n].copy_(self.host_buffers[turn][:n], non_blocking=True)
+
+
 class DecodeGraphs:
     """Static input tensors, one captured forward per batch size, and the code that fills them."""
 
@@ -68,47 +109,45 @@ class DecodeGraphs:
         self.query_len = q = query_len
         self.takes_single_runs = single_runs or q == 1
         n, dev = self.max_batch, device
-        self.input_ids = torch.zeros(n * q, dtype=torch.long, device=dev)
-        self.positions = torch.zeros(n * q, dtype=torch.long, device=dev)
-        self.slot_mapping = torch.full((n * q,), -1, dtype=torch.long, device=dev)
-        self.seq_lens = torch.zeros(n, dtype=torch.int32, device=dev)
-        self.context_lens = torch.zeros(n, dtype=torch.int32, device=dev)
         self.query_start_loc = torch.arange(n + 1, dtype=torch.int32, device=dev) * q
-        self.block_tables = torch.zeros(n, self.max_blocks, dtype=torch.int32, device=dev)
-        self.single_runs = torch.zeros(n, dtype=torch.bool, device=dev)
+        self._no_context = torch.zeros(n, dtype=torch.int32, device=dev)  # one-token steps never read it
         #: the values of this step's placeholders (tokens still on the device), resolved in the graph
         self.prev_tokens = torch.zeros(n * q if placeholders else 0, dtype=torch.long, device=dev)
-        # two sets of host staging buffers, used in turn: a step's copies may still be queued
-        # behind the step before it while the next step is being prepared
-        pin = dev.type != "cpu"
-        self._host = [self._host_buffers(n, pin) for _ in range(2)]
-        self._turn = 0
+        self.inputs = PackedInputs(self._fields(), self.sizes, dev, pin=dev.type != "cpu")
+        self._turn = 0  # the host buffer the next step fills
         self._replays: dict[int, tuple[Callable[[], None], torch.Tensor]] = {}
 
-    def _host_buffers(self, n: int, pin: bool) -> dict[str, torch.Tensor]:
-        def empty(*shape, dtype):
-            return torch.zeros(*shape, dtype=dtype, pin_memory=pin)
-
-        q = self.query_len
-        return {"ids": empty(n * q, dtype=torch.long), "pos": empty(n * q, dtype=torch.long),
-                "slots": empty(n * q, dtype=torch.long), "lens": empty(n, dtype=torch.int32),
-                "ctx": empty(n, dtype=torch.int32), "tables": empty(n, self.max_blocks, dtype=torch.int32),
-                "single": empty(n, dtype=torch.bool)}
+    def _fields(self) -> dict[str, tuple[torch.dtype, Callable[[int], tuple[int, ...]]]]:
+        """The input fields of a step of b sequences (a subclass may add its own)."""
+        q, mb = self.query_len, self.max_blocks
+        fields = {"ids": (torch.long, lambda b: (b * q,)), "pos": (torch.long, lambda b: (b * q,)),
+                  "slots": (torch.long, lambda b: (b * q,)), "lens": (torch.int32, lambda b: (b,)),
+                  "tables": (torch.int32, lambda b: (b, mb))}
+        if q > 1:  # one-token steps never read the context lengths
+            fields["ctx"] = (torch.int32, lambda b: (b,))
+            if self.takes_single_runs:
+                fields["single"] = (torch.bool, lambda b: (b,))
+        return fields
 
     def _batch(self, b: int) -> StepBatch:
-        t, q = b * self.query_len, self.query_len
+        q, ins = self.query_len, self.inputs.device(b)
         return StepBatch(
-            input_ids=self.input_ids[:t], positions=self.positions[:t], slot_mapping=self.slot_mapping[:t],
-            query_start_loc=self.query_start_loc[:b + 1], seq_lens=self.seq_lens[:b],
-            context_lens=self.context_lens[:b], block_tables=self.block_tables[:b],
+            input_ids=ins["ids"], positions=ins["pos"], slot_mapping=ins["slots"],
+            query_start_loc=self.query_start_loc[:b + 1], seq_lens=ins["lens"],
+            context_lens=ins["ctx"] if "ctx" in ins else self._no_context[:b], block_tables=ins["tables"],
             query_lens_cpu=(q,) * b, seq_lens_cpu=(self.max_seq_len,) * b, block_size=self.block_size,
-            max_query_len=q, max_seq_len=self.max_seq_len,
-            single_runs=self.single_runs[:b] if q > 1 and self.takes_single_runs else None)
+            max_query_len=q, max_seq_len=self.max_seq_len, single_runs=ins.get("single"))
+
+    def _blank(self, b: int) -> None:
+        """Size b's device inputs as padding (length 0, slot -1): warm-up and capture write no KV."""
+        for name, t in self.inputs.device(b).items():
+            t.fill_(-1 if "slots" in name else 0)
 
     @torch.inference_mode()
     def capture(self) -> None:
         """Record the forward of every batch size, largest first (the captures share memory)."""
         for b in reversed(self.sizes):
+            self._blank(b)
             batch = self._batch(b)
             work = self._replayed if self.prev_tokens.numel() else self.captured_work
             self._replays[b] = self.api.capture(lambda batch=batch, work=work: work(batch))
@@ -141,16 +180,17 @@ class DecodeGraphs:
         keys, in the same tiles, as an eager step would. A negative token -(r+1) stands for row r
         of ``prev_tokens`` (on the device), as in ``run``."""
         q, bs = self.query_len, self.block_size
-        host = self._next_host()
-        ids, pos, slots = host["ids"].numpy(), host["pos"].numpy(), host["slots"].numpy()
-        lens, ctx, tab = host["lens"].numpy(), host["ctx"].numpy(), host["tables"].numpy()
-        single = host["single"].numpy()
-        ids[:size * q] = 0
-        pos[:size * q] = 0
-        slots[:size * q] = -1
-        lens[:size] = 0
-        ctx[:size] = 0
-        single[:size] = False
+        host = self._next_host(size)
+        ids, pos, slots, lens, tab = (host[k] for k in ("ids", "pos", "slots", "lens", "tables"))
+        ctx, single = host.get("ctx"), host.get("single")  # (not in one-token graphs' inputs)
+        ids[:] = 0
+        pos[:] = 0
+        slots[:] = -1
+        lens[:] = 0
+        tab[len(tables):] = 0
+        for extra in (ctx, single):
+            if extra is not None:
+                extra[:] = 0
         offsets = np.arange(q)
         least = 1 if self.takes_single_runs else 2
         for i, (toks, start, blocks) in enumerate(zip(tokens, starts, tables, strict=True)):
@@ -166,12 +206,14 @@ class DecodeGraphs:
             pos[row:row + q] = p
             slots[row:row + n] = tab[i, p[:n] // bs].astype(np.int64) * bs + p[:n] % bs
             lens[i] = start + n
-            ctx[i] = start
-            single[i] = n == 1
-        self._check_placeholders(int(ids[:size * q].min()), prev_tokens)
+            if ctx is not None:
+                ctx[i] = start
+            if single is not None:
+                single[i] = n == 1
+        self._check_placeholders(int(ids.min()), prev_tokens)
         if on_device is not None:
             on_device()
-        return self._upload_and_replay(host, size, prev_tokens)[:size * q]
+        return self._upload_and_replay(size, prev_tokens)[:size * q]
 
     def run(self, size: int, tokens: Sequence[int], starts: Sequence[int], tables: Sequence[Sequence[int]],
             prev_tokens: torch.Tensor | None, on_device: Callable[[], None] | None = None) -> torch.Tensor:
@@ -185,9 +227,8 @@ class DecodeGraphs:
                              "sequence (use run_padded)")
         b, bs = len(tokens), self.block_size
         self._check_placeholders(min(tokens), prev_tokens)
-        host = self._next_host()
-        ids, pos, slots = host["ids"].numpy(), host["pos"].numpy(), host["slots"].numpy()
-        lens, tab = host["lens"].numpy(), host["tables"].numpy()
+        host = self._next_host(size)
+        ids, pos, slots, lens, tab = (host[k] for k in ("ids", "pos", "slots", "lens", "tables"))
         ids[:b] = tokens
         ids[b:size] = 0
         pos[:b] = starts
@@ -197,12 +238,13 @@ class DecodeGraphs:
         for i, blocks in enumerate(tables):
             n = min(len(blocks), self.max_blocks)  # blocks reserved past max_seq_len are never read
             tab[i, :n] = blocks[:n]
+        tab[b:] = 0
         p = pos[:b]
         slots[:b] = tab[np.arange(b), p // bs].astype(np.int64) * bs + p % bs
         slots[b:size] = -1
         if on_device is not None:
             on_device()
-        return self._upload_and_replay(host, size, prev_tokens)[:b]
+        return self._upload_and_replay(size, prev_tokens)[:b]
 
     @staticmethod
     def _check_placeholders(lowest: int, prev_tokens: torch.Tensor | None) -> None:
@@ -212,31 +254,25 @@ class DecodeGraphs:
             raise ValueError(f"placeholder token {lowest} stands for row {-lowest - 1} of the device tokens, "
                              f"but {have} were given")
 
-    def _next_host(self) -> dict[str, torch.Tensor]:
-        host = self._host[self._turn]
+    def _next_host(self, size: int) -> dict[str, np.ndarray]:
+        """The host fields of a step of this size to fill (the buffer the step before did not)."""
+        self._filled = self._turn
         self._turn ^= 1
-        return host
+        return self.inputs.host(self._filled, size)
 
-    def _upload_and_replay(self, host: dict[str, torch.Tensor], size: int,
-                           prev_tokens: torch.Tensor | None = None) -> torch.Tensor:
-        """Copy the first ``size`` sequences' inputs to the static tensors, and the placeholders'
-        values to the graph's buffer (the replay resolves them first), replay that size's graph and
-        return its whole output."""
-        t = size * self.query_len
-        per_seq = [("lens", self.seq_lens), ("tables", self.block_tables)]
-        if self.query_len > 1:  # one-token steps never read the context lengths
-            per_seq.append(("ctx", self.context_lens))
-            if self.takes_single_runs:
-                per_seq.append(("single", self.single_runs))
-        for name, dst in (("ids", self.input_ids), ("pos", self.positions), ("slots", self.slot_mapping)):
-            dst[:t].copy_(host[name][:t], non_blocking=True)
-        for name, dst in per_seq:
-            dst[:size].copy_(host[name][:size], non_blocking=True)
+    def _upload_and_replay(self, size: int, prev_tokens: torch.Tensor | None = None) -> torch.Tensor:
+        """Copy the step's inputs (filled by ``_next_host``) to the device in one copy, and the
+        placeholders' values to the graph's buffer (the replay resolves them first; values already
+        there, as the runner's samples are, are not copied), replay that size's graph and return
+        its whole output."""
+        self.inputs.upload(self._filled, size)
         if prev_tokens is not None:
-            if prev_tokens.numel() <= self.prev_tokens.numel():  # the graph resolves them
-                self.prev_tokens[:prev_tokens.numel()].copy_(prev_tokens)
+            mine = self.prev_tokens
+            if prev_tokens.numel() <= mine.numel():  # the graph resolves them
+                if prev_tokens.data_ptr() != mine.data_ptr():
+                    mine[:prev_tokens.numel()].copy_(prev_tokens)
             else:  # more than the graph's buffer holds: resolved here, before the replay
-                ids = self.input_ids[:t]
+                ids = self.inputs.device(size)["ids"]
                 resolve_placeholders(ids, prev_tokens, out=ids)
         replay, out = self._replays[size]
         replay()

@@ -312,7 +312,11 @@ class ModelRunner:
                     result.sampled[r.request_id] = [t]
                     result.logprobs[r.request_id] = [lp]
             else:
-                flight.tokens = self.sampler.sample_on_device(logits, sampling)
+                # greedy samples go straight into the decode graphs' buffer of placeholder values,
+                # which the next step's replay reads without a copy
+                buf = self.graphs.prev_tokens if self.graphs is not None else None
+                into = buf[:len(sampling)] if buf is not None and buf.numel() >= len(sampling) else None
+                flight.tokens = self.sampler.sample_on_device(logits, sampling, out=into)
                 self._prev_tokens = flight.tokens
                 self._prev_rows = {r.request_id: i for i, r in enumerate(sampling)}
                 flight.host = HostCopy(flight.tokens)

@@ -50,7 +50,8 @@ class Sampler:
     def __init__(self, seed: int = 0) -> None:
         self.generator = torch.Generator().manual_seed(seed)
         #: row-wise argmax of logits [B, V] (a device's fused kernel replaces it; same results)
-        self.argmax: Callable[[torch.Tensor], torch.Tensor] = lambda logits: logits.argmax(-1)
+        #: (``out``: an int64 tensor [B] to write the tokens into)
+        self.argmax: Callable[..., torch.Tensor] = torch_argmax
 
     def __call__(self, logits: torch.Tensor, requests: Sequence[Request]) -> tuple[list[int], list[dict[int, float] | None]]:
         logits = logits.float()
@@ -67,11 +68,13 @@ class Sampler:
                     logprobs[i] = top_logprobs(raw_logprobs[i], tokens[i], r.params.logprobs)
         return tokens, logprobs
 
-    def sample_on_device(self, logits: torch.Tensor, requests: Sequence[Request]) -> torch.Tensor:
+    def sample_on_device(self, logits: torch.Tensor, requests: Sequence[Request],
+                         out: torch.Tensor | None = None) -> torch.Tensor:
         """The same tokens as ``__call__`` (requests without logprobs), as an int64 tensor on the
-        logits' device; greedy rows never leave it."""
+        logits' device; greedy rows never leave it, and are written into ``out`` when it is given
+        (an int64 tensor [B] on that device; other rows come back in a new tensor)."""
         if _plain_greedy(requests):
-            return self.argmax(logits)
+            return self.argmax(logits, out=out)
         tokens = self(logits, requests)[0]
         return torch.tensor(tokens, dtype=torch.long, device=logits.device)
 
@@ -89,6 +92,11 @@ class Sampler:
         # exponential race: argmax(p / E) with E ~ Exp(1) draws from p, one generator per request
         noise = torch.empty_like(probs).exponential_(generator=req.generator or self.generator)
         return int((probs / noise).argmax())
+
+
+def torch_argmax(logits: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Row-wise argmax of logits [B, V], into ``out`` when given."""
+    return logits.argmax(-1) if out is None else torch.argmax(logits, -1, out=out)
 
 
 def _plain_greedy(requests: Sequence[Request]) -> bool:

@@ -3,6 +3,8 @@ the replay itself, or before it when the graph's buffer is too small or the grap
 Oracle: a stand-in model whose output is its input ids."""
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -68,3 +70,31 @@ def test_cuda_graphs_resolve_placeholders_in_the_replay():
     assert g.run(2, [3, 4], [3, 5], tables, None)[:, 0].tolist() == [3, 4]
     assert g.run(4, [-1, 5, -4, 6], [1, 2, 3, 4], tables * 2,
                  torch.tensor([31, 32, 33, 34], device=dev))[:, 0].tolist() == [31, 5, 34, 6]
+
+
+def test_packed_inputs_lay_each_size_out_on_its_own_and_upload_only_its_bytes():
+    from deepinfer.core.graphs import PackedInputs
+
+    fields = {"ids": (torch.long, lambda b: (3 * b,)), "lens": (torch.int32, lambda b: (b,)),
+              "single": (torch.bool, lambda b: (b,)), "tables": (torch.int32, lambda b: (b, 5))}
+    p = PackedInputs(fields, [1, 4], torch.device("cpu"), pin=False)
+    for b in (1, 4):
+        dev = p.device(b)
+        spans = sorted((t.data_ptr() - p.device_buffer.data_ptr(), t.numel() * t.element_size()) for t in dev.values())
+        assert all(at % 16 == 0 for at, _ in spans)
+        assert all(a + n <= c for (a, n), (c, _) in itertools.pairwise(spans))  # no overlap
+        assert {k: (v.dtype, tuple(v.shape)) for k, v in dev.items()} == {
+            "ids": (torch.long, (3 * b,)), "lens": (torch.int32, (b,)), "single": (torch.bool, (b,)),
+            "tables": (torch.int32, (b, 5))}
+    p.device_buffer.fill_(7)
+    host = p.host(1, 1)
+    host["ids"][:] = [1, 2, 3]
+    host["lens"][:] = 9
+    host["single"][:] = True
+    host["tables"][:] = 4
+    p.upload(1, 1)
+    dev = p.device(1)
+    assert dev["ids"].tolist() == [1, 2, 3] and dev["lens"].tolist() == [9] and dev["single"].tolist() == [True]
+    assert dev["tables"].tolist() == [[4] * 5]
+    used = p.layouts[1][1]
+    assert used < p.device_buffer.numel() and bool((p.device_buffer[used:] == 7).all())  # size 4's bytes untouched

@@ -47,6 +47,18 @@ def test_without_a_chunk_small_vocabularies_take_torch_and_large_ones_the_kernel
     assert launches == [(2, 5)]  # 16,385 entries: four chunks of 4,096 and one of 1
 
 
+@pytest.mark.parametrize("chunk", [64, None])  # None: this vocabulary takes torch's argmax
+def test_argmax_into_a_given_tensor(chunk, device):
+    x = randn(3, 200, dtype=torch.float32, device=device)
+    buf = torch.full((5,), -7, dtype=torch.int64, device=device)
+    got = argmax(x, chunk=chunk, out=buf[:3])
+    assert got.data_ptr() == buf.data_ptr()
+    assert buf.tolist() == argmax_ref(x).tolist() + [-7, -7]  # the rest of the buffer untouched
+    for bad in (buf[:2], buf[:3].to(torch.int32), buf[::2][:3]):
+        with pytest.raises(ValueError, match=r"out must be a contiguous int64 \[3\]"):
+            argmax(x, chunk=chunk, out=bad)
+
+
 def test_argmax_tie_inside_a_chunk_and_bad_input(device):
     x = torch.zeros(1, 40, device=device)
     x[0, 17] = x[0, 9] = 1.0

@@ -87,6 +87,7 @@ def test_graph_steps_give_the_eager_tokens_in_the_interpreter(tmp_path):
     assert got["replayed"].get("4", 0) > 0 and got["replayed"].get("2", 0) > 0
     assert sum(got["replayed"].values()) < got["decode_steps"]
     assert got["captured"] == 3
+    assert got["in_place"].get("True", 0) > 0 and "False" not in got["in_place"]  # no copy of the samples
 
 
 @pytest.mark.parametrize(("drafter", "loop"), [("draft-model", True), ("draft-model", False), ("deepspark", True),
@@ -144,11 +145,24 @@ def _main(model_dir: str) -> None:
     factory = EagerGraphs()
     # decodes: 3 sequences (until the first ends), then 2, then the long one alone past 36 tokens
     max_tokens = [4, 14, 9]
-    # overlapped: placeholders of the step in flight are resolved into the graphs' static inputs
+    # overlapped: placeholders of the step in flight are resolved into the graphs' static inputs;
+    # the greedy samples were written straight into the graphs' buffer of placeholder values
+    from deepinfer.core.graphs import DecodeGraphs
+
+    upload = DecodeGraphs._upload_and_replay
+    in_place: Counter[bool] = Counter()
+
+    def watching(self, size, prev_tokens=None):
+        if prev_tokens is not None:
+            in_place[prev_tokens.data_ptr() == self.prev_tokens.data_ptr()] += 1
+        return upload(self, size, prev_tokens)
+
+    DecodeGraphs._upload_and_replay = watching
     got = run_both(model_dir, _prompts([3, 30, 9]), max_tokens, lambda: factory, [1, 2, 4], 36, overlap=True,
                    device="cpu",
                    dtype="float32", block_size=4, num_kv_blocks=64, max_model_len=64,
                    plugin_options={"triton": {"split_size": 16}})
+    got["in_place"] = {str(k): v for k, v in in_place.items()}
     got["captured"] = factory.captured
     got["decode_steps"] = max(max_tokens) - 1
     print(json.dumps(got))
@@ -199,7 +213,8 @@ def draft_both(model_dir: str, graphs_factory, drafter: str = "draft-model", loo
         hidden = run_padded(self, size, tokens, *args, **kwargs)
         if kind == "verify" and self.takes_single_runs and all(len(t) > 1 for t in tokens):
             routing_wrong.append([len(t) for t in tokens])  # had no one-token run: the other graphs'
-        flags = self.single_runs[:size].tolist()
+        ins = self.inputs.device(size)  # the flags the replay read (graphs without the pass have none)
+        flags = ins["single"].tolist() if "single" in ins else [False] * size
         if flags != [len(t) == 1 for t in tokens] + [False] * (size - len(tokens)):
             flags_wrong.append((self.query_len, [len(t) for t in tokens], flags))
         return hidden
