@@ -37,3 +37,8 @@ if [ "${1:-a}" = c ]; then
   (cd benchmarks && timeout 150 python3 h200_spec_ab.py --batch 1 --drafters none,deepspark --runs 7 2>&1 | \
     filter > "$OUT/ab_b1.txt")
 fi
+if [ "${1:-a}" = d ]; then
+  # where a batch-1 deepspark round's host time goes (after call c): cProfile and the device table
+  (cd benchmarks && timeout 200 python3 h200_spec_profile.py --out "$OUT/prof" --batch 1 --output-len 256 \
+    --drafters none,deepspark > "$OUT/prof_log.txt" 2>&1)
+fi
