@@ -64,6 +64,10 @@ class PackedInputs:
         total = max(n for _, n in self.layouts.values())
         self.device_buffer = torch.zeros(total, dtype=torch.uint8, device=device)
         self.host_buffers = [torch.zeros(total, dtype=torch.uint8, pin_memory=pin) for _ in range(sets)]
+        # the views, made once (a step's host work is on the critical path at small batches)
+        self._device = {b: self._views(self.device_buffer, b) for b in sizes}
+        self._host = [{b: {k: v.numpy() for k, v in self._views(h, b).items()} for b in sizes}
+                      for h in self.host_buffers]
 
     def _views(self, buf: torch.Tensor, b: int) -> dict[str, torch.Tensor]:
         return {name: buf[at:at + int(np.prod(shp)) * dtype.itemsize].view(dtype).view(shp)
@@ -71,11 +75,11 @@ class PackedInputs:
 
     def device(self, b: int) -> dict[str, torch.Tensor]:
         """Size b's fields in the device buffer (what its graph reads)."""
-        return self._views(self.device_buffer, b)
+        return self._device[b]
 
     def host(self, turn: int, b: int) -> dict[str, np.ndarray]:
         """Size b's fields in host buffer ``turn``, as arrays to fill."""
-        return {k: v.numpy() for k, v in self._views(self.host_buffers[turn], b).items()}
+        return self._host[turn][b]
 
     def upload(self, turn: int, b: int) -> None:
         n = self.layouts[b][1]
