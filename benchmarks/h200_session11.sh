@@ -42,3 +42,13 @@ if [ "${1:-a}" = d ]; then
   (cd benchmarks && timeout 200 python3 h200_spec_profile.py --out "$OUT/prof" --batch 1 --output-len 256 \
     --drafters none,deepspark > "$OUT/prof_log.txt" 2>&1)
 fi
+if [ "${1:-a}" = e ]; then
+  # the final code (PackedInputs' views made once): every gpu-marked test; batch 1; the drafters
+  # interleaved at batch 1 and 64
+  timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests --ignore=tests/serve > "$OUT/gpu_tests.txt" 2>&1
+  timeout 60 $LAT --repeats 3 2>&1 | filter > "$OUT/latency.txt"
+  (cd benchmarks && timeout 120 python3 h200_spec_ab.py --batch 1 --drafters none,deepspark,draft-model --runs 5 2>&1 | \
+    filter > "$OUT/ab_b1.txt")
+  (cd benchmarks && timeout 110 python3 h200_spec_ab.py --batch 64 --prompts 64 --drafters draft-model,deepspark \
+    --runs 3 2>&1 | filter > "$OUT/ab_b64.txt")
+fi
