@@ -52,3 +52,16 @@ if [ "${1:-a}" = e ]; then
   (cd benchmarks && timeout 110 python3 h200_spec_ab.py --batch 64 --prompts 64 --drafters draft-model,deepspark \
     --runs 3 2>&1 | filter > "$OUT/ab_b64.txt")
 fi
+if [ "${1:-a}" = f ]; then
+  # placeholders resolved by one kernel in every replay, and the samples' copy to the host on a
+  # stream of its own: GPU tests, the placeholder and argmax kernels compiled, the step trace with
+  # copies, batch 1 twice, the drafters interleaved at batch 1
+  timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/core tests/plugins/test_graphs.py \
+    tests/plugins/test_spec_decode.py tests/plugins/test_triton_attn.py > "$OUT/tests.txt" 2>&1
+  timeout 60 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_placeholders.py tests/kernels/test_argmax.py \
+    tests/core/test_graph_placeholders.py >> "$OUT/tests.txt" 2>&1
+  (cd benchmarks && timeout 120 python3 h200_step_trace.py llama-1b --copies --variants '{}' > "$OUT/trace_log.txt" 2>&1)
+  for r in 1 2; do timeout 60 $LAT --repeats 3 2>&1 | filter >> "$OUT/latency.txt"; done
+  (cd benchmarks && timeout 120 python3 h200_spec_ab.py --batch 1 --drafters none,deepspark,draft-model --runs 5 2>&1 | \
+    filter > "$OUT/ab_b1.txt")
+fi

@@ -16,6 +16,7 @@ class FusedOps:
     def __init__(self, single_token_gemv: bool = True, pdl: bool = True) -> None:
         from deepinfer_kernels.activation import silu_and_mul
         from deepinfer_kernels.argmax import argmax, argmax_prob
+        from deepinfer_kernels.placeholders import resolve_placeholders
         from deepinfer_kernels.rms_norm import rms_norm
         from deepinfer_kernels.rotary import apply_rotary
 
@@ -24,6 +25,7 @@ class FusedOps:
         self.silu_and_mul = silu_and_mul
         self.argmax = argmax
         self.argmax_prob = argmax_prob
+        self.resolve_placeholders = resolve_placeholders
         self.pdl = pdl
         self.gemv = self._gemv if single_token_gemv else None
         self.gemv_qkv_rotary = self._gemv_qkv_rotary if single_token_gemv else None

@@ -39,7 +39,8 @@ def default_batch_sizes(max_num_seqs: int) -> list[int]:
 def resolve_placeholders(ids: torch.Tensor, prev_tokens: torch.Tensor,
                          out: torch.Tensor | None = None) -> torch.Tensor:
     """``ids`` with each negative entry -(r+1) replaced by ``prev_tokens[r]``, on the device, in
-    five small kernels (into ``out``, which may be ``ids`` itself)."""
+    five small kernels (into ``out``, which may be ``ids`` itself). A device's fused ops may offer
+    the same in one launch (``resolve_placeholders``), which graph replays then use."""
     rows = torch.bitwise_not(ids).clamp_(min=0)  # -(r+1) -> r; real tokens -> 0
     return torch.where(ids < 0, prev_tokens[rows], ids, out=out)
 
@@ -159,7 +160,8 @@ class DecodeGraphs:
     def _replayed(self, batch: StepBatch) -> torch.Tensor:
         # placeholders first, at every replay (a step without placeholders keeps its ids): no
         # launches of their own before the replay
-        resolve_placeholders(batch.input_ids, self.prev_tokens, out=batch.input_ids)
+        fused = getattr(getattr(self.model, "fused_ops", None), "resolve_placeholders", None)
+        (fused or resolve_placeholders)(batch.input_ids, self.prev_tokens, out=batch.input_ids)
         return self.captured_work(batch)
 
     def captured_work(self, batch: StepBatch) -> torch.Tensor:

@@ -75,7 +75,9 @@ class Device(Plugin, ABC):
         and ``argmax(logits, out=None)`` (into ``out``, an int64 tensor [B], when given), which
         greedy sampling then uses; optionally ``argmax_prob(logits)``
         (the greedy token and its softmax probability, as ``logits.float().softmax(-1).max(-1)``),
-        which a draft model's captured rounds use for their confidences."""
+        which a draft model's captured rounds use for their confidences, and
+        ``resolve_placeholders(ids, values, out=None)`` (``ids`` with each -(r+1) replaced by
+        ``values[r]``), which graph replays then run first."""
         return None
 
     @property

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from deepinfer.core.graphs import DecodeGraphs, resolve_placeholders
+from deepinfer.core.host_copy import HostCopy
 from deepinfer.core.interfaces import AttentionBackend, DeviceGraphs, SchedulerOutput
 from deepinfer.core.model_registry import CausalLM
 from deepinfer.core.request import PLACEHOLDER_TOKEN, Request
@@ -93,30 +94,6 @@ def build_step_batch(seqs: list[tuple[list[int], int, list[int]]], block_size: i
     )
 
 
-class HostCopy:
-    """A device tensor's copy to host memory, queued behind the work that computes it; ``wait``
-    blocks on that copy alone (on the CPU there is nothing to wait for: a snapshot, as the source
-    may be a graph's output that its next replay overwrites)."""
-
-    __slots__ = ("_host", "_ready")
-
-    def __init__(self, src: torch.Tensor) -> None:
-        self._ready = None
-        if src.device.type == "cpu":
-            self._host = src.clone()
-        else:
-            self._host = torch.empty(src.shape, dtype=src.dtype, pin_memory=True)
-            self._host.copy_(src, non_blocking=True)
-            self._ready = torch.Event(src.device)
-            self._ready.record()
-
-    def wait(self) -> torch.Tensor:
-        if self._ready is not None:
-            self._ready.synchronize()
-            self._ready = None
-        return self._host
-
-
 def _take_rows(hidden: torch.Tensor, rows: list[int]) -> torch.Tensor:
     """hidden[rows] without waiting for the device: a view when the rows are consecutive (every
     request of a verification computing all its rows, or every row sampling), else a gather whose
@@ -175,6 +152,7 @@ class ModelRunner:
         #: device events recorded just before the step's first device work and after its last
         self.timeline: list[tuple[Any, Any, bool]] | None = None
         self._prev_tokens: torch.Tensor | None = None  # the last launched step's samples
+        self._buffer_copy: HostCopy | None = None  # the host copy of the samples in graphs.prev_tokens
         self._prev_rows: dict[str, int] = {}            # request id -> row of _prev_tokens
         self.kv_groups = kv_groups
 
@@ -316,10 +294,15 @@ class ModelRunner:
                 # which the next step's replay reads without a copy
                 buf = self.graphs.prev_tokens if self.graphs is not None else None
                 into = buf[:len(sampling)] if buf is not None and buf.numel() >= len(sampling) else None
+                if into is not None and self._buffer_copy is not None:
+                    self._buffer_copy.before_overwrite()  # the last samples there have reached the host
                 flight.tokens = self.sampler.sample_on_device(logits, sampling, out=into)
                 self._prev_tokens = flight.tokens
                 self._prev_rows = {r.request_id: i for i, r in enumerate(sampling)}
-                flight.host = HostCopy(flight.tokens)
+                # their copy to the host runs beside the next step's work, not in line with it
+                flight.host = HostCopy(flight.tokens, aside=True)
+                if flight.tokens.data_ptr() == (buf.data_ptr() if buf is not None else None):
+                    self._buffer_copy = flight.host
         if timing is not None:
             timing[1].record()
             self.timeline.append(timing)

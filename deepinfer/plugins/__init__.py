@@ -6,6 +6,7 @@ it takes options, and is registered as an entry point in its slot's group (see `
 from deepinfer.core.block_pool import Block, BlockPool, NoFreeBlocksError
 from deepinfer.core.context import EngineContext
 from deepinfer.core.graphs import DecodeGraphs
+from deepinfer.core.host_copy import HostCopy
 from deepinfer.core.interfaces import (
     AttentionBackend,
     AttentionLayerSpec,
@@ -24,7 +25,7 @@ from deepinfer.core.interfaces import (
 )
 from deepinfer.core.kv_manager import KVCacheManager, SlidingKV
 from deepinfer.core.metrics import Metrics
-from deepinfer.core.model_runner import HostCopy, build_step_batch
+from deepinfer.core.model_runner import build_step_batch
 from deepinfer.core.request import PLACEHOLDER_TOKEN, Request, RequestStatus
 from deepinfer.core.sampler import filter_logits
 from deepinfer.core.sampling_params import SamplingParams

@@ -1,0 +1,48 @@
+"""Copies of device tensors to host memory that the host waits for later (a step's samples, a
+draft round's tokens)."""
+from __future__ import annotations
+
+import torch
+
+_COPY_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
+
+
+class HostCopy:
+    """A device tensor's copy to host memory, queued behind the work that computes it; ``wait``
+    blocks on that copy alone (on the CPU there is nothing to wait for: a snapshot, as the source
+    may be a graph's output that its next replay overwrites). ``aside`` (CUDA): the copy runs on a
+    stream of its own, beside the work queued after it, instead of in line with it; whoever then
+    overwrites the source first calls ``before_overwrite``."""
+
+    __slots__ = ("_host", "_ready")
+
+    def __init__(self, src: torch.Tensor, aside: bool = False) -> None:
+        self._ready = None
+        if src.device.type == "cpu":
+            self._host = src.clone()
+            return
+        self._host = torch.empty(src.shape, dtype=src.dtype, pin_memory=True)
+        if aside and src.is_cuda:
+            stream = _COPY_STREAMS.get(src.device)
+            if stream is None:
+                stream = _COPY_STREAMS[src.device] = torch.cuda.Stream(src.device)
+            stream.wait_stream(torch.cuda.current_stream(src.device))  # the source is computed
+            with torch.cuda.stream(stream):
+                self._host.copy_(src, non_blocking=True)
+            self._ready = torch.cuda.Event()
+            self._ready.record(stream)
+        else:
+            self._host.copy_(src, non_blocking=True)
+            self._ready = torch.Event(src.device)
+            self._ready.record()
+
+    def before_overwrite(self) -> None:
+        """Queue a wait for the copy on the current stream (nothing once ``wait`` has returned)."""
+        if self._ready is not None:
+            torch.cuda.current_stream().wait_event(self._ready)
+
+    def wait(self) -> torch.Tensor:
+        if self._ready is not None:
+            self._ready.synchronize()
+            self._ready = None
+        return self._host
