@@ -14,15 +14,16 @@ class HostCopy:
     stream of its own, beside the work queued after it, instead of in line with it; whoever then
     overwrites the source first calls ``before_overwrite``."""
 
-    __slots__ = ("_host", "_ready")
+    __slots__ = ("_aside", "_host", "_ready")
 
     def __init__(self, src: torch.Tensor, aside: bool = False) -> None:
         self._ready = None
+        self._aside = src.device if aside and src.is_cuda else None  # the copy's device
         if src.device.type == "cpu":
             self._host = src.clone()
             return
         self._host = torch.empty(src.shape, dtype=src.dtype, pin_memory=True)
-        if aside and src.is_cuda:
+        if self._aside is not None:
             stream = _COPY_STREAMS.get(src.device)
             if stream is None:
                 stream = _COPY_STREAMS[src.device] = torch.cuda.Stream(src.device)
@@ -37,9 +38,10 @@ class HostCopy:
             self._ready.record()
 
     def before_overwrite(self) -> None:
-        """Queue a wait for the copy on the current stream (nothing once ``wait`` has returned)."""
-        if self._ready is not None:
-            torch.cuda.current_stream().wait_event(self._ready)
+        """Queue a wait for the copy on the current stream (nothing once ``wait`` has returned, or
+        for a copy in line: it is ordered before whatever is queued after it)."""
+        if self._aside is not None and self._ready is not None:
+            torch.cuda.current_stream(self._aside).wait_event(self._ready)
 
     def wait(self) -> torch.Tensor:
         if self._ready is not None:
