@@ -65,3 +65,9 @@ if [ "${1:-a}" = f ]; then
   (cd benchmarks && timeout 120 python3 h200_spec_ab.py --batch 1 --drafters none,deepspark,draft-model --runs 5 2>&1 | \
     filter > "$OUT/ab_b1.txt")
 fi
+if [ "${1:-a}" = g ]; then
+  # where a batch-1 deepspark round's host time goes now (after call f): cProfile, 8 prompts
+  (cd benchmarks && timeout 200 python3 h200_spec_profile.py --out "$OUT/prof" --batch 1 --output-len 256 \
+    --drafters none,deepspark > "$OUT/prof_log.txt" 2>&1)
+  timeout 60 python3 -m pytest -q -p no:cacheprovider -m gpu tests/core/test_host_copy.py > "$OUT/tests.txt" 2>&1
+fi
