@@ -119,7 +119,7 @@ class DecodeGraphs:
         #: the values of this step's placeholders (tokens still on the device), resolved in the graph
         self.prev_tokens = torch.zeros(n * q if placeholders else 0, dtype=torch.long, device=dev)
         self.inputs = PackedInputs(self._fields(), self.sizes, dev, pin=dev.type != "cpu")
-        self._turn = 0  # the host buffer the next step fills
+        self._turn = self._filled = 0  # the host buffer the next step fills; the one it filled
         self._replays: dict[int, tuple[Callable[[], None], torch.Tensor]] = {}
 
     def _fields(self) -> dict[str, tuple[torch.dtype, Callable[[int], tuple[int, ...]]]]:
@@ -235,6 +235,7 @@ class DecodeGraphs:
         self._check_placeholders(min(tokens), prev_tokens)
         host = self._next_host(size)
         ids, pos, slots, lens, tab = (host[k] for k in ("ids", "pos", "slots", "lens", "tables"))
+        tab[:size] = 0  # (the host buffer is shared by the sizes' layouts: no stale entries)
         ids[:b] = tokens
         ids[b:size] = 0
         pos[:b] = starts
@@ -244,7 +245,6 @@ class DecodeGraphs:
         for i, blocks in enumerate(tables):
             n = min(len(blocks), self.max_blocks)  # blocks reserved past max_seq_len are never read
             tab[i, :n] = blocks[:n]
-        tab[b:] = 0
         p = pos[:b]
         slots[:b] = tab[np.arange(b), p // bs].astype(np.int64) * bs + p % bs
         slots[b:size] = -1

@@ -72,8 +72,8 @@ class Device(Plugin, ABC):
         with them, the models run steps of a single token through those (see deepinfer_kernels.gemv;
         ``gemv_qkv_rotary(..., kv_cache=)`` is given what the attention backend's ``fused_kv_write``
         offers, and must then write the key and value there);
-        and ``argmax(logits, out=None)`` (into ``out``, an int64 tensor [B], when given), which
-        greedy sampling then uses; optionally ``argmax_prob(logits)``
+        and ``argmax(logits)``, which greedy sampling then uses (one that also takes ``out=``, an
+        int64 tensor [B], writes the tokens there, saving a copy); optionally ``argmax_prob(logits)``
         (the greedy token and its softmax probability, as ``logits.float().softmax(-1).max(-1)``),
         which a draft model's captured rounds use for their confidences, and
         ``resolve_placeholders(ids, values, out=None)`` (``ids`` with each -(r+1) replaced by

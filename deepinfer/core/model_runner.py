@@ -122,7 +122,8 @@ def _overlappable(r: Request) -> bool:
 @dataclass(slots=True)
 class StepInFlight:
     """A launched step. ``result`` holds what was computed at launch (verifications, prompt
-    logprobs); the samples of ``sampling`` are in ``tokens`` on the device until ``collect``."""
+    logprobs); the samples of ``sampling`` are in ``tokens`` on the device until the next step is
+    launched (greedy samples share a buffer that the next step's overwrite), and in ``host``."""
 
     sched: SchedulerOutput
     result: RunnerOutput

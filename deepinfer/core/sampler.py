@@ -5,6 +5,7 @@ from its own generator, so its tokens do not depend on what it is batched with.
 """
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 
 import torch
@@ -49,9 +50,10 @@ class Sampler:
 
     def __init__(self, seed: int = 0) -> None:
         self.generator = torch.Generator().manual_seed(seed)
-        #: row-wise argmax of logits [B, V] (a device's fused kernel replaces it; same results)
-        #: (``out``: an int64 tensor [B] to write the tokens into)
+        #: row-wise argmax of logits [B, V] (a device's fused kernel replaces it; same results);
+        #: one that takes ``out=`` (an int64 tensor [B]) writes the tokens there
         self.argmax: Callable[..., torch.Tensor] = torch_argmax
+        self._out_known: tuple[Callable[..., torch.Tensor], bool] | None = None  # (argmax, takes out=)
 
     def __call__(self, logits: torch.Tensor, requests: Sequence[Request]) -> tuple[list[int], list[dict[int, float] | None]]:
         logits = logits.float()
@@ -71,12 +73,27 @@ class Sampler:
     def sample_on_device(self, logits: torch.Tensor, requests: Sequence[Request],
                          out: torch.Tensor | None = None) -> torch.Tensor:
         """The same tokens as ``__call__`` (requests without logprobs), as an int64 tensor on the
-        logits' device; greedy rows never leave it, and are written into ``out`` when it is given
-        (an int64 tensor [B] on that device; other rows come back in a new tensor)."""
-        if _plain_greedy(requests):
+        logits' device. When every request is plain greedy they never leave it, and are written
+        into ``out`` if it is given (an int64 tensor [B] on that device); otherwise they come back
+        in a new tensor."""
+        if not _plain_greedy(requests):
+            tokens = self(logits, requests)[0]
+            return torch.tensor(tokens, dtype=torch.long, device=logits.device)
+        if out is None:
+            return self.argmax(logits)
+        if self._takes_out():
             return self.argmax(logits, out=out)
-        tokens = self(logits, requests)[0]
-        return torch.tensor(tokens, dtype=torch.long, device=logits.device)
+        return out.copy_(self.argmax(logits))  # an argmax without out=: one copy more
+
+    def _takes_out(self) -> bool:
+        fn = self.argmax
+        if self._out_known is None or self._out_known[0] is not fn:
+            try:
+                takes = "out" in inspect.signature(fn).parameters
+            except (TypeError, ValueError):  # no signature to read: do not guess
+                takes = False
+            self._out_known = (fn, takes)
+        return self._out_known[1]
 
     def _sample_row(self, row: torch.Tensor, req: Request) -> int:
         p = req.params

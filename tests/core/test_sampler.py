@@ -61,3 +61,22 @@ def test_logprobs_list_sampled_token_then_top_k():
     assert tokens == [1]
     ref = logits[0].log_softmax(-1)
     assert list(lps[0]) == [1, 3] and abs(lps[0][3] - ref[3].item()) < 1e-6
+
+
+def test_greedy_samples_on_the_device_go_into_a_given_tensor_whatever_the_argmax_takes():
+    logits = torch.tensor([[0.1, 2.0, -1.0], [3.0, 0.0, 1.0]])
+    greedy = [Request(f"r{i}", [1, 2], SamplingParams(temperature=0)) for i in range(2)]
+    sampled = [Request("s", [1, 2], SamplingParams(temperature=1.0, seed=3)), greedy[1]]
+    calls = []
+    for argmax in (None, lambda x: calls.append("plain") or x.argmax(-1),
+                   lambda x, out=None: calls.append("out") or torch.argmax(x, -1, out=out)):
+        s = Sampler()
+        if argmax is not None:
+            s.argmax = argmax  # a device's fused argmax, with out= or without
+        buf = torch.full((4,), -5, dtype=torch.long)
+        got = s.sample_on_device(logits, greedy, out=buf[:2])
+        assert got.data_ptr() == buf.data_ptr() and buf.tolist() == [1, 0, -5, -5]
+        assert s.sample_on_device(logits, greedy).tolist() == [1, 0]  # no out: a tensor of its own
+        other = s.sample_on_device(logits, sampled, out=buf[:2])  # not all greedy: a new tensor
+        assert other.data_ptr() != buf.data_ptr() and other[1].item() == 0 and buf.tolist() == [1, 0, -5, -5]
+    assert calls == ["plain", "plain", "out", "out"]

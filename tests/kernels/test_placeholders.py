@@ -29,9 +29,15 @@ def test_placeholders_take_their_values_and_tokens_stay(n, device):
 
 def test_no_placeholders_no_values_and_bad_input(device):
     ids = torch.tensor([5, 0, 7], device=device)
-    assert resolve_placeholders(ids, torch.empty(0, dtype=torch.long, device=device)).tolist() == [5, 0, 7]
+    none = torch.empty(0, dtype=torch.long, device=device)
+    assert resolve_placeholders(ids, none).tolist() == [5, 0, 7]
+    # a placeholder past the values (the engine refuses it before this): 0, as the reference
+    stray = torch.tensor([-1, 4, -3], device=device)
+    two = torch.tensor([8, 9], device=device)
+    assert resolve_placeholders(stray, two).tolist() == resolve_placeholders_ref(stray, two).tolist() == [8, 4, 0]
+    assert resolve_placeholders(stray, none).tolist() == resolve_placeholders_ref(stray, none).tolist() == [0, 4, 0]
     assert resolve_placeholders(ids[:0], ids).numel() == 0
-    with pytest.raises(ValueError, match="contiguous 1-D int64 ids and values"):
+    with pytest.raises(ValueError, match="contiguous 1-D int64 ids and values on one device"):
         resolve_placeholders(ids.to(torch.int32), ids)
     with pytest.raises(ValueError, match="out must be a contiguous int64"):
         resolve_placeholders(ids, ids, out=torch.empty(2, dtype=torch.long, device=device))
