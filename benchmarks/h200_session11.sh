@@ -71,3 +71,12 @@ if [ "${1:-a}" = g ]; then
     --drafters none,deepspark > "$OUT/prof_log.txt" 2>&1)
   timeout 60 python3 -m pytest -q -p no:cacheprovider -m gpu tests/core/test_host_copy.py > "$OUT/tests.txt" 2>&1
 fi
+if [ "${1:-a}" = h ]; then
+  # after the review: GPU tests of core, graphs, speculative decoding, attention; the kernel tests
+  # of placeholders and argmax compiled; batch 1
+  timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/core tests/plugins/test_graphs.py \
+    tests/plugins/test_spec_decode.py tests/plugins/test_triton_attn.py > "$OUT/tests.txt" 2>&1
+  timeout 60 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_placeholders.py tests/kernels/test_argmax.py \
+    tests/core/test_graph_placeholders.py tests/core/test_sampler.py >> "$OUT/tests.txt" 2>&1
+  timeout 60 $LAT --repeats 3 2>&1 | filter > "$OUT/latency.txt"
+fi
