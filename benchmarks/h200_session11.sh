@@ -80,3 +80,8 @@ if [ "${1:-a}" = h ]; then
     tests/core/test_graph_placeholders.py tests/core/test_sampler.py >> "$OUT/tests.txt" 2>&1
   timeout 60 $LAT --repeats 3 2>&1 | filter > "$OUT/latency.txt"
 fi
+if [ "${1:-a}" = i ]; then
+  # a batch-1 round's wall time by segment, on the host's clock (h200_round_timeline.py)
+  (cd benchmarks && timeout 150 python3 h200_round_timeline.py --drafter deepspark > "$OUT/timeline.txt" 2>&1)
+  (cd benchmarks && timeout 150 python3 h200_round_timeline.py --drafter draft-model >> "$OUT/timeline.txt" 2>&1)
+fi

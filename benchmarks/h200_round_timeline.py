@@ -1,0 +1,115 @@
+"""Where a batch-1 speculative round's wall time goes, on the host's clock: stamps at the round's
+landmarks (no profiler, so the host runs at its own speed), medians over the rounds of a few
+generates. The device work of a round (about 0.5 ms for the demo pair on the H200) runs from the
+draft loop graph's replay to the verification's wait; the host's time from that wait's end to the
+next round's loop replay is time the device has nothing queued.
+
+    python3 benchmarks/h200_round_timeline.py [--drafter deepspark] [--device sm90] [--prompts 4]
+
+Segments (each from one landmark to the next, in the order a round meets them):
+  wait end -> step end      the rest of the verification step (accept, deliver, emit)
+  step end -> step start    the caller's loop between two engine steps
+  step start -> propose     the engine's step start (hooks), to the drafter's propose
+  propose -> loop replay    the drafter and draft runner up to the loop graph's replay
+  loop replay               the loop graph's input copy and replay launch
+  loop -> verify replay     the rest of the proposal, scheduling, the verification's inputs
+  verify replay             the verification graph's input copy and replay launch
+  verify -> wait end        the LM head, argmax and the wait for the device (device-bound part)
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import statistics
+import time
+
+from deepinfer.bench.spec import stdlib_prompts
+from deepinfer.core import engine as engine_mod
+from deepinfer.core import model_runner as runner_mod
+from deepinfer.core.graphs import DecodeGraphs
+from deepinfer.core.sampling_params import SamplingParams
+from deepinfer.llm import LLM
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--drafter", default="deepspark")
+    ap.add_argument("--device", default="sm90")
+    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--output-len", type=int, default=256)
+    a = ap.parse_args()
+    from deepinfer_builtin.draft_runner import DraftLoopGraphs
+
+    llm = LLM(None, progress=False, device=a.device, plugins=[a.drafter], kv_cache_memory_gb=2)
+    prompts = stdlib_prompts(llm.get_tokenizer(), a.prompts, 64)
+    params = SamplingParams(temperature=0, max_tokens=a.output_len, ignore_eos=True)
+    marks: list[tuple[str, float]] = []
+    clock = time.perf_counter
+
+    def stamp(name, fn, at_end=False):
+        def wrapped(*args, **kwargs):
+            if not at_end:
+                marks.append((name, clock()))
+            out = fn(*args, **kwargs)
+            if at_end:
+                marks.append((name, clock()))
+            return out
+        return wrapped
+
+    eng = engine_mod.LLMEngine
+    drafter_cls = type(llm.engine.drafter)
+    patches = [(eng, "step", lambda f: stamp("step start", stamp("step end", f, at_end=True))),
+               (drafter_cls, "propose", lambda f: stamp("propose", f)),
+               (DraftLoopGraphs, "_upload_and_replay", lambda f: stamp("loop replay", stamp("loop issued", f, True))),
+               (runner_mod.ModelRunner, "_verify", lambda f: stamp("wait end", f, at_end=True))]
+    plain_upload = DecodeGraphs._upload_and_replay
+
+    def verify_upload(self, *args, **kwargs):  # the verification graphs' (not the loop's, not decode's)
+        if self.query_len > 1 and not isinstance(self, DraftLoopGraphs):
+            marks.append(("verify replay", clock()))
+            out = plain_upload(self, *args, **kwargs)
+            marks.append(("verify issued", clock()))
+            return out
+        return plain_upload(self, *args, **kwargs)
+
+    originals = [(cls, name, getattr(cls, name)) for cls, name, _ in patches]
+    for cls, name, wrap in patches:
+        setattr(cls, name, wrap(getattr(cls, name)))
+    DecodeGraphs._upload_and_replay = verify_upload
+    try:
+        llm.generate([{"prompt_token_ids": prompts[0]}], params, use_tqdm=False)  # warm-up
+        marks.clear()
+        t = clock()
+        for p in prompts:
+            llm.generate([{"prompt_token_ids": p}], params, use_tqdm=False)
+        wall = clock() - t
+    finally:
+        for cls, name, fn in originals:
+            setattr(cls, name, fn)
+        DecodeGraphs._upload_and_replay = plain_upload
+    order = ["wait end", "step end", "step start", "propose", "loop replay", "loop issued", "verify replay",
+             "verify issued", "wait end"]
+    # rounds: the stretches from one "wait end" to the next with every landmark once, in order
+    segs: dict[str, list[float]] = {}
+    rounds = 0
+    ends = [i for i, (n, _) in enumerate(marks) if n == "wait end"]
+    for i, j in itertools.pairwise(ends):
+        names = [n for n, _ in marks[i:j + 1]]
+        if names != order:
+            continue
+        rounds += 1
+        for (n0, t0), (n1, t1) in itertools.pairwise(marks[i:j + 1]):
+            segs.setdefault(f"{n0} -> {n1}", []).append((t1 - t0) * 1e6)
+    tokens = a.prompts * a.output_len
+    print(f"{a.drafter} batch 1, {a.prompts} prompts x {a.output_len} tokens: {tokens / wall:.1f} tok/s, "
+          f"{rounds} whole rounds timed")
+    total = 0.0
+    for k, v in segs.items():
+        med = statistics.median(v)
+        total += med
+        print(f"  {k:32s} {med:8.1f} us (median)")
+    print(f"  {'sum of medians (one round)':32s} {total:8.1f} us")
+
+
+if __name__ == "__main__":
+    main()
