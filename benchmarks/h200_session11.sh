@@ -85,3 +85,8 @@ if [ "${1:-a}" = i ]; then
   (cd benchmarks && timeout 150 python3 h200_round_timeline.py --drafter deepspark > "$OUT/timeline.txt" 2>&1)
   (cd benchmarks && timeout 150 python3 h200_round_timeline.py --drafter draft-model >> "$OUT/timeline.txt" 2>&1)
 fi
+if [ "${1:-a}" = j ]; then
+  # the final code: bench spec at batch 1 and 64, every drafter
+  timeout 280 python3 -m deepinfer.cli bench spec --device sm90 --batch 1,64 --drafters none,draft-model,deepspark,ngram \
+    --output-len 256 --repeats 3 2>&1 | filter > "$OUT/spec.txt"
+fi
