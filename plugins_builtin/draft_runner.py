@@ -111,7 +111,7 @@ class DraftLoopGraphs(DecodeGraphs):
         """Each row's greedy token and its probability (the draft's confidence): one fused kernel
         where the device offers it, else softmax and max."""
         logits = self.model.compute_logits(hidden)
-        fused = getattr(getattr(self.model, "fused_ops", None), "argmax_prob", None)
+        fused = getattr(self.fused_ops, "argmax_prob", None)
         return fused(logits) if fused is not None else logits.float().softmax(-1).max(-1)
 
 

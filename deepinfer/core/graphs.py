@@ -36,11 +36,14 @@ def default_batch_sizes(max_num_seqs: int) -> list[int]:
     return sizes
 
 
-def resolve_placeholders(ids: torch.Tensor, prev_tokens: torch.Tensor,
-                         out: torch.Tensor | None = None) -> torch.Tensor:
-    """``ids`` with each negative entry -(r+1) replaced by ``prev_tokens[r]``, on the device, in
-    five small kernels (into ``out``, which may be ``ids`` itself). A device's fused ops may offer
-    the same in one launch (``resolve_placeholders``), which graph replays then use."""
+def resolve_placeholders(ids: torch.Tensor, prev_tokens: torch.Tensor, out: torch.Tensor | None = None,
+                         ops: Any = None) -> torch.Tensor:
+    """``ids`` with each negative entry -(r+1) replaced by ``prev_tokens[r]``, on the device (into
+    ``out``, which may be ``ids`` itself): in one launch where the device's fused ``ops`` offer
+    ``resolve_placeholders``, else in five small torch kernels."""
+    fused = getattr(ops, "resolve_placeholders", None)
+    if fused is not None:
+        return fused(ids, prev_tokens, out=out)
     rows = torch.bitwise_not(ids).clamp_(min=0)  # -(r+1) -> r; real tokens -> 0
     return torch.where(ids < 0, prev_tokens[rows], ids, out=out)
 
@@ -160,9 +163,13 @@ class DecodeGraphs:
     def _replayed(self, batch: StepBatch) -> torch.Tensor:
         # placeholders first, at every replay (a step without placeholders keeps its ids): no
         # launches of their own before the replay
-        fused = getattr(getattr(self.model, "fused_ops", None), "resolve_placeholders", None)
-        (fused or resolve_placeholders)(batch.input_ids, self.prev_tokens, out=batch.input_ids)
+        resolve_placeholders(batch.input_ids, self.prev_tokens, out=batch.input_ids, ops=self.fused_ops)
         return self.captured_work(batch)
+
+    @property
+    def fused_ops(self) -> Any:
+        """The device's fused kernels the model was given (None: plain torch)."""
+        return getattr(self.model, "fused_ops", None)
 
     def captured_work(self, batch: StepBatch) -> torch.Tensor:
         """What a replay computes from the static inputs: one forward (a subclass may do more)."""
@@ -193,7 +200,7 @@ class DecodeGraphs:
         pos[:] = 0
         slots[:] = -1
         lens[:] = 0
-        tab[len(tables):] = 0
+        tab[:] = 0  # (the host buffer is shared by the sizes' layouts: no stale entries)
         for extra in (ctx, single):
             if extra is not None:
                 extra[:] = 0
@@ -205,7 +212,6 @@ class DecodeGraphs:
                 raise ValueError(f"a sequence of this step has {n} tokens; these graphs take {least} to {q}")
             nb = min(len(blocks), self.max_blocks)
             tab[i, :nb] = blocks[:nb]
-            tab[i, nb:] = 0  # no other request's blocks behind this one's
             row = i * q
             ids[row:row + n] = toks
             p = start + np.minimum(offsets, n - 1)  # padding rows repeat the last position (rotary stays in range)
@@ -235,7 +241,7 @@ class DecodeGraphs:
         self._check_placeholders(min(tokens), prev_tokens)
         host = self._next_host(size)
         ids, pos, slots, lens, tab = (host[k] for k in ("ids", "pos", "slots", "lens", "tables"))
-        tab[:size] = 0  # (the host buffer is shared by the sizes' layouts: no stale entries)
+        tab[:] = 0  # (the host buffer is shared by the sizes' layouts: no stale entries)
         ids[:b] = tokens
         ids[b:size] = 0
         pos[:b] = starts
@@ -279,7 +285,7 @@ class DecodeGraphs:
                     mine[:prev_tokens.numel()].copy_(prev_tokens)
             else:  # more than the graph's buffer holds: resolved here, before the replay
                 ids = self.inputs.device(size)["ids"]
-                resolve_placeholders(ids, prev_tokens, out=ids)
+                resolve_placeholders(ids, prev_tokens, out=ids, ops=self.fused_ops)
         replay, out = self._replays[size]
         replay()
         return out

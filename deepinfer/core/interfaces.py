@@ -77,7 +77,7 @@ class Device(Plugin, ABC):
         (the greedy token and its softmax probability, as ``logits.float().softmax(-1).max(-1)``),
         which a draft model's captured rounds use for their confidences, and
         ``resolve_placeholders(ids, values, out=None)`` (``ids`` with each -(r+1) replaced by
-        ``values[r]``), which graph replays then run first."""
+        ``values[r]``), which graph replays and eager steps then use for placeholder tokens."""
         return None
 
     @property

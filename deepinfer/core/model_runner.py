@@ -43,12 +43,13 @@ def _group(slots: np.ndarray, tables: np.ndarray, device: torch.device) -> KVGro
 
 def build_step_batch(seqs: list[tuple[list[int], int, list[int]]], block_size: int,
                      device: torch.device, sliding: list[tuple[list[int], int]] | None = None,
-                     prev_tokens: torch.Tensor | None = None) -> StepBatch:
+                     prev_tokens: torch.Tensor | None = None, ops: Any = None) -> StepBatch:
     """A StepBatch from (token ids to compute, position of the first, block table) per sequence.
 
     ``sliding``, when sliding-window layers keep a KV pool of their own: per sequence, that pool's
     block table and ``replay_until`` (positions before it get no full-attention KV write). A
-    negative token id -(r+1) stands for ``prev_tokens[r]`` (a sample still on the device)."""
+    negative token id -(r+1) stands for ``prev_tokens[r]`` (a sample still on the device),
+    resolved with the device's fused ``ops`` where they offer it (see ``resolve_placeholders``)."""
     bs = block_size
     ids: list[int] = []
     pos_parts, slot_parts, sliding_parts = [], [], []
@@ -76,7 +77,7 @@ def build_step_batch(seqs: list[tuple[list[int], int, list[int]]], block_size: i
     np.cumsum(q_lens, out=qsl[1:])
     input_ids = torch.tensor(ids, dtype=torch.long, device=device)
     if prev_tokens is not None:
-        input_ids = resolve_placeholders(input_ids, prev_tokens)
+        input_ids = resolve_placeholders(input_ids, prev_tokens, ops=ops)
     return StepBatch(
         input_ids=input_ids,
         positions=torch.from_numpy(np.concatenate(pos_parts)).to(device),
@@ -255,7 +256,8 @@ class ModelRunner:
         else:
             if mark is not None:
                 mark()
-            batch = build_step_batch(seqs, self.block_size, self.device, self._sliding(out), prev)
+            batch = build_step_batch(seqs, self.block_size, self.device, self._sliding(out), prev,
+                                     ops=getattr(self.model, "fused_ops", None))
             meta = self.attention.build_metadata(batch)
             hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, meta)
         result = RunnerOutput()
@@ -302,7 +304,7 @@ class ModelRunner:
                 self._prev_rows = {r.request_id: i for i, r in enumerate(sampling)}
                 # their copy to the host runs beside the next step's work, not in line with it
                 flight.host = HostCopy(flight.tokens, aside=True)
-                if flight.tokens.data_ptr() == (buf.data_ptr() if buf is not None else None):
+                if into is not None and flight.tokens.data_ptr() == into.data_ptr():
                     self._buffer_copy = flight.host
         if timing is not None:
             timing[1].record()

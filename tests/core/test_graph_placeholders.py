@@ -98,3 +98,32 @@ def test_packed_inputs_lay_each_size_out_on_its_own_and_upload_only_its_bytes():
     assert dev["tables"].tolist() == [[4] * 5]
     used = p.layouts[1][1]
     assert used < p.device_buffer.numel() and bool((p.device_buffer[used:] == 7).all())  # size 4's bytes untouched
+
+
+class _Ops:
+    """A device's fused ops offering resolve_placeholders (here the torch version, counted)."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def resolve_placeholders(self, ids, values, out=None):
+        from deepinfer.core.graphs import resolve_placeholders
+
+        self.calls += 1
+        return resolve_placeholders(ids, values, out=out)
+
+
+@torch.inference_mode()
+def test_placeholders_go_through_the_devices_fused_op_in_replays_and_eager_steps():
+    from deepinfer.core.model_runner import build_step_batch
+
+    ops = _Ops()
+    model = lambda *a: _ids_model(*a)  # a model object that can carry fused ops
+    model.fused_ops = ops
+    g = DecodeGraphs(model, _Attention(), [], _Replays(), torch.device("cpu"), 4, [1, 2], 16)
+    g.capture()
+    captured = ops.calls  # the captures ran it too
+    assert g.run(2, [-2, 7], [3, 5], [[0, 1], [2, 3]], torch.tensor([11, 12]))[:, 0].tolist() == [12, 7]
+    assert ops.calls == captured + 1
+    batch = build_step_batch([([5, -1], 2, [0, 1])], 4, torch.device("cpu"), prev_tokens=torch.tensor([9]), ops=ops)
+    assert batch.input_ids.tolist() == [5, 9] and ops.calls == captured + 2
