@@ -204,12 +204,12 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, nw_ptr, res_ptr, part_ptr, count_ptr,
                         m_new = tl.maximum(m_i, tl.max(sc, 1))
                         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
                         alpha = tl.exp2(m_i - m_safe)
-                        pr = tl.exp2(sc - m_safe[:, None])
-                        l_i = l_i * alpha + tl.sum(pr, 1)
+                        p = tl.exp2(sc - m_safe[:, None])
+                        l_i = l_i * alpha + tl.sum(p, 1)
                         if IEEE:
-                            pv = tl.dot(pr, vt, input_precision="ieee")
+                            pv = tl.dot(p, vt, input_precision="ieee")
                         else:
-                            pv = tl.dot(pr.to(dot_ty), vt)
+                            pv = tl.dot(p.to(dot_ty), vt)
                         acc = acc * alpha[:, None] + pv
                         m_i = m_new
                     res = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]

@@ -98,9 +98,6 @@ def _all_calls(dtype: torch.dtype, attention_only: bool) -> None:
     kv = torch.zeros(64, 1, 16, dtype=dtype)  # the key and value written into the cache too
     K.gemv_qkv_rotary(x, w, nw, 1e-6, cache[:, 0, :16], cache[:, 0, :16], torch.zeros(1, dtype=torch.int64), 2, 1,
                       pdl=True, kv_cache=(kv, kv, torch.zeros(1, dtype=torch.int64)))
-    at = K.QkvAttention(torch.zeros(1, 4, dtype=torch.int32), torch.ones(1, dtype=torch.int32), 16, 0.25, 8)
-    K.gemv_qkv_rotary(x, w, nw, 1e-6, cache[:, 0, :16], cache[:, 0, :16], torch.zeros(1, dtype=torch.int64), 2, 1,
-                      pdl=True, kv_cache=(kv, kv, torch.zeros(1, dtype=torch.int64)), attention=at)  # and attends
     K.argmax(torch.zeros(2, 5000, dtype=dtype), chunk=4096)  # (without a chunk, 5,000 goes to torch's)
     K.argmax_prob(torch.zeros(2, 5000, dtype=dtype))  # with the softmax probability
     K.resolve_placeholders(torch.tensor([-1, 3]), torch.tensor([7]))
