@@ -2,16 +2,14 @@
 from __future__ import annotations
 
 from deepinfer_kernels._launch import pdl_supported
-from deepinfer_kernels.gemv import gemv
-from deepinfer_kernels.gemv_qkv import gemv_qkv_rotary
+from deepinfer_kernels.gemv import gemv, gemv_qkv_rotary
 
 
 class FusedOps:
     """The fused kernels a CUDA device hands to the models (see ``Device.fused_ops``).
 
     ``single_token_gemv``: offer ``gemv`` and ``gemv_qkv_rotary`` (the models then run steps of a
-    single token through them; None otherwise); ``gemv_qkv_rotary`` also attends when given
-    ``attention=`` (``fuses_decode_attention``). ``pdl``: launch those with programmatic dependent
+    single token through them; None otherwise). ``pdl``: launch those with programmatic dependent
     launch where the GPU supports it.
     """
 
@@ -31,7 +29,6 @@ class FusedOps:
         self.pdl = pdl
         self.gemv = self._gemv if single_token_gemv else None
         self.gemv_qkv_rotary = self._gemv_qkv_rotary if single_token_gemv else None
-        self.fuses_decode_attention = single_token_gemv
 
     def _gemv(self, x, weight, **kwargs):
         return gemv(x, weight, pdl=self.pdl and pdl_supported(x.device), **kwargs)

@@ -26,42 +26,31 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 
 from deepinfer_kernels._launch import counters, kernel, next_pow2
 
 _PLAIN, _SILU_MUL, _ROTARY = 0, 1, 2
-LOG2E = 1.4426950408889634
 
 
 @kernel
 def _gemv_kernel(x_ptr, w_ptr, out_ptr, nw_ptr, res_ptr, part_ptr, count_ptr,
                  cos_ptr, sin_ptr, pos_ptr, qn_ptr, kn_ptr, kc_ptr, vc_ptr, slot_ptr,
-                 ao_ptr, bt_ptr, sl_ptr, acount_ptr, scale_log2, window,
                  eps, qk_eps, stride_w, stride_cp, stride_cs, stride_ch,
                  N: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, MODE: tl.constexpr, PAIR: tl.constexpr,
                  HALF: tl.constexpr, ROT_ROWS: tl.constexpr, Q_ROWS: tl.constexpr,
                  NORM: tl.constexpr, RESIDUAL: tl.constexpr, QK_NORM: tl.constexpr, KV_WRITE: tl.constexpr,
                  D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-                 K_SLICE: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr,
-                 ATTEND: tl.constexpr, GROUP: tl.constexpr, PAGE: tl.constexpr, A_BLOCK_N: tl.constexpr,
-                 A_BLOCK_G: tl.constexpr, A_BLOCK_D: tl.constexpr, A_STAGES: tl.constexpr,
-                 WINDOWED: tl.constexpr, IEEE: tl.constexpr):
+                 K_SLICE: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr):
     b = tl.program_id(0)
     s = tl.program_id(1)
     ty = x_ptr.dtype.element_ty
     n = tl.arange(0, BLOCK_N)
     if MODE == 2:  # BLOCK_N rows of one head's first half; their partners are HALF rows on
         j = (b % (HALF // BLOCK_N)) * BLOCK_N + n
-        if ATTEND:  # a kv head's programs run together: its q heads', then its k's and its v's
-            grp = b // ((HALF // BLOCK_N) * (GROUP + 2))
-            hi = (b // (HALF // BLOCK_N)) % (GROUP + 2)
-            head = tl.where(hi < GROUP, grp * GROUP + hi,
-                            tl.where(hi == GROUP, Q_ROWS // D + grp, ROT_ROWS // D + grp))
-            r1 = head * (2 * HALF) + j
-        else:
-            r1 = (b // (HALF // BLOCK_N)) * (2 * HALF) + j
+        r1 = (b // (HALF // BLOCK_N)) * (2 * HALF) + j
     else:
         j = n
         r1 = b * BLOCK_N + n
@@ -165,56 +154,6 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, nw_ptr, res_ptr, part_ptr, count_ptr,
             tl.store(kc_ptr + at + HALF, o2.to(kd), mask=keep & ~is_v)
             tl.store(vc_ptr + at, o1.to(kd), mask=keep & is_v)
             tl.store(vc_ptr + at + HALF, o2.to(kd), mask=keep & is_v)
-        if ATTEND:  # the kv head's last program to finish attends for its q heads (see QkvAttention)
-            if SPLIT_K > 1:
-                arrived = done == SPLIT_K - 1  # only a row block's last program has stored anything
-            else:
-                arrived = b >= 0
-            if arrived:
-                tl.debug_barrier()  # every warp's stores are made before the release below
-                if tl.atomic_add(acount_ptr + grp, 1, sem="acq_rel") == (HALF // BLOCK_N) * (GROUP + 2) - 1:
-                    seq_len = tl.load(sl_ptr)
-                    lo = 0
-                    if WINDOWED:
-                        lo = tl.maximum(seq_len - window, 0)
-                    ga = tl.arange(0, A_BLOCK_G)
-                    da = tl.arange(0, A_BLOCK_D)
-                    heads = grp * GROUP + ga
-                    q_mask = (ga[:, None] < GROUP) & (da[None, :] < D)
-                    dot_ty = kc_ptr.dtype.element_ty  # as the decode kernel: operands in the cache's dtype
-                    q = tl.load(out_ptr + heads[:, None] * D + da[None, :], mask=q_mask, other=0.0,
-                                cache_modifier=".cg").to(dot_ty)
-                    m_i = tl.full([A_BLOCK_G], float("-inf"), tl.float32)
-                    l_i = tl.zeros([A_BLOCK_G], tl.float32)
-                    acc = tl.zeros([A_BLOCK_G, A_BLOCK_D], tl.float32)
-                    for n0 in tl.range((lo // A_BLOCK_N) * A_BLOCK_N, seq_len, A_BLOCK_N, num_stages=A_STAGES):
-                        key = n0 + tl.arange(0, A_BLOCK_N)
-                        valid = (key >= lo) & (key < seq_len)
-                        page = tl.load(bt_ptr + key // PAGE, mask=valid, other=0)
-                        kv_at = (page.to(tl.int64) * PAGE + key % PAGE)[:, None] * stride_cs + grp * stride_ch \
-                            + da[None, :]
-                        kv_mask = valid[:, None] & (da[None, :] < D)
-                        kt = tl.load(kc_ptr + kv_at, mask=kv_mask, other=0.0, cache_modifier=".cg")
-                        vt = tl.load(vc_ptr + kv_at, mask=kv_mask, other=0.0, cache_modifier=".cg")
-                        if IEEE:  # float32 caches: full-precision products, not TF32
-                            sc = tl.dot(q, tl.trans(kt), input_precision="ieee")
-                        else:
-                            sc = tl.dot(q, tl.trans(kt))
-                        sc = tl.where(valid[None, :], sc * scale_log2, float("-inf"))
-                        m_new = tl.maximum(m_i, tl.max(sc, 1))
-                        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-                        alpha = tl.exp2(m_i - m_safe)
-                        p = tl.exp2(sc - m_safe[:, None])
-                        l_i = l_i * alpha + tl.sum(p, 1)
-                        if IEEE:
-                            pv = tl.dot(p, vt, input_precision="ieee")
-                        else:
-                            pv = tl.dot(p.to(dot_ty), vt)
-                        acc = acc * alpha[:, None] + pv
-                        m_i = m_new
-                    res = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
-                    tl.store(ao_ptr + heads[:, None] * D + da[None, :], res.to(ty), mask=q_mask)
-                    tl.store(acount_ptr + grp, 0)  # zero again for the next launch
     elif RESIDUAL:
         r = tl.load(res_ptr + r1, mask=omask, other=0.0).to(tl.float32)
         tl.store(res_ptr + r1, (y1 + r).to(ty), mask=omask)
@@ -295,7 +234,7 @@ def _check(x: torch.Tensor, weight: torch.Tensor, name: str) -> None:
 
 
 def _launch(x, weight, out, rows, cfg: GemvConfig, mode, pair, *, norm_weight=None, eps=1e-6, residual=None,
-            rotary=None, kv_write=None, attend=None, pdl=False):
+            rotary=None, kv_write=None, pdl=False):
     k = x.shape[1]
     if cfg.split_k < 1 or cfg.block_n < 1 or cfg.block_k < 1:
         raise ValueError(f"a GEMV tile needs positive sizes; got {cfg}")
@@ -308,21 +247,16 @@ def _launch(x, weight, out, rows, cfg: GemvConfig, mode, pair, *, norm_weight=No
         part = count = out
     cos, sin, pos, qn, kn, qk_eps, half, rot_rows, q_rows = rotary or (x, x, x, x, x, 0.0, 1, 0, 0)
     kc, vc, slot = kv_write or (x, x, x)
-    ao, at, a_count, group, a_block_n = attend or (x, None, x, 1, 16)
     _gemv_kernel[(blocks, cfg.split_k)](
         x, weight, out, norm_weight if norm_weight is not None else x, residual if residual is not None else x,
         part, count, cos, sin, pos, qn if qn is not None else x, kn if kn is not None else x, kc, vc, slot,
-        ao, at.block_tables if at else x, at.seq_lens if at else x, a_count, at.scale * LOG2E if at else 0.0,
-        (at.sliding_window or 0) if at else 0, eps, qk_eps, weight.stride(0), cos.stride(0) if rotary else 0, kc.stride(0) if kv_write else 0,
+        eps, qk_eps, weight.stride(0), cos.stride(0) if rotary else 0, kc.stride(0) if kv_write else 0,
         kc.stride(1) if kv_write else 0,
         N=(rows if mode != _ROTARY else weight.shape[0]), K=k, KP=next_pow2(k), MODE=mode, PAIR=pair, HALF=half,
         ROT_ROWS=rot_rows, Q_ROWS=q_rows, NORM=norm_weight is not None, RESIDUAL=residual is not None,
         QK_NORM=qn is not None, KV_WRITE=kv_write is not None, D=2 * half, BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k, K_SLICE=k_slice, PDL=pdl, PREFETCH=cfg.prefetch,
-        ATTEND=at is not None, GROUP=group, PAGE=at.block_size if at else 1, A_BLOCK_N=a_block_n,
-        A_BLOCK_G=max(16, next_pow2(group)), A_BLOCK_D=max(16, next_pow2(2 * half)),
-        A_STAGES=at.num_stages if at else 1, WINDOWED=bool(at and at.sliding_window is not None),
-        IEEE=kc.dtype == torch.float32, num_warps=cfg.num_warps)
+        num_warps=cfg.num_warps)
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: torch.Tensor | None = None, eps: float = 1e-6,
@@ -352,3 +286,91 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: torch.Tensor | N
     out = residual if residual is not None else torch.empty(1, rows, dtype=x.dtype, device=x.device)
     _launch(x, weight, out, rows, cfg, mode, pair, norm_weight=norm_weight, eps=eps, residual=residual, pdl=pdl)
     return out
+
+
+def gemv_qkv_rotary(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor, eps: float,
+                    cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor, num_heads: int,
+                    num_kv_heads: int, q_norm: torch.Tensor | None = None, k_norm: torch.Tensor | None = None,
+                    qk_eps: float = 1e-6, config: GemvConfig | None = None, pdl: bool = False,
+                    kv_cache: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """The fused q | k | v projection of one token: ``rotary(qk_norm(rms_norm(x) @ weight.T))``.
+
+    weight [(H + 2 * KV) * D, K]; cos/sin tables [max_positions, D]; positions [1]. ``q_norm`` and
+    ``k_norm`` [D] (Qwen3) normalise each q and k head first. Returns qkv [1, (H + 2 * KV) * D].
+    ``kv_cache`` (k_cache, v_cache, slot): also write the token's key and value into the paged
+    caches [num_slots, KV, D] at slot [1] (a negative slot: not written), as write_kv_cache
+    would. ``pdl`` as in :func:`gemv`.
+    """
+    _check(x, weight, "gemv_qkv_rotary")
+    d = cos.shape[-1] if cos.dim() == 2 else 0
+    heads = num_heads + 2 * num_kv_heads
+    if d == 0 or d % 2 or weight.shape[0] != heads * d or sin.shape != cos.shape or cos.stride(1) != 1:
+        raise ValueError(f"gemv_qkv_rotary: weight {tuple(weight.shape)} must have (H + 2 KV) * D = "
+                         f"{heads} * D rows, with cos/sin contiguous tables [max_positions, D]; got cos "
+                         f"{tuple(cos.shape)}")
+    if positions.shape != (1,) or norm_weight.shape != (x.shape[1],):
+        raise ValueError(f"gemv_qkv_rotary takes one position and norm_weight [{x.shape[1]}]; got positions "
+                         f"{tuple(positions.shape)}, norm_weight {tuple(norm_weight.shape)}")
+    if (q_norm is None) != (k_norm is None) or (q_norm is not None and (q_norm.shape != (d,) or k_norm.shape != (d,))):
+        raise ValueError(f"q_norm and k_norm must both be given, as weights [{d}], or both be None")
+    half = d // 2
+    if q_norm is not None and half & (half - 1):
+        raise ValueError(f"gemv_qkv_rotary with q/k norm needs a power-of-two half head; head_dim is {d}")
+    if config is None:  # the q/k norm needs whole heads in a program
+        config = default_config(weight.shape[0] // 2, x.shape[1], x.device, paired=True, row_quantum=half,
+                                block_n=half if q_norm is not None else None)
+    cfg = config
+    if q_norm is not None and cfg.block_n != half:
+        raise ValueError(f"gemv_qkv_rotary with q/k norm takes whole heads: block_n must be {half}, not "
+                         f"{cfg.block_n}")
+    if half % cfg.block_n:
+        raise ValueError(f"gemv_qkv_rotary: block_n {cfg.block_n} must divide the half head {half}")
+    if kv_cache is not None:
+        kc, vc, slot = kv_cache
+        if kc.dim() != 3 or kc.shape[1:] != (num_kv_heads, d) or vc.shape != kc.shape or kc.stride(-1) != 1 \
+                or vc.stride() != kc.stride() or vc.dtype != kc.dtype or not kc.dtype.is_floating_point \
+                or slot.shape != (1,) or slot.dtype not in (torch.int32, torch.int64) \
+                or {kc.device, vc.device, slot.device} != {x.device}:
+            raise ValueError(f"gemv_qkv_rotary: kv_cache takes float caches [num_slots, {num_kv_heads}, {d}] of one "
+                             f"dtype with equal strides and an int32/int64 slot [1], all on {x.device}; got "
+                             f"{kc.dtype} {tuple(kc.shape)} on {kc.device} / {vc.dtype} {tuple(vc.shape)}, slot "
+                             f"{slot.dtype} {tuple(slot.shape)} on {slot.device}")
+    out = torch.empty(1, weight.shape[0], dtype=x.dtype, device=x.device)
+    rotary = (cos, sin, positions, q_norm, k_norm, qk_eps, half, (num_heads + num_kv_heads) * d, num_heads * d)
+    _launch(x, weight, out, weight.shape[0] // 2, cfg, _ROTARY, half, norm_weight=norm_weight, eps=eps,
+            rotary=rotary, kv_write=kv_cache, pdl=pdl)
+    return out
+
+
+def _rms_ref(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    h = x.float()
+    return w * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def gemv_ref(x, weight, *, norm_weight=None, eps=1e-6, residual=None, silu_mul=False, config=None, pdl=False):
+    """Torch reference of :func:`gemv` (the eager layers' arithmetic)."""
+    h = _rms_ref(x, norm_weight, eps) if norm_weight is not None else x
+    y = F.linear(h, weight)
+    if silu_mul:
+        gate, up = y.chunk(2, dim=-1)
+        return F.silu(gate) * up
+    if residual is not None:
+        residual.copy_(y + residual)
+        return residual
+    return y
+
+
+def gemv_qkv_rotary_ref(x, weight, norm_weight, eps, cos, sin, positions, num_heads, num_kv_heads,
+                        q_norm=None, k_norm=None, qk_eps=1e-6, config=None, pdl=False, kv_cache=None):
+    """Torch reference of :func:`gemv_qkv_rotary`."""
+    from deepinfer_kernels.kv_cache import write_kv_cache_ref
+    from deepinfer_kernels.rotary import apply_rotary_ref
+
+    d = cos.shape[-1]
+    qkv = F.linear(_rms_ref(x, norm_weight, eps), weight)
+    q, k, v = qkv.split([num_heads * d, num_kv_heads * d, num_kv_heads * d], dim=-1)
+    q, k = apply_rotary_ref(q.view(1, num_heads, d), k.view(1, num_kv_heads, d), cos, sin, positions,
+                            q_norm, k_norm, qk_eps)
+    if kv_cache is not None:
+        write_kv_cache_ref(k, v.view(1, num_kv_heads, d), kv_cache[0], kv_cache[1], kv_cache[2])
+    return torch.cat([q.reshape(1, -1), k.reshape(1, -1), v], dim=-1)

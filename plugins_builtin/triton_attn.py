@@ -54,12 +54,6 @@ class TritonAttentionOptions(BaseModel):
                                       "kernel write the key and value into the cache, and merge the decode "
                                       "splits in the first pass (the same numbers, two launches fewer a layer)")
 
-    single_token_attention: bool = Field(True, description="in steps of a single token, with single_token_fusion, "
-                                         "on devices that do not claim batch invariance: let the device's fused "
-                                         "qkv kernel also attend (each kv head's last program, once its q, k and v "
-                                         "are written: one pass of online softmax, no splits), saving the decode "
-                                         "kernel's launch")
-
     @field_validator("split_size", "single_token_split")
     @classmethod
     def _multiple_of_16(cls, v: int | None, info) -> int | None:
@@ -185,16 +179,6 @@ class TritonAttention(AttentionBackend):
         if not (self.options.single_token_fusion and metadata.decode_only and slots.shape[0] == 1):
             return None
         return kv_cache[0], kv_cache[1], slots
-
-    def fused_decode_attention(self, layer: AttentionLayerSpec, kv_cache: torch.Tensor,
-                               metadata: TritonAttentionMetadata) -> Any | None:
-        # other bits than a batched decode step gets: only where single-token steps already differ
-        if not self.options.single_token_attention or self.single_split is None \
-                or self.fused_kv_write(layer, kv_cache, metadata) is None:
-            return None
-        _, tables, _ = metadata.group(layer.kv_group)
-        return self.kernels.QkvAttention(tables, metadata.seq_lens, metadata.block_size, layer.scale,
-                                         layer.sliding_window)
 
     def forward(self, layer: AttentionLayerSpec, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None,
                 kv_cache: torch.Tensor, metadata: TritonAttentionMetadata) -> torch.Tensor:

@@ -71,9 +71,7 @@ class Device(Plugin, ABC):
         also ``gemv(x, weight, norm_weight=, eps=, residual=, silu_mul=)`` and ``gemv_qkv_rotary``:
         with them, the models run steps of a single token through those (see deepinfer_kernels.gemv;
         ``gemv_qkv_rotary(..., kv_cache=)`` is given what the attention backend's ``fused_kv_write``
-        offers, and must then write the key and value there; ops with ``fuses_decode_attention``
-        true also take ``attention=``, what the backend's ``fused_decode_attention`` offers, and
-        then return the attention output [1, H, D]);
+        offers, and must then write the key and value there);
         and ``argmax(logits)``, which greedy sampling then uses (one that also takes ``out=``, an
         int64 tensor [B], writes the tokens there, saving a copy); optionally ``argmax_prob(logits)``
         (the greedy token and its softmax probability, as ``logits.float().softmax(-1).max(-1)``),
@@ -162,14 +160,6 @@ class AttentionBackend(Plugin, ABC):
         """For a step of one token: (k_cache, v_cache, slot [1]), caches [num_slots, kv_heads, D], for
         the device's fused qkv kernel to write the token's key and value into (a negative slot: not
         written); ``forward`` then gets k and v None. None (the default): forward writes them."""
-        return None
-
-    def fused_decode_attention(self, layer: AttentionLayerSpec, kv_cache: Any, metadata: Any) -> Any | None:
-        """For a step of one token whose cache ``fused_kv_write`` offered: the arguments with which a
-        device's fused qkv kernel also attends (``gemv_qkv_rotary(..., attention=)``, offered by
-        device ops with ``fuses_decode_attention``: deepinfer_kernels.QkvAttention for the CUDA
-        devices), so that ``forward`` is not called for this layer. None (the default): forward
-        attends."""
         return None
 
 

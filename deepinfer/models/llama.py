@@ -42,21 +42,14 @@ class Attention(nn.Module):
         """One token, through the device's GEMV kernels: the input norm, the q/k norms and the
         rotary embedding ride in the qkv projection; returns the attention output [1, H * D]."""
         s = self.spec
-        # the backend may let the qkv kernel write the key and value into its cache directly, and
-        # then attend too
+        # the backend may let the qkv kernel write the key and value into its cache directly
         cache = backend.fused_kv_write(s, kv_cache, meta)
-        fused = {} if cache is None else {"kv_cache": cache}
-        if cache is not None and getattr(ops, "fuses_decode_attention", False):
-            attention = backend.fused_decode_attention(s, kv_cache, meta)
-            if attention is not None:
-                fused["attention"] = attention
         qkv = ops.gemv_qkv_rotary(residual, self.qkv_proj.weight, norm.weight, norm.eps, rotary.cos, rotary.sin,
                                   positions, s.num_heads, s.num_kv_heads,
                                   self.q_norm.weight if self.q_norm is not None else None,
                                   self.k_norm.weight if self.k_norm is not None else None,
-                                  self.q_norm.eps if self.q_norm is not None else 1e-6, **fused)
-        if "attention" in fused:  # the kernel attended: qkv is the attention output [1, H, D]
-            return qkv.reshape(1, self.q_size)
+                                  self.q_norm.eps if self.q_norm is not None else 1e-6,
+                                  **({} if cache is None else {"kv_cache": cache}))
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         if cache is None:
             k, v = k.view(1, s.num_kv_heads, s.head_dim), v.view(1, s.num_kv_heads, s.head_dim)

@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from deepinfer_kernels import GemvConfig, QkvAttention, gemv, gemv_qkv_rotary, gemv_qkv_rotary_ref, gemv_ref
+from deepinfer_kernels import GemvConfig, gemv, gemv_qkv_rotary, gemv_qkv_rotary_ref, gemv_ref
 from deepinfer_kernels._launch import _COUNTERS
-from tests.kernels.paged import DTYPES, i32, randn, random_paged_kv
+from tests.kernels.paged import DTYPES, randn
 
 TOL = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
 #: one program over all of K, and split K (with a ragged last slice, and a loop inside each slice)
@@ -55,19 +55,18 @@ def test_gate_up_with_silu_mul(dtype, cfg, device):
     _close(got, gemv_ref(x, w, norm_weight=nw, silu_mul=True), dtype)
 
 
-def _qkv_args(dtype, device, qk_norm, position=11):
-    """gemv_qkv_rotary's positional arguments: 4 q heads, 2 kv heads, head_dim 8, K = 48, at position."""
+def _qkv_args(dtype, device, qk_norm):
+    """gemv_qkv_rotary's positional arguments: 4 q heads, 2 kv heads, head_dim 8, K = 48, position 11."""
     h, kv, d, k = 4, 2, 8, 48
     x = randn(1, k, dtype=dtype, device=device)
     w = randn((h + 2 * kv) * d, k, dtype=dtype, device=device, seed=1) * 0.3
     nw = randn(k, dtype=dtype, device=device, seed=2)
-    ang = torch.outer(torch.arange(max(16.0, position + 1.0)),
-                      torch.rand(d // 2, generator=torch.Generator().manual_seed(4)))
+    ang = torch.outer(torch.arange(16.0), torch.rand(d // 2, generator=torch.Generator().manual_seed(4)))
     cos = torch.cat([ang, ang], -1).cos().to(dtype).to(device)
     sin = torch.cat([ang, ang], -1).sin().to(dtype).to(device)
     qn = randn(d, dtype=dtype, device=device, seed=5) if qk_norm else None
     kn = randn(d, dtype=dtype, device=device, seed=6) if qk_norm else None
-    return (x, w, nw, 1e-6, cos, sin, torch.tensor([position], device=device), h, kv, qn, kn, 1e-6)
+    return (x, w, nw, 1e-6, cos, sin, torch.tensor([11], device=device), h, kv, qn, kn, 1e-6)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -111,36 +110,6 @@ def test_qkv_writes_the_kv_cache(dtype, qk_norm, slot, device):
         assert torch.equal(caches[1][slot].reshape(-1), got[0, (h + kv) * d:])
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("qk_norm", [False, True])
-@pytest.mark.parametrize("window", [None, 21])
-@pytest.mark.parametrize("split", [1, 2])
-def test_qkv_attends(dtype, qk_norm, window, split, device):
-    """With attention, the kv heads' last programs attend over the paged cache (the new token's key
-    and value included, written by the kernel): the decode attention's reference output, the
-    caches as write_kv_cache leaves them, and the counters zero again. 37 keys in tiles of 16 over
-    pages of 4 (a ragged last tile); a window of 21 starts inside a tile."""
-    pos = 36
-    args = _qkv_args(dtype, device, qk_norm, position=pos)
-    h, kv, d = args[7], args[8], args[4].shape[1]
-    kc, vc, tables = random_paged_kv([pos + 1], 4, kv, d, dtype, device)
-    slot = (tables[0, pos // 4].long() * 4 + pos % 4).reshape(1)
-    want = [kc.clone(), vc.clone()]
-    at = QkvAttention(tables, i32([pos + 1], device), 4, 0.4, window, block_n=16)
-    cfg = GemvConfig(d // 2 if qk_norm else 2, 16, split)
-    for _ in range(2):  # twice: the first launch must leave its counters ready for the next
-        got = gemv_qkv_rotary(*args, config=cfg, kv_cache=(kc, vc, slot), attention=at)
-        ref = gemv_qkv_rotary_ref(*args, kv_cache=(want[0], want[1], slot), attention=at)
-        assert got.shape == (1, h, d) and _counters_zero()
-        _close(got, ref, dtype)
-        _close(kc, want[0], dtype)
-        _close(vc, want[1], dtype)
-    # the window matters here: attending over every key gives another output
-    if window is not None:
-        full = gemv_qkv_rotary_ref(*args, kv_cache=(want[0], want[1], slot), attention=at._replace(sliding_window=None))
-        assert (full - ref).abs().max() > 10 * TOL[dtype]
-
-
 def test_bad_shapes_are_refused(device):
     x = randn(2, 16, dtype=torch.float32, device=device)
     w = randn(8, 16, dtype=torch.float32, device=device)
@@ -169,26 +138,3 @@ def test_fused_ops_offer_the_gemvs_only_when_asked(device):
     x = randn(1, 16, dtype=torch.float32, device=device)
     w = randn(8, 16, dtype=torch.float32, device=device, seed=1)
     _close(on.gemv(x, w), gemv_ref(x, w), torch.float32)  # no PDL off a Hopper GPU; same result on one
-
-
-@pytest.mark.gpu
-def test_qkv_attends_at_llama_shapes(device):
-    """Llama-3.2-1B's attention shapes in bfloat16 (32 q heads, 8 kv heads of 64; K = 2048) over 700
-    keys in pages of 16, with the default tiles: the reference within bfloat16's tolerance."""
-    h, kv, d, k, n = 32, 8, 64, 2048, 700
-    x = randn(1, k, dtype=torch.bfloat16, device=device)
-    w = randn((h + 2 * kv) * d, k, dtype=torch.bfloat16, device=device, seed=1) * 0.02
-    nw = randn(k, dtype=torch.bfloat16, device=device, seed=2)
-    ang = torch.outer(torch.arange(float(n)), torch.rand(d // 2, generator=torch.Generator().manual_seed(4)))
-    cos, sin = (torch.cat([ang, ang], -1).cos().to(device, torch.bfloat16),
-                torch.cat([ang, ang], -1).sin().to(device, torch.bfloat16))
-    kc, vc, tables = random_paged_kv([n], 16, kv, d, torch.bfloat16, device)
-    slot = (tables[0, (n - 1) // 16].long() * 16 + (n - 1) % 16).reshape(1)
-    at = QkvAttention(tables, i32([n], device), 16, d ** -0.5)
-    args = (x, w, nw, 1e-5, cos, sin, torch.tensor([n - 1], device=device), h, kv)
-    want = [kc.clone(), vc.clone()]
-    got = gemv_qkv_rotary(*args, kv_cache=(kc, vc, slot), attention=at)
-    ref = gemv_qkv_rotary_ref(*args, kv_cache=(want[0], want[1], slot), attention=at)
-    _close(got, ref, torch.bfloat16)
-    assert torch.equal(kc, want[0]) or (kc.float() - want[0].float()).abs().max() < 2e-2
-    assert _counters_zero()

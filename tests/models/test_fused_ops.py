@@ -30,21 +30,18 @@ class Counting:
         self.ops, self.calls = ops, {}
     def __getattr__(self, name):
         fn = getattr(self.ops, name)
-        if not callable(fn):
-            return fn
         def counted(*args, **kwargs):
-            key = name + "".join("+" + k for k in ("kv_cache", "attention") if kwargs.get(k) is not None)
+            key = name + "+kv_cache" if kwargs.get("kv_cache") is not None else name
             self.calls[key] = self.calls.get(key, 0) + 1
             return fn(*args, **kwargs)
         return counted
 out = {}
 # "tri": the one-token prompt with the triton backend, whose cache the qkv kernel then writes
-# ("trioff": with that fusion off, the backend writes k and v itself; "triattn": with a CUDA
-# device's FusedOps, which also attend in the qkv kernel)
+# ("trioff": with that fusion off, the backend writes k and v itself)
 off = {"triton": {"single_token_fusion": False}}
 for name, prompts, plugins, opts in (("batch", batch, [], {}), ("one", one, [], {}), ("tri", one, ["triton"], {}),
-                                     ("trioff", one, ["triton"], off), ("triattn", one, ["triton"], {})):
-    ops = Counting(deepinfer_kernels.FusedOps() if name == "triattn" else deepinfer_kernels)
+                                     ("trioff", one, ["triton"], off)):
+    ops = Counting(deepinfer_kernels)
     for fused in (False, True) if not name.startswith("tri") else (True,):
         llm = LLM(path, dtype="float32", block_size=4, progress=False, plugins=plugins, plugin_options=opts)
         if fused:  # as the builder wires a device's fused ops
@@ -81,11 +78,7 @@ def test_fused_kernels_match_plain_layers(tmp_path, arch):
         assert out["tricalls"] == {"gemv_qkv_rotary+kv_cache": layers * steps, "gemv": 3 * layers * steps,
                                    "rms_norm": steps, "argmax": steps}
         assert out["trioffcalls"] == out["onecalls"]  # fusion off: the cache is the backend's to write
-        # ops that attend in the qkv kernel: the backend's decode kernel never runs (see below: the
-        # same tokens as the plain layers)
-        assert out["triattncalls"] == {"gemv_qkv_rotary+kv_cache+attention": layers * steps,
-                                       "gemv": 3 * layers * steps, "rms_norm": steps, "argmax": steps}
-    for name in ("batch", "one", "tri", "trioff", "triattn"):
+    for name in ("batch", "one", "tri", "trioff"):
         plain = out[("one" if name.startswith("tri") else name) + "False"]
         for (tokens, lps), (tokens_f, lps_f) in zip(plain, out[name + "True"], strict=True):
             assert tokens == tokens_f
