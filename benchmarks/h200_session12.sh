@@ -1,0 +1,19 @@
+# H200, session 12, one call each:
+#   run(command="bash benchmarks/h200_session12.sh a", carry=[".whl"], timeout_s=600)
+# after ../shared/gpu/wheels.sh.
+. benchmarks/h200_common.sh
+NOATT='{"triton": {"single_token_attention": false}}'
+if [ "${1:-a}" = a ]; then
+  # (ran at commit 74b8c39, reverted after: see docs/benchmarks.md) decode attention folded into the single-token qkv GEMV (QkvAttention): the kernel tests compiled
+  # (bfloat16 included), the 16-layer chain fused against unfused, a step's device time kernel by
+  # kernel with it on and off, batch 1 end to end interleaved
+  timeout 150 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_gemv.py > "$OUT/tests.txt" 2>&1
+  (cd benchmarks && timeout 120 python3 h200_qkv_attention.py 640 > "$OUT/qkv_log.txt" 2>&1)
+  (cd benchmarks && timeout 120 python3 h200_step_trace.py llama-1b --variants '{}' "$NOATT" > "$OUT/trace_log.txt" 2>&1)
+  for r in 1 2; do
+    for v in '{}' "$NOATT"; do
+      echo "== $v" >> "$OUT/latency.txt"
+      timeout 60 $LAT --repeats 2 --plugin-options "$v" 2>&1 | filter | grep -e "tok/s" -e "first" >> "$OUT/latency.txt"
+    done
+  done
+fi
