@@ -17,3 +17,15 @@ if [ "${1:-a}" = a ]; then
     done
   done
 fi
+if [ "${1:-a}" = b ]; then
+  # decode attention's first tile read before the PDL wait (one tile a split): the kernel tests
+  # compiled, a step's device time kernel by kernel (decode split 128 and 64), batch 1 twice
+  timeout 150 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_paged_attention.py \
+    tests/kernels/test_kv_cache.py > "$OUT/tests.txt" 2>&1
+  (cd benchmarks && timeout 120 python3 h200_step_trace.py llama-1b --variants '{}' \
+    '{"triton": {"single_token_split": 64}}' > "$OUT/trace_log.txt" 2>&1)
+  for v in '{}' '{"triton": {"single_token_split": 64}}' '{}'; do
+    echo "== $v" >> "$OUT/latency.txt"
+    timeout 60 $LAT --repeats 2 --plugin-options "$v" 2>&1 | filter | grep -e "tok/s" -e "first" >> "$OUT/latency.txt"
+  done
+fi
