@@ -37,29 +37,12 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_
                          stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ob, stride_oh,
                          MERGE: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                          BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
-                         WINDOWED: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr):
-    b = tl.program_id(0)
-    kvh = tl.program_id(1)
-    g = tl.arange(0, BLOCK_G)
-    d = tl.arange(0, BLOCK_D)
-    if EARLY:  # (PDL, one tile a split) the cached keys and values of this program's first split are
-        # read before waiting for the previous kernel: they, the lengths and the block tables were
-        # written before it (it waited for everything earlier before letting this kernel start);
-        # only the newest key, at seq_len - 1, may be its to write, and is read after the wait
-        seq_len = tl.load(seq_lens_ptr + b)
-        lo = 0
-        if WINDOWED:
-            lo = tl.maximum(seq_len - window, 0)
-        pos = (lo // SPLIT + tl.program_id(2)) * SPLIT + tl.arange(0, BLOCK_N)
-        early = (pos >= lo) & (pos < seq_len - 1)
-        blk = tl.load(block_tables_ptr + b * stride_bt + pos // BLOCK_SIZE, mask=early, other=0)
-        kv_off = (blk.to(tl.int64) * BLOCK_SIZE + pos % BLOCK_SIZE)[:, None] * stride_cs + kvh * stride_ch + d[None, :]
-        early_mask = early[:, None] & (d[None, :] < HEAD_DIM)
-        k_early = tl.load(k_cache_ptr + kv_off, mask=early_mask, other=0.0)
-        v_early = tl.load(v_cache_ptr + kv_off, mask=early_mask, other=0.0)
+                         WINDOWED: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr):
     if PDL:  # launched early (programmatic dependent launch): wait for the previous kernel first
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
     seq_len = tl.load(seq_lens_ptr + b)
     lo = 0
     if WINDOWED:
@@ -67,6 +50,8 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_
     # never past the partials' buffer, even if the caller's max_seq_len was too small
     num_splits = tl.minimum(tl.where(seq_len > 0, (seq_len - 1) // SPLIT - lo // SPLIT + 1, 0), max_splits)
 
+    g = tl.arange(0, BLOCK_G)
+    d = tl.arange(0, BLOCK_D)
     heads = kvh * GROUP + g
     q_mask = (g[:, None] < GROUP) & (d[None, :] < HEAD_DIM)
     q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=q_mask, other=0.0)
@@ -89,17 +74,8 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_
             slot = blk.to(tl.int64) * BLOCK_SIZE + pos % BLOCK_SIZE
             kv_off = slot[:, None] * stride_cs + kvh * stride_ch + d[None, :]
             kv_mask = valid[:, None] & (d[None, :] < HEAD_DIM)
-            if EARLY:
-                if j == tl.program_id(2):  # the tile read before the wait, with the newest key added
-                    newest = kv_mask & (pos == seq_len - 1)[:, None]
-                    k = tl.where(newest, tl.load(k_cache_ptr + kv_off, mask=newest, other=0.0), k_early)
-                    v = tl.where(newest, tl.load(v_cache_ptr + kv_off, mask=newest, other=0.0), v_early)
-                else:
-                    k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0)
-                    v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0)
-            else:
-                k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0)
-                v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0)
+            k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0)
+            v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0)
             if IEEE:  # float32 caches: full-precision products, not TF32
                 s = tl.dot(q, tl.trans(k), input_precision="ieee")
             else:
@@ -237,7 +213,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         part_out.stride(0), part_out.stride(1), part_out.stride(2), part_lse.stride(0), part_lse.stride(1),
         out.stride(0), out.stride(1), MERGE=merge_in_pass, GROUP=group, HEAD_DIM=d, BLOCK_SIZE=block_size,
         BLOCK_G=max(16, next_pow2(group)), BLOCK_D=max(16, next_pow2(d)), BLOCK_N=block_n, SPLIT=split_size, WINDOWED=sliding_window is not None,
-        IEEE=k_cache.dtype == torch.float32, PDL=pdl, EARLY=pdl and block_n == split_size, **tuning)
+        IEEE=k_cache.dtype == torch.float32, PDL=pdl, **tuning)
     if merge_in_pass:
         return out
     _decode_reduce_kernel[(b, h)](

@@ -126,27 +126,3 @@ def test_programmatic_launch_gives_the_same_bits(window, device):
             plain = paged_decode_attention(*args, merge_in_pass=True)
             early = paged_decode_attention(*args, pdl=True, merge_in_pass=True)
             assert torch.equal(plain, early), (lens, cap)
-
-
-@pytest.mark.gpu
-def test_the_newest_key_is_read_after_the_previous_kernel(device):
-    """With PDL and one tile a split, each program reads its first tile's cached keys before waiting
-    for the previous kernel, but the newest key (seq_len - 1), which that kernel may be writing,
-    only after: here a KV write launched just before (as in a single-token step) replaces garbage
-    at that slot, and the output is the one computed once the write is done."""
-    from deepinfer_kernels import pdl_supported, write_kv_cache
-
-    if not pdl_supported(torch.device(device)):
-        pytest.skip("programmatic dependent launch needs compute capability 9.0+ and Triton 3.4+")
-    for n in (1, 16, 17, 130, 700):
-        k_cache, v_cache, tables = random_paged_kv([n], 16, 8, 64, torch.bfloat16, device)
-        q = randn(1, 32, 64, dtype=torch.bfloat16, device=device)
-        slot = (tables[0, (n - 1) // 16].long() * 16 + (n - 1) % 16).reshape(1)
-        k_new, v_new = (randn(1, 8, 64, dtype=torch.bfloat16, device=device, seed=s) for s in (3, 4))
-        args = (q, k_cache, v_cache, tables, i32([n], device), 16, 0.125, None, 1024, 128)
-        for _ in range(3):
-            k_cache[slot], v_cache[slot] = 1e4, -1e4  # garbage until the write
-            write_kv_cache(k_new, v_new, k_cache, v_cache, slot, pdl=True)
-            early = paged_decode_attention(*args, pdl=True, merge_in_pass=True)
-            torch.cuda.synchronize()
-            assert torch.equal(early, paged_decode_attention(*args, merge_in_pass=True)), n
