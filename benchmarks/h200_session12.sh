@@ -18,7 +18,8 @@ if [ "${1:-a}" = a ]; then
   done
 fi
 if [ "${1:-a}" = b ]; then
-  # decode attention's first tile read before the PDL wait (one tile a split): the kernel tests
+  # (ran at commit da208fc, reverted after: see docs/benchmarks.md) decode attention's first tile
+  # read before the PDL wait (one tile a split): the kernel tests
   # compiled, a step's device time kernel by kernel (decode split 128 and 64), batch 1 twice
   timeout 150 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_paged_attention.py \
     tests/kernels/test_kv_cache.py > "$OUT/tests.txt" 2>&1
@@ -28,4 +29,11 @@ if [ "${1:-a}" = b ]; then
     echo "== $v" >> "$OUT/latency.txt"
     timeout 60 $LAT --repeats 2 --plugin-options "$v" 2>&1 | filter | grep -e "tok/s" -e "first" >> "$OUT/latency.txt"
   done
+fi
+if [ "${1:-a}" = c ]; then
+  # every gpu-marked test on main; at 64 requests, deepspark with its round depth from measured
+  # costs (loop graph off) against draft-model and deepspark as they are, interleaved
+  timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests --ignore=tests/serve > "$OUT/gpu_tests.txt" 2>&1
+  (cd benchmarks && timeout 200 python3 h200_spec_ab.py --batch 64 --prompts 64 \
+    --drafters draft-model,deepspark,deepspark+step,none --runs 3 2>&1 | filter > "$OUT/ab_b64.txt")
 fi

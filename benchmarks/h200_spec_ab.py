@@ -5,7 +5,8 @@ alternating the configurations run by run keeps the drift out of their ratio.
     python3 benchmarks/h200_spec_ab.py --batch 1 --drafters none,deepspark [--runs 9] [--device sm90]
 
 A name ending in ``+host`` is that drafter with ``device_drafts`` off (its drafts copied to the
-host before the verification is prepared); ``+sync``, with the scheduler's overlap off.
+host before the verification is prepared); ``+sync``, with the scheduler's overlap off; ``+step``,
+with ``loop_graph`` off (a round's draft steps one by one, its depth from the drafter's rule).
 
 Each configuration is one LLM (all built first, each with a small KV pool); a run decodes
 ``bench spec``'s held-out prompts (--prompts of them, in batches of --batch); prints every run's
@@ -36,11 +37,14 @@ def main() -> None:
     names = a.drafters.split(",")
     llms = {}
     for name in dict.fromkeys(names):
-        drafter = name.removesuffix("+host").removesuffix("+sync")
+        drafter, *flags = name.split("+")
         plugins = [] if drafter == "none" else [drafter]
-        opts = {drafter: {"device_drafts": False}} if name.endswith("+host") else {}
-        if name.endswith("+sync"):
-            opts = {"fcfs": {"overlap": False}}
+        mine = {"device_drafts": False} if "host" in flags else {}
+        if "step" in flags:  # every round's draft steps one by one (no loop graph)
+            mine["loop_graph"] = False
+        opts = {drafter: mine} if mine else {}
+        if "sync" in flags:
+            opts["fcfs"] = {"overlap": False}
         llms[name] = LLM(None, progress=False, device=a.device, plugins=plugins, kv_cache_memory_gb=2,
                          plugin_options=opts)
     first = next(iter(llms.values()))
