@@ -32,6 +32,16 @@ from ``min_value`` to 0, and what is worth doing is decided by the round depth a
 the steps that still verify eagerly (a batch larger than the largest captured size, a sequence
 longer than ``max_seq_len_to_capture``, a prefill chunk in the step) then verify every draft too.
 
+Rounds that draft nothing (``skip_when_slower``, on by default). Speculating pays only where a
+round's extra tokens outweigh its cost: with a draft nearly as costly as the target (small models
+on a GPU, where each step costs mostly launches and host work), or large batches, plain decode
+steps give more tokens a second. The drafter measures both kinds, each round's generated tokens
+(one a request, plus the accepted drafts) over the time to the next proposal, per batch size class,
+and drafts nothing for a round (the engine then runs a plain decode step) while plain steps are
+the faster; one round in ``explore_every`` runs the other kind, so that a change (longer
+sequences, another batch size, drafts that agree more often) is noticed. The greedy output never
+depends on it. This is vLLM's disabling of speculation by batch size, measured instead of set.
+
 Drafting in one graph (``loop_graph``, on by default). With device graphs, a greedy round's k draft
 steps replay from one graph, so the round costs one launch and one copy to the host whatever its
 depth: deepspark then drafts all k (neither the early stop nor the round depth is consulted, as
@@ -65,6 +75,12 @@ class DeepSparkOptions(DraftModelOptions):
     verify_all_in_graphs: bool = Field(True, description="when the engine verifies in device graphs (k + 1 rows a "
                                                         "request, computed whether verified or not), verify every "
                                                         "drafted token and leave the choice to the round depth")
+    skip_when_slower: bool = Field(True, description="draft nothing for a round (a plain decode step) when plain "
+                                                     "steps have been measured to give more tokens a second than "
+                                                     "speculative rounds at this batch size (greedy output never "
+                                                     "changes)")
+    explore_every: int = Field(16, ge=2, description="with skip_when_slower: after this many rounds of one kind "
+                                                     "in a row, one of the other, so that both stay measured")
     buckets: int = Field(10, ge=1, le=100)
     prior_strength: float = Field(4.0, gt=0.0)
 
@@ -87,6 +103,52 @@ class RoundCosts:
     @property
     def known(self) -> bool:
         return None not in (self.rest, self.step) and self.step > 0
+
+
+class RoundRates:
+    """Seconds per generated token of speculative rounds and of plain steps (rounds that draft
+    nothing), per batch size class (powers of two), as moving averages (a sample over 4x the
+    average, an idle engine between rounds, counts as 4x); and which kind the next round is.
+
+    Only a round that follows one of its own kind is a sample (the first speculative round after
+    plain steps also feeds the draft the tokens it missed). Each kind is measured first, then the
+    faster runs; after ``explore_every - 2`` rounds of it in a row, two of the other."""
+
+    def __init__(self, explore_every: int, weight: float = 0.2) -> None:
+        self.explore_every = explore_every
+        self.weight = weight
+        self.seconds: dict[tuple[bool, int], float] = {}  # (speculative, size class) -> s a token
+        self._runs: dict[int, tuple[bool, int]] = {}       # size class -> (kind, rounds in a row)
+        self._plan: dict[int, list[bool]] = {}             # size class -> the next rounds' kinds
+
+    @staticmethod
+    def size_class(batch: int) -> int:
+        return 1 << max(0, batch - 1).bit_length()
+
+    def record(self, speculative: bool, batch: int, seconds: float, tokens: int) -> None:
+        key = (speculative, self.size_class(batch))
+        sample = max(seconds, 1e-9) / max(tokens, 1)
+        old = self.seconds.get(key)
+        self.seconds[key] = sample if old is None else old + self.weight * (min(sample, 4 * old) - old)
+
+    def speculate(self, batch: int) -> tuple[bool, bool]:
+        """(whether the next round at this batch size drafts, whether it will be a sample)."""
+        size = self.size_class(batch)
+        plan = self._plan.setdefault(size, [])
+        spec, plain = self.seconds.get((True, size)), self.seconds.get((False, size))
+        kind, run = self._runs.get(size, (None, 0))
+        if plan:
+            choice = plan.pop(0)
+        elif spec is None or plain is None:
+            choice = spec is None
+        else:
+            choice = spec <= plain
+            if kind == choice and run >= self.explore_every - 2:
+                choice = not choice
+                plan.append(choice)
+        run = run + 1 if kind == choice else 1
+        self._runs[size] = (choice, run)
+        return choice, run > 1
 
 
 class AcceptanceTable:
@@ -125,6 +187,10 @@ class DeepSparkDrafter(DraftModelDrafter):
         #: request -> buckets of its pending drafts (or its drafts, whose buckets are taken when observed)
         self._buckets: dict[str, list[int] | Draft] = {}
         self.costs = RoundCosts()
+        self.rates = RoundRates(options.explore_every)
+        #: the round under way, if a sample: [speculative, batch, start, tokens so far], closed by
+        #: the next proposal
+        self._round: list | None = None
         self.clock = time.perf_counter
         self._ended: float | None = None  # when the last proposal returned
         self._mark = 0.0                  # the round's last timing point
@@ -181,6 +247,17 @@ class DeepSparkDrafter(DraftModelDrafter):
     def propose(self, requests: list[Request]) -> dict[str, DraftProposal]:
         go_on = self.worth_going_on if self.options.early_stop else None
         start = self._mark = self.clock()
+        if self._round is not None:  # the last round ends here: its tokens over its time
+            speculative, batch, began, tokens = self._round
+            self.rates.record(speculative, batch, start - began, tokens)
+            self._round = None
+        if self.options.skip_when_slower:
+            speculate, sample = self.rates.speculate(len(requests))
+            # every request gains one token; a speculative round adds the accepted drafts (observe)
+            self._round = [speculate, len(requests), start, len(requests)] if sample else None
+            if not speculate:
+                self._ended = None  # (the plain step is not a speculative round's rest)
+                return {}
         if self._ended is not None:
             self.costs.update("rest", start - self._ended)
         # a round the loop graph takes drafts all k (then the rule chooses); the others step by step
@@ -209,6 +286,8 @@ class DeepSparkDrafter(DraftModelDrafter):
         return out
 
     def observe(self, request: Request, num_verified: int, num_accepted: int) -> None:
+        if self._round is not None:
+            self._round[3] += num_accepted
         buckets = self._buckets.pop(request.request_id, None)
         if buckets is None:
             return

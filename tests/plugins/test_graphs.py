@@ -184,10 +184,10 @@ def draft_both(model_dir: str, graphs_factory, drafter: str = "draft-model", loo
     params = [SamplingParams(temperature=0, max_tokens=10, ignore_eos=True, repetition_penalty=1.5), *greedy]
     triton = {"triton": {"split_size": 16}}
     # deepspark: a low bar, so that how many drafts a request verifies varies as acceptance is learnt
-    # (and no timing in its round depth, nor verifying all in graphs: the two runs must draft
-    # alike; with the loop graph no early stop either, since its rounds draft all k; without, the
-    # early stop shrinks a round's rows from one one-token replay to the next)
-    extra = {"min_value": 0.04, "cost_aware": False, "verify_all_in_graphs": False,
+    # (and no timing in its round depth or in skipping rounds, nor verifying all in graphs: the two
+    # runs must draft alike; with the loop graph no early stop either, since its rounds draft all
+    # k; without, the early stop shrinks a round's rows from one one-token replay to the next)
+    extra = {"min_value": 0.04, "cost_aware": False, "verify_all_in_graphs": False, "skip_when_slower": False,
              "early_stop": not loop} if drafter == "deepspark" else {}
     extra["loop_graph"] = loop
     base = LLM(model_dir, plugins=["triton"], progress=False, enforce_eager=True, plugin_options=triton, **engine)

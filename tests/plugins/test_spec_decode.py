@@ -182,10 +182,11 @@ def _timed_deepspark(step_seconds: float, rest_seconds: float, tick: float | Non
     at each position are accepted."""
     import itertools
 
-    from deepinfer_builtin.deepspark import DeepSparkDrafter, DeepSparkOptions, RoundCosts
+    from deepinfer_builtin.deepspark import DeepSparkDrafter, DeepSparkOptions, RoundCosts, RoundRates
 
     d = DeepSparkDrafter.__new__(DeepSparkDrafter)
     d.options = DeepSparkOptions(buckets=1, prior_strength=1.0)
+    d.rates, d._round = RoundRates(d.options.explore_every), None
     d.table = AcceptanceTable(1, 5, 1.0)
     for pos in range(5):
         for i in range(999):
@@ -256,6 +257,83 @@ def test_deepspark_verifying_everything_skips_the_chains_and_learns_the_same():
                                  (9, 0, 5.0, 4.8)])
 
 
+T, F = True, False
+
+
+@pytest.mark.parametrize("spec_faster", [False, True])
+def test_round_rates_run_the_faster_kind_and_explore_the_other(spec_faster):
+    """Each kind is measured from its second round in a row (the first speculative round after
+    plain steps also catches the draft up); then the faster runs, two of the other every
+    explore_every rounds; batch sizes of one power-of-two class share their measurements."""
+    from deepinfer_builtin.deepspark import RoundRates
+
+    r = RoundRates(explore_every=6)
+    kinds, samples = [], []
+    for i in range(16):
+        spec, sample = r.speculate(5 + i % 4)  # 5..8: one size class
+        kinds.append(spec)
+        samples.append(sample)
+        if sample:  # speculative: 3 s for 32 tokens (faster) or 16 (slower); plain: 1 s for 8
+            r.record(spec, 8, 3.0 if spec else 1.0, (32 if spec_faster else 16) if spec else 8)
+    if spec_faster:
+        assert kinds == [T, T, F, F, T, T, T, T, F, F, T, T, T, T, F, F]
+    else:
+        assert kinds == [T, T, F, F, F, F, T, T, F, F, F, F, T, T, F, F]
+    explore = 8 if spec_faster else 6  # a kind's first round in a row is no sample
+    assert samples[:4] == [F, T, F, T] and samples[explore:explore + 2] == [F, T]
+    assert r.speculate(9) == (T, F)  # another size class starts measuring
+    # an idle engine between rounds: a sample counts as 4x the average at most
+    before = r.seconds[(F, 8)]
+    r.record(F, 8, 1000.0, 8)
+    assert r.seconds[(F, 8)] == pytest.approx(before + 0.2 * 3 * before)
+
+
+def test_deepspark_drafts_nothing_while_plain_steps_are_faster():
+    """Timed by its clock, deepspark's speculative rounds (3 s for 2 tokens) lose to plain steps
+    (1 s a token): after measuring both it proposes nothing, but for two rounds in every
+    explore_every."""
+    from types import SimpleNamespace
+
+    from deepinfer_builtin.deepspark import RoundRates
+    from deepinfer_builtin.draft_runner import Draft
+
+    d = _timed_deepspark(step_seconds=0.001, rest_seconds=0.010)
+    d.rates, d._ended, d._buckets, d.k = RoundRates(6), None, {}, 5
+    d.runner = SimpleNamespace(propose=lambda requests, k, *a, whole_rounds, lazy: {"a": Draft([5], None, [0.9])})
+    now = [0.0]
+    d.clock = lambda: now[0]
+    req = SimpleNamespace(request_id="a")
+    drafted = []
+    for _ in range(14):
+        props = d.propose([req])
+        drafted.append(bool(props))
+        if props:
+            d.observe(req, 1, 1)  # its draft accepted: 2 tokens this round
+        now[0] += 3.0 if props else 1.0
+    assert drafted == [T, T, F, F, F, F, T, T, F, F, F, F, T, T]
+    assert d.rates.seconds == {(T, 1): 1.5, (F, 1): 1.0}
+
+
+def test_deepspark_mixing_plain_and_speculative_rounds_is_lossless(demo_reference):
+    """With explore_every 2 deepspark alternates plain steps and speculative rounds whatever the
+    timings: the greedy output stays the target's, every pool is free after."""
+    llm = LLM(progress=False, dtype="float32", plugins=["deepspark"],
+              plugin_options={"deepspark": {"explore_every": 2}})
+    drafter, kinds = llm.engine.drafter, []
+    propose = drafter.propose
+
+    def recording(requests):
+        out = propose(requests)
+        kinds.append(bool(out))
+        return out
+
+    drafter.propose = recording
+    params = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
+    assert [o.outputs[0].token_ids for o in llm.generate(DEMO_PROMPTS, params, use_tqdm=False)] == demo_reference
+    assert T in kinds and F in kinds
+    _assert_pools_free(llm)
+
+
 def test_deepspark_without_cost_awareness_always_goes_on():
     d = _timed_deepspark(step_seconds=0.005, rest_seconds=0.002)
     d.options = d.options.model_copy(update={"cost_aware": False})
@@ -272,7 +350,8 @@ def test_deepspark_stops_drafting_what_it_would_not_verify(demo_reference):
     params = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
     for early in (True, False):
         llm = LLM(progress=False, dtype="float32", plugins=["deepspark"],
-                  plugin_options={"deepspark": {"early_stop": early, "min_value": 0.4, "cost_aware": False}})
+                  plugin_options={"deepspark": {"early_stop": early, "min_value": 0.4, "cost_aware": False,
+                                                "skip_when_slower": False}})
         outs = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
         runs[early] = outs, llm.get_metrics()
         _assert_pools_free(llm)
