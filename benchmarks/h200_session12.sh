@@ -37,3 +37,11 @@ if [ "${1:-a}" = c ]; then
   (cd benchmarks && timeout 200 python3 h200_spec_ab.py --batch 64 --prompts 64 \
     --drafters draft-model,deepspark,deepspark+step,none --runs 3 2>&1 | filter > "$OUT/ab_b64.txt")
 fi
+if [ "${1:-a}" = d ]; then
+  # deepspark's rounds that draft nothing (skip_when_slower) against it drafting every round,
+  # draft-model and no drafter (with the scheduler's overlap and without), interleaved, batch 1 and 64
+  (cd benchmarks && timeout 200 python3 h200_spec_ab.py --batch 1 \
+    --drafters none,deepspark,deepspark+always,draft-model,none+sync --runs 5 2>&1 | filter > "$OUT/ab_b1.txt")
+  (cd benchmarks && timeout 200 python3 h200_spec_ab.py --batch 64 --prompts 64 \
+    --drafters draft-model,deepspark,deepspark+always,none,none+sync --runs 3 2>&1 | filter > "$OUT/ab_b64.txt")
+fi
