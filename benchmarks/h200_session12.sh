@@ -45,3 +45,10 @@ if [ "${1:-a}" = d ]; then
   (cd benchmarks && timeout 200 python3 h200_spec_ab.py --batch 64 --prompts 64 \
     --drafters draft-model,deepspark,deepspark+always,none,none+sync --runs 3 2>&1 | filter > "$OUT/ab_b64.txt")
 fi
+if [ "${1:-a}" = e ]; then
+  # call d again after the looks at the slower kind grew ever rarer (the gap doubling)
+  (cd benchmarks && timeout 200 python3 h200_spec_ab.py --batch 1 \
+    --drafters none,deepspark,deepspark+always,draft-model --runs 5 2>&1 | filter > "$OUT/ab_b1.txt")
+  (cd benchmarks && timeout 200 python3 h200_spec_ab.py --batch 64 --prompts 64 \
+    --drafters draft-model,deepspark,deepspark+always,none --runs 3 2>&1 | filter > "$OUT/ab_b64.txt")
+fi

@@ -80,6 +80,11 @@ def main() -> None:
         rate = tokens / statistics.median(s)
         print(f"{n:12s} median {rate:10.1f} tok/s  {rate / base:5.2f}x  runs(s): "
               + " ".join(f"{x:.3f}" for x in s))
+    for n, llm in llms.items():  # deepspark's measured seconds a token, speculative and plain rounds
+        rates = getattr(llm.engine.drafter, "rates", None)
+        if rates is not None and rates.seconds:
+            print(f"{n}: us a token " + ", ".join(f"{'spec' if spec else 'plain'}@{size} {sec * 1e6:.1f}"
+                                                 for (spec, size), sec in sorted(rates.seconds.items())))
 
 
 if __name__ == "__main__":

@@ -38,8 +38,11 @@ on a GPU, where each step costs mostly launches and host work), or large batches
 steps give more tokens a second. The drafter measures both kinds, each round's generated tokens
 (one a request, plus the accepted drafts) over the time to the next proposal, per batch size class,
 and drafts nothing for a round (the engine then runs a plain decode step) while plain steps are
-the faster; one round in ``explore_every`` runs the other kind, so that a change (longer
-sequences, another batch size, drafts that agree more often) is noticed. The greedy output never
+the faster; now and then two rounds of the other kind run, so that a change (longer sequences,
+drafts that agree more often) is noticed: after ``explore_every`` rounds at first, then ever less
+often (the gap doubles with every look that finds the same kind faster, up to 1,024 rounds),
+since the first speculative round after plain steps costs extra (it feeds the draft the tokens it
+missed). The greedy output never
 depends on it. This is vLLM's disabling of speculation by batch size, measured instead of set.
 
 Drafting in one graph (``loop_graph``, on by default). With device graphs, a greedy round's k draft
@@ -79,8 +82,10 @@ class DeepSparkOptions(DraftModelOptions):
                                                      "steps have been measured to give more tokens a second than "
                                                      "speculative rounds at this batch size (greedy output never "
                                                      "changes)")
-    explore_every: int = Field(16, ge=2, description="with skip_when_slower: after this many rounds of one kind "
-                                                     "in a row, one of the other, so that both stay measured")
+    explore_every: int = Field(16, ge=2, description="with skip_when_slower: after this many rounds, two of the "
+                                                     "slower kind, so that both stay measured (the gap doubles "
+                                                     "with every look that finds the same kind faster, up to "
+                                                     "1,024 rounds)")
     buckets: int = Field(10, ge=1, le=100)
     prior_strength: float = Field(4.0, gt=0.0)
 
@@ -112,14 +117,19 @@ class RoundRates:
 
     Only a round that follows one of its own kind is a sample (the first speculative round after
     plain steps also feeds the draft the tokens it missed). Each kind is measured first, then the
-    faster runs; after ``explore_every - 2`` rounds of it in a row, two of the other."""
+    faster runs; after ``gap - 2`` rounds of it in a row, two of the other. The gap starts at
+    ``explore_every`` and doubles with every such look at the other kind, up to ``max_gap``: a
+    look costs (a speculative round after plain steps catches the draft up), and the faster kind
+    mostly stays the faster; when the other turns out faster, the gap starts over."""
 
-    def __init__(self, explore_every: int, weight: float = 0.2) -> None:
+    def __init__(self, explore_every: int, weight: float = 0.2, max_gap: int = 1024) -> None:
         self.explore_every = explore_every
         self.weight = weight
+        self.max_gap = max(max_gap, explore_every)
         self.seconds: dict[tuple[bool, int], float] = {}  # (speculative, size class) -> s a token
         self._runs: dict[int, tuple[bool, int]] = {}       # size class -> (kind, rounds in a row)
         self._plan: dict[int, list[bool]] = {}             # size class -> the next rounds' kinds
+        self._best: dict[int, tuple[bool, int]] = {}       # size class -> (the faster kind, gap)
 
     @staticmethod
     def size_class(batch: int) -> int:
@@ -143,9 +153,14 @@ class RoundRates:
             choice = spec is None
         else:
             choice = spec <= plain
-            if kind == choice and run >= self.explore_every - 2:
+            best, gap = self._best.get(size, (choice, self.explore_every))
+            if best != choice:
+                gap = self.explore_every
+            if kind == choice and run >= gap - 2:
                 choice = not choice
                 plan.append(choice)
+                gap = min(2 * gap, self.max_gap)
+            self._best[size] = (not choice if plan else choice, gap)
         run = run + 1 if kind == choice else 1
         self._runs[size] = (choice, run)
         return choice, run > 1

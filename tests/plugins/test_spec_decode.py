@@ -261,26 +261,40 @@ T, F = True, False
 
 
 @pytest.mark.parametrize("spec_faster", [False, True])
-def test_round_rates_run_the_faster_kind_and_explore_the_other(spec_faster):
+def test_round_rates_run_the_faster_kind_and_look_at_the_other_ever_less_often(spec_faster):
     """Each kind is measured from its second round in a row (the first speculative round after
-    plain steps also catches the draft up); then the faster runs, two of the other every
-    explore_every rounds; batch sizes of one power-of-two class share their measurements."""
+    plain steps also catches the draft up); then the faster runs, with two rounds of the other
+    after gap - 2 of it, the gap doubling from explore_every with each look that finds the same
+    kind faster, and starting over when the other turns out faster. Batch sizes of one
+    power-of-two class share their measurements."""
     from deepinfer_builtin.deepspark import RoundRates
 
     r = RoundRates(explore_every=6)
-    kinds, samples = [], []
-    for i in range(16):
-        spec, sample = r.speculate(5 + i % 4)  # 5..8: one size class
-        kinds.append(spec)
-        samples.append(sample)
-        if sample:  # speculative: 3 s for 32 tokens (faster) or 16 (slower); plain: 1 s for 8
-            r.record(spec, 8, 3.0 if spec else 1.0, (32 if spec_faster else 16) if spec else 8)
+    kinds, samples, bests = [], [], []
+
+    def rounds(n, spec_tokens):
+        for i in range(n):
+            spec, sample = r.speculate(5 + i % 4)  # 5..8: one size class
+            kinds.append(spec)
+            samples.append(sample)
+            bests.append(r._best.get(8))
+            if sample:  # speculative: 3 s for spec_tokens; plain: 1 s for 8 tokens
+                r.record(spec, 8, 3.0 if spec else 1.0, spec_tokens if spec else 8)
+
+    rounds(24, 32 if spec_faster else 16)
+    fast, slow = (T, F) if spec_faster else (F, T)
     if spec_faster:
-        assert kinds == [T, T, F, F, T, T, T, T, F, F, T, T, T, T, F, F]
+        assert kinds == [T, T, F, F, T, T, T, T, F, F] + [T] * 10 + [F, F, T, T]
     else:
-        assert kinds == [T, T, F, F, F, F, T, T, F, F, F, F, T, T, F, F]
+        assert kinds == [T, T, F, F, F, F, T, T] + [F] * 10 + [T, T] + [F] * 4
     explore = 8 if spec_faster else 6  # a kind's first round in a row is no sample
     assert samples[:4] == [F, T, F, T] and samples[explore:explore + 2] == [F, T]
+    assert r._best[8] == (fast, 24)
+    # the slower kind turns faster: a few looks later it runs, and its gap starts over
+    rounds(200, 8 if spec_faster else 64)
+    assert r._best[8][0] == slow and kinds[-10:].count(slow) >= 8
+    flip = next(i for i, b in enumerate(bests) if b is not None and b[0] == slow)
+    assert bests[flip - 1][1] >= 24 and bests[flip][1] in (6, 12)  # (12: a look at once)
     assert r.speculate(9) == (T, F)  # another size class starts measuring
     # an idle engine between rounds: a sample counts as 4x the average at most
     before = r.seconds[(F, 8)]
@@ -290,8 +304,7 @@ def test_round_rates_run_the_faster_kind_and_explore_the_other(spec_faster):
 
 def test_deepspark_drafts_nothing_while_plain_steps_are_faster():
     """Timed by its clock, deepspark's speculative rounds (3 s for 2 tokens) lose to plain steps
-    (1 s a token): after measuring both it proposes nothing, but for two rounds in every
-    explore_every."""
+    (1 s a token): after measuring both it proposes nothing, but for two rounds now and then."""
     from types import SimpleNamespace
 
     from deepinfer_builtin.deepspark import RoundRates
@@ -310,7 +323,7 @@ def test_deepspark_drafts_nothing_while_plain_steps_are_faster():
         if props:
             d.observe(req, 1, 1)  # its draft accepted: 2 tokens this round
         now[0] += 3.0 if props else 1.0
-    assert drafted == [T, T, F, F, F, F, T, T, F, F, F, F, T, T]
+    assert drafted == [T, T, F, F, F, F, T, T, F, F, F, F, F, F]  # the second look comes later
     assert d.rates.seconds == {(T, 1): 1.5, (F, 1): 1.0}
 
 
