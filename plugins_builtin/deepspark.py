@@ -36,7 +36,8 @@ Rounds that draft nothing (``skip_when_slower``, on by default). Speculating pay
 round's extra tokens outweigh its cost: with a draft nearly as costly as the target (small models
 on a GPU, where each step costs mostly launches and host work), or large batches, plain decode
 steps give more tokens a second. The drafter measures both kinds, each round's generated tokens
-(one a request, plus the accepted drafts) over the time to the next proposal, per batch size class,
+(one a request, plus the accepted drafts) over the time to the next proposal (unless a request
+joined meanwhile, whose prompt was then computed in between), per batch size class,
 and drafts nothing for a round (the engine then runs a plain decode step) while plain steps are
 the faster; now and then two rounds of the other kind run, so that a change (longer sequences,
 drafts that agree more often) is noticed: after ``explore_every`` rounds at first, then ever less
@@ -203,8 +204,8 @@ class DeepSparkDrafter(DraftModelDrafter):
         self._buckets: dict[str, list[int] | Draft] = {}
         self.costs = RoundCosts()
         self.rates = RoundRates(options.explore_every)
-        #: the round under way, if a sample: [speculative, batch, start, tokens so far], closed by
-        #: the next proposal
+        #: the round under way, if a sample: [speculative, batch, start, tokens so far, request ids],
+        #: closed by the next proposal
         self._round: list | None = None
         self.clock = time.perf_counter
         self._ended: float | None = None  # when the last proposal returned
@@ -262,14 +263,17 @@ class DeepSparkDrafter(DraftModelDrafter):
     def propose(self, requests: list[Request]) -> dict[str, DraftProposal]:
         go_on = self.worth_going_on if self.options.early_stop else None
         start = self._mark = self.clock()
-        if self._round is not None:  # the last round ends here: its tokens over its time
-            speculative, batch, began, tokens = self._round
-            self.rates.record(speculative, batch, start - began, tokens)
+        if self._round is not None:  # the last round ends here: its tokens over its time, unless
+            # a request joined since (its prompt was computed in between: not the round's cost)
+            speculative, batch, began, tokens, ids = self._round
+            if all(r.request_id in ids for r in requests):
+                self.rates.record(speculative, batch, start - began, tokens)
             self._round = None
         if self.options.skip_when_slower:
             speculate, sample = self.rates.speculate(len(requests))
             # every request gains one token; a speculative round adds the accepted drafts (observe)
-            self._round = [speculate, len(requests), start, len(requests)] if sample else None
+            if sample:
+                self._round = [speculate, len(requests), start, len(requests), {r.request_id for r in requests}]
             if not speculate:
                 self._ended = None  # (the plain step is not a speculative round's rest)
                 return {}

@@ -325,6 +325,20 @@ def test_deepspark_drafts_nothing_while_plain_steps_are_faster():
         now[0] += 3.0 if props else 1.0
     assert drafted == [T, T, F, F, F, F, T, T, F, F, F, F, F, F]  # the second look comes later
     assert d.rates.seconds == {(T, 1): 1.5, (F, 1): 1.0}
+    # a round after which another request joined (its prompt computed meanwhile) is no sample
+    other = SimpleNamespace(request_id="b")
+    now[0] += 4.0  # (as a sample, 5 s for a token would move the plain average)
+    d.propose([req, other])
+    assert d.rates.seconds == {(T, 1): 1.5, (F, 1): 1.0}
+    # one that a request left is: two speculative rounds of two requests (the second a sample:
+    # 3 tokens in 3 s), then one of them alone
+    now[0] += 3.0
+    assert d.propose([req, other])
+    d.observe(req, 1, 1)
+    now[0] += 3.0
+    assert (T, 2) not in d.rates.seconds
+    d.propose([req])
+    assert d.rates.seconds[(T, 2)] == 1.0
 
 
 def test_deepspark_mixing_plain_and_speculative_rounds_is_lossless(demo_reference):
