@@ -35,11 +35,11 @@ longer than ``max_seq_len_to_capture``, a prefill chunk in the step) then verify
 Rounds that draft nothing (``skip_when_slower``, on by default). Speculating pays only where a
 round's extra tokens outweigh its cost: with a draft nearly as costly as the target (small models
 on a GPU, where each step costs mostly launches and host work), or large batches, plain decode
-steps give more tokens a second. The drafter measures both kinds, each round's generated tokens
-(one a request, plus the accepted drafts) over the time to the next proposal (unless a request
-joined meanwhile, whose prompt was then computed in between), per batch size class,
+steps give more tokens a second. The drafter measures both kinds, rounds' generated tokens (one
+a request, plus the accepted drafts) against their time to the next proposal (unless a request
+joined meanwhile, whose prompt was then computed in between), per batch size class (RoundRates),
 and drafts nothing for a round (the engine then runs a plain decode step) while plain steps are
-the faster; now and then two rounds of the other kind run, so that a change (longer sequences,
+the faster; now and then four rounds of the other kind run, so that a change (longer sequences,
 drafts that agree more often) is noticed: after ``explore_every`` rounds at first, then ever less
 often (the gap doubles with every look that finds the same kind faster, up to 1,024 rounds),
 since the first speculative round after plain steps costs extra (it feeds the draft the tokens it
@@ -83,10 +83,10 @@ class DeepSparkOptions(DraftModelOptions):
                                                      "steps have been measured to give more tokens a second than "
                                                      "speculative rounds at this batch size (greedy output never "
                                                      "changes)")
-    explore_every: int = Field(16, ge=2, description="with skip_when_slower: after this many rounds, two of the "
-                                                     "slower kind, so that both stay measured (the gap doubles "
-                                                     "with every look that finds the same kind faster, up to "
-                                                     "1,024 rounds)")
+    explore_every: int = Field(16, ge=2, description="with skip_when_slower: after this many rounds, four of "
+                                                     "the slower kind, so that both stay measured (the gap "
+                                                     "doubles with every look that finds the same kind faster, "
+                                                     "up to 1,024 rounds)")
     buckets: int = Field(10, ge=1, le=100)
     prior_strength: float = Field(4.0, gt=0.0)
 
@@ -113,21 +113,25 @@ class RoundCosts:
 
 class RoundRates:
     """Seconds per generated token of speculative rounds and of plain steps (rounds that draft
-    nothing), per batch size class (powers of two), as moving averages (a sample over 4x the
-    average, an idle engine between rounds, counts as 4x); and which kind the next round is.
+    nothing), per batch size class (powers of two): moving averages of a round's seconds and of its
+    tokens, whose ratio is the rate (a speculative round's tokens vary, so averaging each round's
+    own ratio would overstate its cost; a round over 4x the average seconds, an idle engine, counts
+    as 4x); and which kind the next round is.
 
-    Only a round that follows one of its own kind is a sample (the first speculative round after
-    plain steps also feeds the draft the tokens it missed). Each kind is measured first, then the
-    faster runs; after ``gap - 2`` rounds of it in a row, two of the other. The gap starts at
-    ``explore_every`` and doubles with every such look at the other kind, up to ``max_gap``: a
-    look costs (a speculative round after plain steps catches the draft up), and the faster kind
-    mostly stays the faster; when the other turns out faster, the gap starts over."""
+    Rounds of a kind run ``look`` in a row, of which all but the first are samples (the first
+    speculative round after plain steps also feeds the draft the tokens it missed). Each kind is
+    measured first, then the faster runs; after ``gap - look`` rounds of it, ``look`` of the
+    other. The gap starts at ``explore_every`` and doubles with every look that finds the same
+    kind faster, up to ``max_gap``: a look costs, and the faster kind mostly stays the faster;
+    when the other turns out faster, the gap starts over."""
 
-    def __init__(self, explore_every: int, weight: float = 0.2, max_gap: int = 1024) -> None:
-        self.explore_every = explore_every
+    def __init__(self, explore_every: int, weight: float = 0.2, max_gap: int = 1024, look: int = 4) -> None:
+        self.explore_every = max(explore_every, 2)
         self.weight = weight
         self.max_gap = max(max_gap, explore_every)
-        self.seconds: dict[tuple[bool, int], float] = {}  # (speculative, size class) -> s a token
+        self.look = min(look, self.explore_every)
+        #: (speculative, size class) -> moving averages [seconds, tokens] of a round
+        self.rounds: dict[tuple[bool, int], list[float]] = {}
         self._runs: dict[int, tuple[bool, int]] = {}       # size class -> (kind, rounds in a row)
         self._plan: dict[int, list[bool]] = {}             # size class -> the next rounds' kinds
         self._best: dict[int, tuple[bool, int]] = {}       # size class -> (the faster kind, gap)
@@ -136,30 +140,42 @@ class RoundRates:
     def size_class(batch: int) -> int:
         return 1 << max(0, batch - 1).bit_length()
 
+    @property
+    def seconds(self) -> dict[tuple[bool, int], float]:
+        """Seconds a token, per (speculative, size class) measured."""
+        return {key: sec / tok for key, (sec, tok) in self.rounds.items()}
+
     def record(self, speculative: bool, batch: int, seconds: float, tokens: int) -> None:
         key = (speculative, self.size_class(batch))
-        sample = max(seconds, 1e-9) / max(tokens, 1)
-        old = self.seconds.get(key)
-        self.seconds[key] = sample if old is None else old + self.weight * (min(sample, 4 * old) - old)
+        seconds, tokens = max(seconds, 1e-9), max(tokens, 1)
+        avg = self.rounds.get(key)
+        if avg is None:
+            self.rounds[key] = [seconds, float(tokens)]
+            return
+        w = self.weight
+        avg[0] += w * (min(seconds, 4 * avg[0]) - avg[0])
+        avg[1] += w * (tokens - avg[1])
 
     def speculate(self, batch: int) -> tuple[bool, bool]:
         """(whether the next round at this batch size drafts, whether it will be a sample)."""
         size = self.size_class(batch)
         plan = self._plan.setdefault(size, [])
-        spec, plain = self.seconds.get((True, size)), self.seconds.get((False, size))
+        rates = self.seconds
+        spec, plain = rates.get((True, size)), rates.get((False, size))
         kind, run = self._runs.get(size, (None, 0))
         if plan:
             choice = plan.pop(0)
         elif spec is None or plain is None:
             choice = spec is None
+            plan.extend([choice] * (self.look - 1))
         else:
             choice = spec <= plain
             best, gap = self._best.get(size, (choice, self.explore_every))
             if best != choice:
                 gap = self.explore_every
-            if kind == choice and run >= gap - 2:
+            if kind == choice and run >= gap - self.look:
                 choice = not choice
-                plan.append(choice)
+                plan.extend([choice] * (self.look - 1))
                 gap = min(2 * gap, self.max_gap)
             self._best[size] = (not choice if plan else choice, gap)
         run = run + 1 if kind == choice else 1

@@ -262,11 +262,11 @@ T, F = True, False
 
 @pytest.mark.parametrize("spec_faster", [False, True])
 def test_round_rates_run_the_faster_kind_and_look_at_the_other_ever_less_often(spec_faster):
-    """Each kind is measured from its second round in a row (the first speculative round after
-    plain steps also catches the draft up); then the faster runs, with two rounds of the other
-    after gap - 2 of it, the gap doubling from explore_every with each look that finds the same
-    kind faster, and starting over when the other turns out faster. Batch sizes of one
-    power-of-two class share their measurements."""
+    """Each kind runs four rounds at a time, measured from the second (the first speculative round
+    after plain steps also catches the draft up); after measuring both, the faster runs, with looks
+    at the other after gap - 4 rounds of it, the gap doubling from explore_every with each look
+    that finds the same kind faster, and starting over when the other turns out faster. Batch
+    sizes of one power-of-two class share their measurements."""
     from deepinfer_builtin.deepspark import RoundRates
 
     r = RoundRates(explore_every=6)
@@ -283,13 +283,15 @@ def test_round_rates_run_the_faster_kind_and_look_at_the_other_ever_less_often(s
 
     rounds(24, 32 if spec_faster else 16)
     fast, slow = (T, F) if spec_faster else (F, T)
+    # four of each kind, then the faster (the initial rounds count towards its run), looks of four
+    # at the other after 2, 8, 20 ... rounds of it
     if spec_faster:
-        assert kinds == [T, T, F, F, T, T, T, T, F, F] + [T] * 10 + [F, F, T, T]
+        assert kinds == [T] * 4 + [F] * 4 + [T] * 2 + [F] * 4 + [T] * 8 + [F] * 2
     else:
-        assert kinds == [T, T, F, F, F, F, T, T] + [F] * 10 + [T, T] + [F] * 4
-    explore = 8 if spec_faster else 6  # a kind's first round in a row is no sample
-    assert samples[:4] == [F, T, F, T] and samples[explore:explore + 2] == [F, T]
-    assert r._best[8] == (fast, 24)
+        assert kinds == [T] * 4 + [F] * 4 + [T] * 4 + [F] * 8 + [T] * 4
+    look = 10 if spec_faster else 8
+    assert samples[:8] == [F, T, T, T] * 2 and samples[look:look + 4] == [F, T, T, T]
+    assert r._best[8] == (fast, 24) and r.seconds[(T, 8)] == (3 / 32 if spec_faster else 3 / 16)
     # the slower kind turns faster: a few looks later it runs, and its gap starts over
     rounds(200, 8 if spec_faster else 64)
     assert r._best[8][0] == slow and kinds[-10:].count(slow) >= 8
@@ -297,21 +299,28 @@ def test_round_rates_run_the_faster_kind_and_look_at_the_other_ever_less_often(s
     assert bests[flip - 1][1] >= 24 and bests[flip][1] in (6, 12)  # (12: a look at once)
     assert r.speculate(9) == (T, F)  # another size class starts measuring
     # an idle engine between rounds: a sample counts as 4x the average at most
-    before = r.seconds[(F, 8)]
+    sec, tok = r.rounds[(F, 8)]
     r.record(F, 8, 1000.0, 8)
-    assert r.seconds[(F, 8)] == pytest.approx(before + 0.2 * 3 * before)
+    assert r.rounds[(F, 8)] == [pytest.approx(sec + 0.2 * 3 * sec), pytest.approx(tok + 0.2 * (8 - tok))]
+    # the rate is the ratio of the averages: rounds of 1 token in 1 s and of 3 in 1 s give 2 tokens
+    # a second (each round's own rate averaged would say 1 s / 1 token and 1/3 s a token: 2/3 s)
+    mixed = RoundRates(4, weight=0.5)
+    mixed.record(T, 1, 1.0, 1)
+    mixed.record(T, 1, 1.0, 3)
+    assert mixed.seconds[(T, 1)] == 1.0 / 2.0
 
 
 def test_deepspark_drafts_nothing_while_plain_steps_are_faster():
     """Timed by its clock, deepspark's speculative rounds (3 s for 2 tokens) lose to plain steps
-    (1 s a token): after measuring both it proposes nothing, but for two rounds now and then."""
+    (1 s a token): after measuring both it proposes nothing, but for a look at speculating now and
+    then."""
     from types import SimpleNamespace
 
     from deepinfer_builtin.deepspark import RoundRates
     from deepinfer_builtin.draft_runner import Draft
 
     d = _timed_deepspark(step_seconds=0.001, rest_seconds=0.010)
-    d.rates, d._ended, d._buckets, d.k = RoundRates(6), None, {}, 5
+    d.rates, d._ended, d._buckets, d.k = RoundRates(6), None, {}, 5  # (looks of 4 rounds)
     d.runner = SimpleNamespace(propose=lambda requests, k, *a, whole_rounds, lazy: {"a": Draft([5], None, [0.9])})
     now = [0.0]
     d.clock = lambda: now[0]
@@ -323,7 +332,7 @@ def test_deepspark_drafts_nothing_while_plain_steps_are_faster():
         if props:
             d.observe(req, 1, 1)  # its draft accepted: 2 tokens this round
         now[0] += 3.0 if props else 1.0
-    assert drafted == [T, T, F, F, F, F, T, T, F, F, F, F, F, F]  # the second look comes later
+    assert drafted == [T, T, T, T, F, F, F, F, T, T, T, T, F, F]
     assert d.rates.seconds == {(T, 1): 1.5, (F, 1): 1.0}
     # a round after which another request joined (its prompt computed meanwhile) is no sample
     other = SimpleNamespace(request_id="b")
