@@ -44,7 +44,7 @@ def main() -> None:
         if "step" in flags:  # every round's draft steps one by one (no loop graph)
             mine["loop_graph"] = False
         if "always" in flags:  # deepspark drafting every round (skip_when_slower off)
-            mine["skip_when_slower"] = False
+            mine["skip_when_slower"] = "never"
         opts = {drafter: mine} if mine else {}
         if "sync" in flags:
             opts["fcfs"] = {"overlap": False}

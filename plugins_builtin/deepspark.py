@@ -32,18 +32,17 @@ from ``min_value`` to 0, and what is worth doing is decided by the round depth a
 the steps that still verify eagerly (a batch larger than the largest captured size, a sequence
 longer than ``max_seq_len_to_capture``, a prefill chunk in the step) then verify every draft too.
 
-Rounds that draft nothing (``skip_when_slower``, on by default). Speculating pays only where a
-round's extra tokens outweigh its cost: with a draft nearly as costly as the target (small models
-on a GPU, where each step costs mostly launches and host work), or large batches, plain decode
-steps give more tokens a second. The drafter measures both kinds, rounds' generated tokens (one
-a request, plus the accepted drafts) against their time to the next proposal (unless a request
-joined meanwhile, whose prompt was then computed in between), per batch size class (RoundRates),
-and drafts nothing for a round (the engine then runs a plain decode step) while plain steps are
-the faster; now and then four rounds of the other kind run, so that a change (longer sequences,
-drafts that agree more often) is noticed: after ``explore_every`` rounds at first, then ever less
-often (the gap doubles with every look that finds the same kind faster, up to 1,024 rounds),
-since the first speculative round after plain steps costs extra (it feeds the draft the tokens it
-missed). The greedy output never
+Rounds that draft nothing (``skip_when_slower``). Speculating pays only where a round's extra
+tokens outweigh its cost. Where the engine verifies in device graphs, a round drafts and verifies
+all k whatever the batch (loop graph, verification free), so nothing above adapts to the batch, and
+at large batches plain decode steps give more tokens a second (H200, demo pair: none 1.35-1.64x
+of draft-model at 64 requests). There (``"graphs"``, the default; ``"always"``: in eager steps
+too), batches of at least ``skip_min_batch`` requests draft nothing for a round (the engine then
+runs a plain decode step) while plain steps are measured to be the faster (RoundRates: rounds'
+generated tokens, one a request plus the accepted drafts, against their time to the next
+proposal, per batch size class; a round after which a request joined is no sample, as its prompt
+was computed in between). Now and then four rounds of the other kind run, so that a change is
+noticed: after ``explore_every`` rounds at first, then ever less often. The greedy output never
 depends on it. This is vLLM's disabling of speculation by batch size, measured instead of set.
 
 Drafting in one graph (``loop_graph``, on by default). With device graphs, a greedy round's k draft
@@ -57,6 +56,8 @@ draft step by step as above.
 from __future__ import annotations
 
 import time
+from collections import deque
+from typing import Literal
 
 from pydantic import Field
 
@@ -79,10 +80,13 @@ class DeepSparkOptions(DraftModelOptions):
     verify_all_in_graphs: bool = Field(True, description="when the engine verifies in device graphs (k + 1 rows a "
                                                         "request, computed whether verified or not), verify every "
                                                         "drafted token and leave the choice to the round depth")
-    skip_when_slower: bool = Field(True, description="draft nothing for a round (a plain decode step) when plain "
-                                                     "steps have been measured to give more tokens a second than "
-                                                     "speculative rounds at this batch size (greedy output never "
-                                                     "changes)")
+    skip_when_slower: Literal["graphs", "always", "never"] = Field(
+        "graphs", description="draft nothing for a round (a plain decode step) while plain steps are measured to "
+                              "give more tokens a second than speculative rounds at this batch size: 'graphs' "
+                              "where the engine verifies in device graphs (there a round drafts and verifies "
+                              "all k whatever the batch), 'always' also in eager steps, 'never'")
+    skip_min_batch: int = Field(8, ge=1, description="with skip_when_slower: only batches of at least this many "
+                                                     "requests skip (smaller ones always speculate)")
     explore_every: int = Field(16, ge=2, description="with skip_when_slower: after this many rounds, four of "
                                                      "the slower kind, so that both stay measured (the gap "
                                                      "doubles with every look that finds the same kind faster, "
@@ -113,25 +117,27 @@ class RoundCosts:
 
 class RoundRates:
     """Seconds per generated token of speculative rounds and of plain steps (rounds that draft
-    nothing), per batch size class (powers of two): moving averages of a round's seconds and of its
-    tokens, whose ratio is the rate (a speculative round's tokens vary, so averaging each round's
-    own ratio would overstate its cost; a round over 4x the average seconds, an idle engine, counts
-    as 4x); and which kind the next round is.
+    nothing), per batch size class (powers of two), from each kind's last ``window`` rounds: the
+    slowest quarter of them left out (warm-up, an idle engine between rounds), the rest's seconds
+    over their tokens (a speculative round's tokens vary, so averaging each round's own rate would
+    overstate its cost); and which kind the next round is.
 
     Rounds of a kind run ``look`` in a row, of which all but the first are samples (the first
     speculative round after plain steps also feeds the draft the tokens it missed). Each kind is
-    measured first, then the faster runs; after ``gap - look`` rounds of it, ``look`` of the
-    other. The gap starts at ``explore_every`` and doubles with every look that finds the same
-    kind faster, up to ``max_gap``: a look costs, and the faster kind mostly stays the faster;
-    when the other turns out faster, the gap starts over."""
+    measured first, then the faster runs (the other must be faster by ``margin`` to take over);
+    after ``gap - look`` rounds of it, ``look`` of the other. The gap starts at ``explore_every``
+    and doubles with every look that finds the same kind faster, up to ``max_gap``: a look costs,
+    and the faster kind mostly stays the faster; when the other takes over, the gap starts over."""
 
-    def __init__(self, explore_every: int, weight: float = 0.2, max_gap: int = 1024, look: int = 4) -> None:
+    def __init__(self, explore_every: int, window: int = 12, max_gap: int = 1024, look: int = 4,
+                 margin: float = 0.05) -> None:
         self.explore_every = max(explore_every, 2)
-        self.weight = weight
         self.max_gap = max(max_gap, explore_every)
         self.look = min(look, self.explore_every)
-        #: (speculative, size class) -> moving averages [seconds, tokens] of a round
-        self.rounds: dict[tuple[bool, int], list[float]] = {}
+        self.margin = margin
+        self.window = window
+        #: (speculative, size class) -> the last rounds' (seconds, tokens)
+        self.rounds: dict[tuple[bool, int], deque[tuple[float, int]]] = {}
         self._runs: dict[int, tuple[bool, int]] = {}       # size class -> (kind, rounds in a row)
         self._plan: dict[int, list[bool]] = {}             # size class -> the next rounds' kinds
         self._best: dict[int, tuple[bool, int]] = {}       # size class -> (the faster kind, gap)
@@ -143,18 +149,15 @@ class RoundRates:
     @property
     def seconds(self) -> dict[tuple[bool, int], float]:
         """Seconds a token, per (speculative, size class) measured."""
-        return {key: sec / tok for key, (sec, tok) in self.rounds.items()}
+        out = {}
+        for key, rounds in self.rounds.items():
+            kept = sorted(rounds, key=lambda r: r[0])[:len(rounds) - (len(rounds) + 3) // 4 if len(rounds) >= 3 else None]
+            out[key] = sum(sec for sec, _ in kept) / sum(tok for _, tok in kept)
+        return out
 
     def record(self, speculative: bool, batch: int, seconds: float, tokens: int) -> None:
         key = (speculative, self.size_class(batch))
-        seconds, tokens = max(seconds, 1e-9), max(tokens, 1)
-        avg = self.rounds.get(key)
-        if avg is None:
-            self.rounds[key] = [seconds, float(tokens)]
-            return
-        w = self.weight
-        avg[0] += w * (min(seconds, 4 * avg[0]) - avg[0])
-        avg[1] += w * (tokens - avg[1])
+        self.rounds.setdefault(key, deque(maxlen=self.window)).append((max(seconds, 1e-9), max(tokens, 1)))
 
     def speculate(self, batch: int) -> tuple[bool, bool]:
         """(whether the next round at this batch size drafts, whether it will be a sample)."""
@@ -169,8 +172,9 @@ class RoundRates:
             choice = spec is None
             plan.extend([choice] * (self.look - 1))
         else:
-            choice = spec <= plain
-            best, gap = self._best.get(size, (choice, self.explore_every))
+            best, gap = self._best.get(size, (spec <= plain, self.explore_every))
+            mine, other = (spec, plain) if best else (plain, spec)
+            choice = best if other >= mine * (1 - self.margin) else not best
             if best != choice:
                 gap = self.explore_every
             if kind == choice and run >= gap - self.look:
@@ -229,6 +233,7 @@ class DeepSparkDrafter(DraftModelDrafter):
         #: the engine verifies in device graphs of k + 1 rows a request, computed whether or not
         #: they are verified: a drafted token then costs nothing more to verify
         self.free_verification = False
+        self.in_graphs = False  # the engine verifies in device graphs (enable_graphs)
 
     @property
     def verify_threshold(self) -> float:
@@ -239,6 +244,13 @@ class DeepSparkDrafter(DraftModelDrafter):
         super().enable_graphs(graphs, batch_sizes, max_seq_len)
         # the engine captures verification graphs along with the draft's
         self.free_verification = self.options.verify_all_in_graphs
+        self.in_graphs = True
+
+    def may_skip(self, batch: int) -> bool:
+        """Whether a round of ``batch`` requests may draft nothing (``skip_when_slower``)."""
+        mode = self.options.skip_when_slower
+        return batch >= self.options.skip_min_batch and (mode == "always" or (mode == "graphs"
+                                                                               and self.in_graphs))
 
     def value_chain(self, confidence: list[float]) -> tuple[list[int], list[float]]:
         """Buckets and P_j (chance drafts 1..j all pass) for one request's drafts."""
@@ -285,7 +297,7 @@ class DeepSparkDrafter(DraftModelDrafter):
             if all(r.request_id in ids for r in requests):
                 self.rates.record(speculative, batch, start - began, tokens)
             self._round = None
-        if self.options.skip_when_slower:
+        if self.may_skip(len(requests)):
             speculate, sample = self.rates.speculate(len(requests))
             # every request gains one token; a speculative round adds the accepted drafts (observe)
             if sample:

@@ -187,7 +187,7 @@ def draft_both(model_dir: str, graphs_factory, drafter: str = "draft-model", loo
     # (and no timing in its round depth or in skipping rounds, nor verifying all in graphs: the two
     # runs must draft alike; with the loop graph no early stop either, since its rounds draft all
     # k; without, the early stop shrinks a round's rows from one one-token replay to the next)
-    extra = {"min_value": 0.04, "cost_aware": False, "verify_all_in_graphs": False, "skip_when_slower": False,
+    extra = {"min_value": 0.04, "cost_aware": False, "verify_all_in_graphs": False, "skip_when_slower": "never",
              "early_stop": not loop} if drafter == "deepspark" else {}
     extra["loop_graph"] = loop
     base = LLM(model_dir, plugins=["triton"], progress=False, enforce_eager=True, plugin_options=triton, **engine)

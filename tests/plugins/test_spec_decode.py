@@ -186,7 +186,7 @@ def _timed_deepspark(step_seconds: float, rest_seconds: float, tick: float | Non
 
     d = DeepSparkDrafter.__new__(DeepSparkDrafter)
     d.options = DeepSparkOptions(buckets=1, prior_strength=1.0)
-    d.rates, d._round = RoundRates(d.options.explore_every), None
+    d.rates, d._round, d.in_graphs = RoundRates(d.options.explore_every), None, False
     d.table = AcceptanceTable(1, 5, 1.0)
     for pos in range(5):
         for i in range(999):
@@ -272,14 +272,14 @@ def test_round_rates_run_the_faster_kind_and_look_at_the_other_ever_less_often(s
     r = RoundRates(explore_every=6)
     kinds, samples, bests = [], [], []
 
-    def rounds(n, spec_tokens):
+    def rounds(n, spec_tokens, spec_seconds=3.0):
         for i in range(n):
             spec, sample = r.speculate(5 + i % 4)  # 5..8: one size class
             kinds.append(spec)
             samples.append(sample)
             bests.append(r._best.get(8))
-            if sample:  # speculative: 3 s for spec_tokens; plain: 1 s for 8 tokens
-                r.record(spec, 8, 3.0 if spec else 1.0, spec_tokens if spec else 8)
+            if sample:  # speculative: spec_seconds for spec_tokens; plain: 1 s for 8 tokens
+                r.record(spec, 8, spec_seconds if spec else 1.0, spec_tokens if spec else 8)
 
     rounds(24, 32 if spec_faster else 16)
     fast, slow = (T, F) if spec_faster else (F, T)
@@ -293,21 +293,33 @@ def test_round_rates_run_the_faster_kind_and_look_at_the_other_ever_less_often(s
     assert samples[:8] == [F, T, T, T] * 2 and samples[look:look + 4] == [F, T, T, T]
     assert r._best[8] == (fast, 24) and r.seconds[(T, 8)] == (3 / 32 if spec_faster else 3 / 16)
     # the slower kind turns faster: a few looks later it runs, and its gap starts over
-    rounds(200, 8 if spec_faster else 64)
-    assert r._best[8][0] == slow and kinds[-10:].count(slow) >= 8
+    rounds(200, 8 if spec_faster else 64, 2.9)
+    assert r._best[8][0] == slow and kinds[-40:].count(slow) >= 30
     flip = next(i for i, b in enumerate(bests) if b is not None and b[0] == slow)
     assert bests[flip - 1][1] >= 24 and bests[flip][1] in (6, 12)  # (12: a look at once)
     assert r.speculate(9) == (T, F)  # another size class starts measuring
-    # an idle engine between rounds: a sample counts as 4x the average at most
-    sec, tok = r.rounds[(F, 8)]
-    r.record(F, 8, 1000.0, 8)
-    assert r.rounds[(F, 8)] == [pytest.approx(sec + 0.2 * 3 * sec), pytest.approx(tok + 0.2 * (8 - tok))]
-    # the rate is the ratio of the averages: rounds of 1 token in 1 s and of 3 in 1 s give 2 tokens
-    # a second (each round's own rate averaged would say 1 s / 1 token and 1/3 s a token: 2/3 s)
-    mixed = RoundRates(4, weight=0.5)
-    mixed.record(T, 1, 1.0, 1)
-    mixed.record(T, 1, 1.0, 3)
-    assert mixed.seconds[(T, 1)] == 1.0 / 2.0
+    # the rate is the rounds' seconds over their tokens: rounds of 1 token in 1 s and of 3 in 1 s
+    # give 2 tokens a second (each round's own rate averaged would say 2/3 s a token) ...
+    w = RoundRates(4, window=5)
+    w.record(T, 1, 1.0, 1)
+    w.record(T, 1, 1.0, 3)
+    assert w.seconds[(T, 1)] == 1.0 / 2.0
+    # ... of the last `window` rounds, the slowest quarter left out (warm-up, an idle engine)
+    w.record(T, 1, 50.0, 1)
+    assert w.seconds[(T, 1)] == 1.0 / 2.0
+    for _ in range(4):
+        w.record(T, 1, 2.0, 2)
+    assert w.seconds[(T, 1)] == 1.0  # (1.0, 3) and (50.0, 1) out of the window, then one (2.0, 2) cut
+    # a kind within the margin (5%) of the faster one does not take over; past it, it does
+    h = RoundRates(16)
+    for spec, sec in [(T, 1.0)] * 4 + [(F, 0.97)] * 4:
+        h.speculate(1)
+        h.record(spec, 1, sec, 1)
+    assert h.speculate(1) == (F, T)  # plain faster
+    for sec, speculates in ((1.03, F), (1.10, T)):
+        for _ in range(12):
+            h.record(F, 1, sec, 1)
+        assert h.speculate(1)[0] == speculates  # speculating 3% faster: plain stays; 9%: it goes
 
 
 def test_deepspark_drafts_nothing_while_plain_steps_are_faster():
@@ -321,6 +333,10 @@ def test_deepspark_drafts_nothing_while_plain_steps_are_faster():
 
     d = _timed_deepspark(step_seconds=0.001, rest_seconds=0.010)
     d.rates, d._ended, d._buckets, d.k = RoundRates(6), None, {}, 5  # (looks of 4 rounds)
+    d.options = d.options.model_copy(update={"skip_min_batch": 1})
+    assert d.options.skip_when_slower == "graphs" and not d.may_skip(1)
+    d.in_graphs = True  # as if the engine verified in device graphs
+    assert d.may_skip(1)
     d.runner = SimpleNamespace(propose=lambda requests, k, *a, whole_rounds, lazy: {"a": Draft([5], None, [0.9])})
     now = [0.0]
     d.clock = lambda: now[0]
@@ -351,10 +367,11 @@ def test_deepspark_drafts_nothing_while_plain_steps_are_faster():
 
 
 def test_deepspark_mixing_plain_and_speculative_rounds_is_lossless(demo_reference):
-    """With explore_every 2 deepspark alternates plain steps and speculative rounds whatever the
-    timings: the greedy output stays the target's, every pool is free after."""
+    """Skipping in eager steps too, with explore_every 2, deepspark alternates plain steps and
+    speculative rounds whatever the timings: the greedy output stays the target's, every pool is
+    free after."""
     llm = LLM(progress=False, dtype="float32", plugins=["deepspark"],
-              plugin_options={"deepspark": {"explore_every": 2}})
+              plugin_options={"deepspark": {"explore_every": 2, "skip_when_slower": "always", "skip_min_batch": 1}})
     drafter, kinds = llm.engine.drafter, []
     propose = drafter.propose
 
@@ -387,7 +404,7 @@ def test_deepspark_stops_drafting_what_it_would_not_verify(demo_reference):
     for early in (True, False):
         llm = LLM(progress=False, dtype="float32", plugins=["deepspark"],
                   plugin_options={"deepspark": {"early_stop": early, "min_value": 0.4, "cost_aware": False,
-                                                "skip_when_slower": False}})
+                                                "skip_when_slower": "never"}})
         outs = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
         runs[early] = outs, llm.get_metrics()
         _assert_pools_free(llm)
