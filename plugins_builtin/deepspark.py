@@ -124,7 +124,8 @@ class RoundRates:
 
     Rounds of a kind run ``look`` in a row, of which all but the first are samples (the first
     speculative round after plain steps also feeds the draft the tokens it missed). Each kind is
-    measured first, then the faster runs (the other must be faster by ``margin`` to take over);
+    measured first, then the faster runs (the other must be faster by ``margin`` to take over, and
+    speculating must be from the start);
     after ``gap - look`` rounds of it, ``look`` of the other. The gap starts at ``explore_every``
     and doubles with every look that finds the same kind faster, up to ``max_gap``: a look costs,
     and the faster kind mostly stays the faster; when the other takes over, the gap starts over."""
@@ -172,7 +173,9 @@ class RoundRates:
             choice = spec is None
             plan.extend([choice] * (self.look - 1))
         else:
-            best, gap = self._best.get(size, (spec <= plain, self.explore_every))
+            # speculating must win by the margin from the start: its samples leave out what it
+            # costs besides (rounds that catch the draft up, the first rounds after a prompt)
+            best, gap = self._best.get(size, (spec < plain * (1 - self.margin), self.explore_every))
             mine, other = (spec, plain) if best else (plain, spec)
             choice = best if other >= mine * (1 - self.margin) else not best
             if best != choice:

@@ -316,6 +316,11 @@ def test_round_rates_run_the_faster_kind_and_look_at_the_other_ever_less_often(s
         h.speculate(1)
         h.record(spec, 1, sec, 1)
     assert h.speculate(1) == (F, T)  # plain faster
+    even = RoundRates(16)  # speculating as fast as plain steps (within 5%) is not enough to start with
+    for spec in [T] * 4 + [F] * 4:
+        even.speculate(1)
+        even.record(spec, 1, 0.97 if spec else 1.0, 1)
+    assert even.speculate(1)[0] == F
     for sec, speculates in ((1.03, F), (1.10, T)):
         for _ in range(12):
             h.record(F, 1, sec, 1)
