@@ -52,18 +52,10 @@ if [ "${1:-a}" = e ]; then
   (cd benchmarks && timeout 200 python3 h200_spec_ab.py --batch 64 --prompts 64 \
     --drafters draft-model,deepspark,deepspark+always,none --runs 3 2>&1 | filter > "$OUT/ab_b64.txt")
 fi
-if [ "${1:-a}" = f ]; then
-  # after rounds that a request joined stopped counting as samples: the A/B at batch 1 and 64, and
-  # the recorded command
-  (cd benchmarks && timeout 150 python3 h200_spec_ab.py --batch 1 \
-    --drafters none,deepspark,deepspark+always,draft-model --runs 5 2>&1 | filter > "$OUT/ab_b1.txt")
-  (cd benchmarks && timeout 150 python3 h200_spec_ab.py --batch 64 --prompts 64 \
-    --drafters draft-model,deepspark,deepspark+always,none --runs 3 2>&1 | filter > "$OUT/ab_b64.txt")
-  timeout 240 python3 -m deepinfer.cli bench spec --device sm90 --batch 1,64 --output-len 256 --repeats 3 2>&1 | \
-    filter > "$OUT/bench_spec.txt"
-fi
-if [ "${1:-a}" = g ]; then
-  # call f again after the rates became ratios of averaged seconds and tokens, looks of four rounds
+if [ "${1:-a}" = f ] || [ "${1:-a}" = g ]; then
+  # f: after rounds that a request joined stopped counting as samples; g: the same after the rates
+  # became ratios of averaged seconds and tokens, with looks of four rounds. The A/B at batch 1 and
+  # 64, and the recorded command
   (cd benchmarks && timeout 150 python3 h200_spec_ab.py --batch 1 \
     --drafters none,deepspark,deepspark+always,draft-model --runs 5 2>&1 | filter > "$OUT/ab_b1.txt")
   (cd benchmarks && timeout 150 python3 h200_spec_ab.py --batch 64 --prompts 64 \

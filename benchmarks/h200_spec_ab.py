@@ -7,7 +7,7 @@ alternating the configurations run by run keeps the drift out of their ratio.
 A name ending in ``+host`` is that drafter with ``device_drafts`` off (its drafts copied to the
 host before the verification is prepared); ``+sync``, with the scheduler's overlap off; ``+step``,
 with ``loop_graph`` off (a round's draft steps one by one, its depth from the drafter's rule);
-``+always``, deepspark with ``skip_when_slower`` off.
+``+always``, deepspark drafting every round (``skip_when_slower`` "never").
 
 Each configuration is one LLM (all built first, each with a small KV pool); a run decodes
 ``bench spec``'s held-out prompts (--prompts of them, in batches of --batch); prints every run's
@@ -43,7 +43,7 @@ def main() -> None:
         mine = {"device_drafts": False} if "host" in flags else {}
         if "step" in flags:  # every round's draft steps one by one (no loop graph)
             mine["loop_graph"] = False
-        if "always" in flags:  # deepspark drafting every round (skip_when_slower off)
+        if "always" in flags:  # deepspark drafting every round
             mine["skip_when_slower"] = "never"
         opts = {drafter: mine} if mine else {}
         if "sync" in flags:

@@ -152,7 +152,8 @@ class RoundRates:
         """Seconds a token, per (speculative, size class) measured."""
         out = {}
         for key, rounds in self.rounds.items():
-            kept = sorted(rounds, key=lambda r: r[0])[:len(rounds) - (len(rounds) + 3) // 4 if len(rounds) >= 3 else None]
+            cut = (len(rounds) + 3) // 4 if len(rounds) >= 3 else 0  # the slowest quarter
+            kept = sorted(rounds, key=lambda r: r[0])[:len(rounds) - cut]
             out[key] = sum(sec for sec, _ in kept) / sum(tok for _, tok in kept)
         return out
 
