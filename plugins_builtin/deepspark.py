@@ -39,11 +39,12 @@ at large batches plain decode steps give more tokens a second (H200, demo pair: 
 of draft-model at 64 requests). There (``"graphs"``, the default; ``"always"``: in eager steps
 too), batches of at least ``skip_min_batch`` requests draft nothing for a round (the engine then
 runs a plain decode step) while plain steps are measured to be the faster (RoundRates: rounds'
-generated tokens, one a request plus the accepted drafts, against their time to the next
-proposal, per batch size class; a round after which a request joined is no sample, as its prompt
-was computed in between). Now and then four rounds of the other kind run, so that a change is
-noticed: after ``explore_every`` rounds at first, then ever less often. The greedy output never
-depends on it. This is vLLM's disabling of speculation by batch size, measured instead of set.
+generated tokens a request, one plus the accepted drafts, against their time to the next
+proposal, per batch size class; only rounds whose step computed just their own tokens, with the
+same requests throughout, after a round of their kind, are samples: see docs/plugins.md). Now and
+then four rounds of the other kind run, so that a change is noticed: after ``explore_every``
+rounds at first, then ever less often. The greedy output is the target's either way. This is
+vLLM's disabling of speculation by batch size, measured instead of set.
 
 Drafting in one graph (``loop_graph``, on by default). With device graphs, a greedy round's k draft
 steps replay from one graph, so the round costs one launch and one copy to the host whatever its
@@ -57,11 +58,12 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import Field
 
-from deepinfer.plugins import DraftProposal, Request
+from deepinfer.plugins import DraftProposal, Request, hookimpl
 from deepinfer_builtin.draft_model import DraftModelDrafter, DraftModelOptions
 from deepinfer_builtin.draft_runner import Draft
 
@@ -115,12 +117,25 @@ class RoundCosts:
         return None not in (self.rest, self.step) and self.step > 0
 
 
+@dataclass
+class _Round:
+    """A round that may become a sample of RoundRates."""
+
+    speculative: bool
+    batch: int
+    start: float
+    ids: set[str]
+    tokens: int     # generated: one a request, plus the accepted drafts
+    computed: int   # what its step should compute: one token a request, plus the drafts sent
+    checked: bool = False  # its step ended as expected
+
+
 class RoundRates:
-    """Seconds per generated token of speculative rounds and of plain steps (rounds that draft
-    nothing), per batch size class (powers of two), from each kind's last ``window`` rounds: the
-    slowest quarter of them left out (warm-up, an idle engine between rounds), the rest's seconds
-    over their tokens (a speculative round's tokens vary, so averaging each round's own rate would
-    overstate its cost); and which kind the next round is.
+    """Seconds per generated token (a request) of speculative rounds and of plain steps (rounds
+    that draft nothing), per batch size class (powers of two), from each kind's last ``window``
+    rounds: the slowest quarter of them left out (warm-up, an idle engine between rounds), the
+    rest's seconds over their tokens (a speculative round's tokens vary, so averaging each round's
+    own rate would overstate its cost); and which kind the next round is.
 
     Rounds of a kind run ``look`` in a row, of which all but the first are samples (the first
     speculative round after plain steps also feeds the draft the tokens it missed). Each kind is
@@ -149,7 +164,8 @@ class RoundRates:
 
     @property
     def seconds(self) -> dict[tuple[bool, int], float]:
-        """Seconds a token, per (speculative, size class) measured."""
+        """Seconds a token a request (a plain step's time; a speculative round's over the tokens
+        it gives each request), per (speculative, size class) measured."""
         out = {}
         for key, rounds in self.rounds.items():
             cut = (len(rounds) + 3) // 4 if len(rounds) >= 3 else 0  # the slowest quarter
@@ -158,8 +174,11 @@ class RoundRates:
         return out
 
     def record(self, speculative: bool, batch: int, seconds: float, tokens: int) -> None:
+        """A round of ``batch`` requests that generated ``tokens`` in ``seconds``; kept as tokens a
+        request, so that rounds of the different batch sizes of one class compare (steps that
+        cost mostly launches take about as long at 33 requests as at 64)."""
         key = (speculative, self.size_class(batch))
-        self.rounds.setdefault(key, deque(maxlen=self.window)).append((max(seconds, 1e-9), max(tokens, 1)))
+        self.rounds.setdefault(key, deque(maxlen=self.window)).append((max(seconds, 1e-9), max(tokens, 1) / batch))
 
     def speculate(self, batch: int) -> tuple[bool, bool]:
         """(whether the next round at this batch size drafts, whether it will be a sample)."""
@@ -228,9 +247,11 @@ class DeepSparkDrafter(DraftModelDrafter):
         self._buckets: dict[str, list[int] | Draft] = {}
         self.costs = RoundCosts()
         self.rates = RoundRates(options.explore_every)
-        #: the round under way, if a sample: [speculative, batch, start, tokens so far, request ids],
-        #: closed by the next proposal
-        self._round: list | None = None
+        #: the round under way, if it is to be a sample (closed by the next proposal)
+        self._round: _Round | None = None
+        self._last_kind: bool | None = None  # whether the last round speculated (any batch size)
+        self._last_ids: set[str] = set()     # the last round's requests
+        self._after_plain = False            # this round speculates after a plain step
         self.clock = time.perf_counter
         self._ended: float | None = None  # when the last proposal returned
         self._mark = 0.0                  # the round's last timing point
@@ -280,7 +301,8 @@ class DeepSparkDrafter(DraftModelDrafter):
         """After ``steps`` draft steps: whether one more is expected to add tokens at least as fast
         as the round so far (see the module's docstring); ``still``: the requests that would go on."""
         now = self.clock()
-        self.costs.update("step", now - self._mark)
+        if steps > 1 or not self._after_plain:  # (after plain steps, the first feeds the tokens missed)
+            self.costs.update("step", now - self._mark)
         self._mark = now
         c = self.costs
         if not self.options.cost_aware or not c.known:
@@ -293,22 +315,41 @@ class DeepSparkDrafter(DraftModelDrafter):
         return gain * spent > expected * c.step
 
     def propose(self, requests: list[Request]) -> dict[str, DraftProposal]:
-        go_on = self.worth_going_on if self.options.early_stop else None
         start = self._mark = self.clock()
-        if self._round is not None:  # the last round ends here: its tokens over its time, unless
-            # a request joined since (its prompt was computed in between: not the round's cost)
-            speculative, batch, began, tokens, ids = self._round
-            if all(r.request_id in ids for r in requests):
-                self.rates.record(speculative, batch, start - began, tokens)
-            self._round = None
-        if self.may_skip(len(requests)):
-            speculate, sample = self.rates.speculate(len(requests))
-            # every request gains one token; a speculative round adds the accepted drafts (observe)
-            if sample:
-                self._round = [speculate, len(requests), start, len(requests), {r.request_id for r in requests}]
-            if not speculate:
-                self._ended = None  # (the plain step is not a speculative round's rest)
-                return {}
+        batch, ids = len(requests), {r.request_id for r in requests}
+        last = self._round
+        if last is not None and last.checked and ids <= last.ids:
+            # the last round ends here: its tokens over its time (not if a request joined since: its
+            # prompt was computed in between)
+            self.rates.record(last.speculative, last.batch, start - last.start, last.tokens)
+        self._round = None
+        speculate, sample = self.rates.speculate(batch) if self.may_skip(batch) else (True, False)
+        # a sample only after a round of its kind, and without a newcomer (whose prompt the draft
+        # computes in this round)
+        sample = sample and self._last_kind is speculate and ids <= self._last_ids
+        self._after_plain = speculate and self._last_kind is False
+        self._last_kind, self._last_ids = speculate, ids
+        if speculate:
+            out = self._draft(requests, start)
+        else:
+            self._ended = None  # (the plain step is not a speculative round's rest)
+            out = {}
+        if sample:  # every request gains one token, plus its accepted drafts (observe)
+            self._round = _Round(speculate, batch, start, ids, batch, batch + sum(len(p.verified) for p in out.values()))
+        return out
+
+    @hookimpl
+    def deepinfer_step_end(self, num_tokens: int) -> None:
+        """A round is a sample only if its step computed just its requests' tokens and drafts (no
+        prompt of another request) and it ends with the next step's proposal."""
+        r = self._round
+        if r is not None:
+            if r.checked or num_tokens != r.computed:
+                self._round = None
+            r.checked = True
+
+    def _draft(self, requests: list[Request], start: float) -> dict[str, DraftProposal]:
+        go_on = self.worth_going_on if self.options.early_stop else None
         if self._ended is not None:
             self.costs.update("rest", start - self._ended)
         # a round the loop graph takes drafts all k (then the rule chooses); the others step by step
@@ -338,7 +379,7 @@ class DeepSparkDrafter(DraftModelDrafter):
 
     def observe(self, request: Request, num_verified: int, num_accepted: int) -> None:
         if self._round is not None:
-            self._round[3] += num_accepted
+            self._round.tokens += num_accepted
         buckets = self._buckets.pop(request.request_id, None)
         if buckets is None:
             return

@@ -187,6 +187,7 @@ def _timed_deepspark(step_seconds: float, rest_seconds: float, tick: float | Non
     d = DeepSparkDrafter.__new__(DeepSparkDrafter)
     d.options = DeepSparkOptions(buckets=1, prior_strength=1.0)
     d.rates, d._round, d.in_graphs = RoundRates(d.options.explore_every), None, False
+    d._last_kind, d._last_ids, d._after_plain = None, set(), False
     d.table = AcceptanceTable(1, 5, 1.0)
     for pos in range(5):
         for i in range(999):
@@ -226,6 +227,13 @@ def test_deepspark_round_depth_follows_the_measured_costs(batch):
     learning = _timed_deepspark(step_seconds=0.001, rest_seconds=0.010, tick=0.003)
     learning.another_step(1, [conf[0]], [0])
     assert learning.costs.step == pytest.approx(0.0014)
+    # the first draft step of a round after plain steps feeds the draft the tokens it missed: not
+    # timed; the next one is
+    learning._after_plain = True
+    learning.another_step(1, [conf[0]], [0])
+    assert learning.costs.step == pytest.approx(0.0014)
+    learning.another_step(2, [conf[1]], [0])
+    assert learning.costs.step == pytest.approx(0.00172)
     assert learning.costs.rest == 0.010
 
 
@@ -291,7 +299,8 @@ def test_round_rates_run_the_faster_kind_and_look_at_the_other_ever_less_often(s
         assert kinds == [T] * 4 + [F] * 4 + [T] * 4 + [F] * 8 + [T] * 4
     look = 10 if spec_faster else 8
     assert samples[:8] == [F, T, T, T] * 2 and samples[look:look + 4] == [F, T, T, T]
-    assert r._best[8] == (fast, 24) and r.seconds[(T, 8)] == (3 / 32 if spec_faster else 3 / 16)
+    # (seconds a token a request: 3 s for 4 or 2 tokens a request; plain: 1 s for 1)
+    assert r._best[8] == (fast, 24) and r.seconds == {(T, 8): 0.75 if spec_faster else 1.5, (F, 8): 1.0}
     # the slower kind turns faster: a few looks later it runs, and its gap starts over
     rounds(200, 8 if spec_faster else 64, 2.9)
     assert r._best[8][0] == slow and kinds[-40:].count(slow) >= 30
@@ -309,7 +318,7 @@ def test_round_rates_run_the_faster_kind_and_look_at_the_other_ever_less_often(s
     assert w.seconds[(T, 1)] == 1.0 / 2.0
     for _ in range(4):
         w.record(T, 1, 2.0, 2)
-    assert w.seconds[(T, 1)] == 1.0  # (1.0, 3) and (50.0, 1) out of the window, then one (2.0, 2) cut
+    assert w.seconds[(T, 1)] == 1.0  # (1.0, 1) and (1.0, 3) out of the window; (50.0, 1) and one (2.0, 2) cut
     # a kind within the margin (5%) of the faster one does not take over; past it, it does
     h = RoundRates(16)
     for spec, sec in [(T, 1.0)] * 4 + [(F, 0.97)] * 4:
@@ -330,7 +339,8 @@ def test_round_rates_run_the_faster_kind_and_look_at_the_other_ever_less_often(s
 def test_deepspark_drafts_nothing_while_plain_steps_are_faster():
     """Timed by its clock, deepspark's speculative rounds (3 s for 2 tokens) lose to plain steps
     (1 s a token): after measuring both it proposes nothing, but for a look at speculating now and
-    then."""
+    then. A round is a sample only if its step computed just its own tokens and no request joined
+    after it; one that a request left still is."""
     from types import SimpleNamespace
 
     from deepinfer_builtin.deepspark import RoundRates
@@ -345,30 +355,41 @@ def test_deepspark_drafts_nothing_while_plain_steps_are_faster():
     d.runner = SimpleNamespace(propose=lambda requests, k, *a, whole_rounds, lazy: {"a": Draft([5], None, [0.9])})
     now = [0.0]
     d.clock = lambda: now[0]
-    req = SimpleNamespace(request_id="a")
-    drafted = []
-    for _ in range(14):
-        props = d.propose([req])
-        drafted.append(bool(props))
+    req, other = SimpleNamespace(request_id="a"), SimpleNamespace(request_id="b")
+
+    def step(requests, prompt_tokens=0):  # an engine step: propose, verify, end
+        props = d.propose(requests)
         if props:
             d.observe(req, 1, 1)  # its draft accepted: 2 tokens this round
+        d.deepinfer_step_end(num_tokens=len(requests) + sum(len(p.verified) for p in props.values()) + prompt_tokens)
         now[0] += 3.0 if props else 1.0
+        return bool(props)
+
+    drafted = [step([req]) for _ in range(14)]
     assert drafted == [T, T, T, T, F, F, F, F, T, T, T, T, F, F]
     assert d.rates.seconds == {(T, 1): 1.5, (F, 1): 1.0}
-    # a round after which another request joined (its prompt computed meanwhile) is no sample
-    other = SimpleNamespace(request_id="b")
-    now[0] += 4.0  # (as a sample, 5 s for a token would move the plain average)
-    d.propose([req, other])
-    assert d.rates.seconds == {(T, 1): 1.5, (F, 1): 1.0}
-    # one that a request left is: two speculative rounds of two requests (the second a sample:
-    # 3 tokens in 3 s), then one of them alone
-    now[0] += 3.0
-    assert d.propose([req, other])
-    d.observe(req, 1, 1)
-    now[0] += 3.0
-    assert (T, 2) not in d.rates.seconds
-    d.propose([req])
-    assert d.rates.seconds[(T, 2)] == 1.0
+    plain = len(d.rates.rounds[(F, 1)])
+    # a step that also computed another request's prompt is no sample (the last round, closed
+    # here, is)
+    step([req], prompt_tokens=30)
+    step([req])
+    assert len(d.rates.rounds[(F, 1)]) == plain + 1
+    step([req])
+    assert len(d.rates.rounds[(F, 1)]) == plain + 2
+    # nor is a round after which a request joined, or the joining round: two rounds of the pair,
+    # the second a sample (3 tokens, 1.5 a request, in 3 s), closed by a round of one of them
+    # (a request that left is no reason to drop it)
+    step([req, other])
+    assert len(d.rates.rounds[(F, 1)]) == plain + 2
+    step([req, other])
+    assert (T, 2) not in d.rates.rounds
+    step([req])
+    assert list(d.rates.rounds[(T, 2)]) == [(3.0, 1.5)]
+    # a round that a request starts (the draft computes its prompt in it) is no sample either
+    counts = {key: len(v) for key, v in d.rates.rounds.items()}
+    for _ in range(2):
+        step([SimpleNamespace(request_id="c")])
+    assert {key: len(v) for key, v in d.rates.rounds.items()} == counts
 
 
 def test_deepspark_mixing_plain_and_speculative_rounds_is_lossless(demo_reference):
@@ -377,15 +398,15 @@ def test_deepspark_mixing_plain_and_speculative_rounds_is_lossless(demo_referenc
     free after."""
     llm = LLM(progress=False, dtype="float32", plugins=["deepspark"],
               plugin_options={"deepspark": {"explore_every": 2, "skip_when_slower": "always", "skip_min_batch": 1}})
-    drafter, kinds = llm.engine.drafter, []
-    propose = drafter.propose
+    rates, kinds = llm.engine.drafter.rates, []
+    speculate = rates.speculate
 
-    def recording(requests):
-        out = propose(requests)
-        kinds.append(bool(out))
-        return out
+    def recording(batch):
+        choice = speculate(batch)
+        kinds.append(choice[0])
+        return choice
 
-    drafter.propose = recording
+    rates.speculate = recording
     params = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
     assert [o.outputs[0].token_ids for o in llm.generate(DEMO_PROMPTS, params, use_tqdm=False)] == demo_reference
     assert T in kinds and F in kinds
