@@ -140,10 +140,10 @@ class RoundRates:
     Rounds of a kind run ``look`` in a row, of which all but the first are samples (the first
     speculative round after plain steps also feeds the draft the tokens it missed). Each kind is
     measured first, then the faster runs (the other must be faster by ``margin`` to take over, and
-    speculating must be from the start);
-    after ``gap - look`` rounds of it, ``look`` of the other. The gap starts at ``explore_every``
-    and doubles with every look that finds the same kind faster, up to ``max_gap``: a look costs,
-    and the faster kind mostly stays the faster; when the other takes over, the gap starts over."""
+    speculating must be from the start); after ``gap - look`` rounds of it, ``look`` of the other.
+    The gap starts at ``explore_every`` and doubles with every look that finds the same kind
+    faster, up to ``max_gap``: a look costs, and the faster kind mostly stays the faster; when the
+    other takes over, the gap starts over."""
 
     def __init__(self, explore_every: int, window: int = 12, max_gap: int = 1024, look: int = 4,
                  margin: float = 0.05) -> None:
@@ -152,8 +152,8 @@ class RoundRates:
         self.look = min(look, self.explore_every)
         self.margin = margin
         self.window = window
-        #: (speculative, size class) -> the last rounds' (seconds, tokens)
-        self.rounds: dict[tuple[bool, int], deque[tuple[float, int]]] = {}
+        #: (speculative, size class) -> the last rounds' (seconds, tokens a request)
+        self.rounds: dict[tuple[bool, int], deque[tuple[float, float]]] = {}
         self._runs: dict[int, tuple[bool, int]] = {}       # size class -> (kind, rounds in a row)
         self._plan: dict[int, list[bool]] = {}             # size class -> the next rounds' kinds
         self._best: dict[int, tuple[bool, int]] = {}       # size class -> (the faster kind, gap)
@@ -162,16 +162,20 @@ class RoundRates:
     def size_class(batch: int) -> int:
         return 1 << max(0, batch - 1).bit_length()
 
+    def rate(self, speculative: bool, size: int) -> float | None:
+        """Seconds a token a request (a plain step's time; a speculative round's over the tokens
+        it gives each request) at a size class, or None before its first sample."""
+        rounds = self.rounds.get((speculative, size))
+        if not rounds:
+            return None
+        cut = (len(rounds) + 3) // 4 if len(rounds) >= 3 else 0  # the slowest quarter
+        kept = sorted(rounds, key=lambda r: r[0])[:len(rounds) - cut]
+        return sum(sec for sec, _ in kept) / sum(tok for _, tok in kept)
+
     @property
     def seconds(self) -> dict[tuple[bool, int], float]:
-        """Seconds a token a request (a plain step's time; a speculative round's over the tokens
-        it gives each request), per (speculative, size class) measured."""
-        out = {}
-        for key, rounds in self.rounds.items():
-            cut = (len(rounds) + 3) // 4 if len(rounds) >= 3 else 0  # the slowest quarter
-            kept = sorted(rounds, key=lambda r: r[0])[:len(rounds) - cut]
-            out[key] = sum(sec for sec, _ in kept) / sum(tok for _, tok in kept)
-        return out
+        """``rate`` of every (speculative, size class) measured."""
+        return {key: self.rate(*key) for key in self.rounds}
 
     def record(self, speculative: bool, batch: int, seconds: float, tokens: int) -> None:
         """A round of ``batch`` requests that generated ``tokens`` in ``seconds``; kept as tokens a
@@ -184,8 +188,7 @@ class RoundRates:
         """(whether the next round at this batch size drafts, whether it will be a sample)."""
         size = self.size_class(batch)
         plan = self._plan.setdefault(size, [])
-        rates = self.seconds
-        spec, plain = rates.get((True, size)), rates.get((False, size))
+        spec, plain = self.rate(True, size), self.rate(False, size)
         kind, run = self._runs.get(size, (None, 0))
         if plan:
             choice = plan.pop(0)

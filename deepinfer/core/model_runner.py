@@ -124,7 +124,7 @@ def _overlappable(r: Request) -> bool:
 class StepInFlight:
     """A launched step. ``result`` holds what was computed at launch (verifications, prompt
     logprobs); the samples of ``sampling`` are in ``tokens`` on the device until the next step is
-    launched (greedy samples share a buffer that the next step's overwrite), and in ``host``."""
+    launched (greedy samples share a buffer that the next step overwrites), and in ``host``."""
 
     sched: SchedulerOutput
     result: RunnerOutput

@@ -1,0 +1,244 @@
+"""deepspark's rule without a model: the acceptance table, the round depth from measured costs,
+proposals that verify everything, and the rates that decide rounds that draft nothing."""
+from __future__ import annotations
+
+import pytest
+
+from deepinfer_builtin.deepspark import AcceptanceTable
+
+
+def test_deepspark_table_learns_and_budget_keeps_prefixes():
+    table = AcceptanceTable(buckets=4, positions=3, prior_strength=2.0)
+    assert table.estimate(table.bucket(0.9), 0) == pytest.approx(0.875)
+    for _ in range(50):
+        table.record(3, 0, False)
+    assert table.estimate(3, 0) < 0.1
+    from deepinfer_builtin.deepspark import DeepSparkDrafter
+
+    drafter = DeepSparkDrafter.__new__(DeepSparkDrafter)
+    drafter.table = table
+    buckets, chain = drafter.value_chain([0.1, 0.9, 0.9])
+    assert buckets == [0, 3, 3] and chain == sorted(chain, reverse=True)
+
+
+def _timed_deepspark(step_seconds: float, rest_seconds: float, tick: float | None = None):
+    """A deepspark drafter (no model) that has measured these round costs, whose clock advances
+    ``tick`` (default: step_seconds) between calls, and whose table has learnt that 60% of drafts
+    at each position are accepted."""
+    import itertools
+
+    from deepinfer_builtin.deepspark import DeepSparkDrafter, DeepSparkOptions, RoundCosts, RoundRates
+
+    d = DeepSparkDrafter.__new__(DeepSparkDrafter)
+    d.options = DeepSparkOptions(buckets=1, prior_strength=1.0)
+    d.rates, d._round, d.in_graphs = RoundRates(d.options.explore_every), None, False
+    d._last_kind, d._last_ids, d._after_plain = None, set(), False
+    d.table = AcceptanceTable(1, 5, 1.0)
+    for pos in range(5):
+        for i in range(999):
+            d.table.record(0, pos, i % 5 < 3)
+    d.costs = RoundCosts()
+    d.free_verification = False
+    d.costs.rest, d.costs.step = rest_seconds, step_seconds
+    tick = step_seconds if tick is None else tick
+    d.clock, d._mark = itertools.count(100.0, tick).__next__, 100.0 - tick
+    return d
+
+
+@pytest.mark.parametrize("batch", [1, 64])
+def test_deepspark_round_depth_follows_the_measured_costs(batch):
+    """With the acceptance at 0.6 per draft, P_j = 0.6^j: after j drafts a request expects
+    1 + 0.6 + ... + 0.6^j tokens (those >= min_value 0.25: j <= 2) and one more step adds 0.6^(j+1)
+    if that is >= 0.25. Cheap draft steps: draft while P stays over min_value; expensive ones:
+    stop after the first."""
+    conf = [[0.5] * j for j in range(1, 5)]
+    cheap = _timed_deepspark(step_seconds=0.001, rest_seconds=0.010)
+    # after 1 draft: E = 1.6 a request, T = 11 ms; G = 0.36 a request in 1 ms: 0.36 > 1.6 / 11
+    assert cheap.another_step(1, [conf[0]] * batch, list(range(batch)))
+    # after 2: the third draft's P = 0.216 < min_value would not be verified: no gain
+    assert not cheap.another_step(2, [conf[1]] * batch, list(range(batch)))
+    costly = _timed_deepspark(step_seconds=0.005, rest_seconds=0.002)
+    # after 1 draft: T = 7 ms; G / t = 0.36 / 5 ms < E / T = 1.6 / 7 ms
+    assert not costly.another_step(1, [conf[0]] * batch, list(range(batch)))
+    # only the requests still drafting add to the gain: one of 64 does not pay for a step
+    if batch > 1:
+        assert not cheap.another_step(1, [conf[0]] * batch, [0])
+    # verified in graphs (free): the third draft counts too; E = 1.96 in T = 12 ms, G = 0.216 in 1 ms
+    cheap.free_verification = True
+    assert cheap.verify_threshold == 0.0
+    assert cheap.another_step(2, [conf[1]] * batch, list(range(batch)))
+    # the costs are learnt from the clock: a draft step timed at 3 ms moves a 1 ms average by 20%
+    # (the first draft step of a round too: a round that stops there still measures one)
+    learning = _timed_deepspark(step_seconds=0.001, rest_seconds=0.010, tick=0.003)
+    learning.another_step(1, [conf[0]], [0])
+    assert learning.costs.step == pytest.approx(0.0014)
+    # the first draft step of a round after plain steps feeds the draft the tokens it missed: not
+    # timed; the next one is
+    learning._after_plain = True
+    learning.another_step(1, [conf[0]], [0])
+    assert learning.costs.step == pytest.approx(0.0014)
+    learning.another_step(2, [conf[1]], [0])
+    assert learning.costs.step == pytest.approx(0.00172)
+    assert learning.costs.rest == 0.010
+
+
+def test_deepspark_verifying_everything_skips_the_chains_and_learns_the_same():
+    """Where every P_j passes (verification free in graphs, no budget), proposals verify all
+    drafts and record the same buckets as the general rule would (here run through a budget
+    larger than the drafts)."""
+    from types import SimpleNamespace
+
+    from deepinfer_builtin.draft_runner import Draft
+
+    drafts = {"a": Draft([5, 6, 7], None, [0.95, 0.4, 0.05]), "b": Draft([8, 9], None, [0.15, 0.75])}
+    got = []
+    for budget in (0, 1000):
+        d = _timed_deepspark(step_seconds=0.001, rest_seconds=0.010)
+        d.options = d.options.model_copy(update={"buckets": 10, "verify_budget": budget})
+        d.table = AcceptanceTable(10, 5, 4.0)
+        d.free_verification, d._ended, d._buckets, d.k = True, None, {}, 5
+        d.runner = SimpleNamespace(loop=object(), propose=lambda requests, k, *a, whole_rounds, lazy: dict(drafts))
+        props = d.propose([SimpleNamespace(request_id="a"), SimpleNamespace(request_id="b")])
+        for rid in props:  # each verified all its drafts; its first was accepted
+            d.observe(SimpleNamespace(request_id=rid), props[rid].num_verify, 1)
+        learnt = [(b, pos, d.table.trials[b][pos], d.table.accepted[b][pos]) for b in range(10) for pos in range(5)
+                  if d.table.trials[b][pos] != 4.0]
+        got.append(({rid: (p.tokens, p.num_verify) for rid, p in props.items()}, learnt))
+    # buckets of confidences 0.95, 0.4, 0.05 and 0.15, 0.75 (prior: 4 trials)
+    assert got[0] == got[1] == ({"a": ([5, 6, 7], 3), "b": ([8, 9], 2)},
+                                [(0, 2, 5.0, 0.2), (1, 0, 5.0, 1.6), (4, 1, 5.0, 1.8), (7, 1, 5.0, 3.0),
+                                 (9, 0, 5.0, 4.8)])
+
+
+T, F = True, False
+
+
+@pytest.mark.parametrize("spec_faster", [False, True])
+def test_round_rates_run_the_faster_kind_and_look_at_the_other_ever_less_often(spec_faster):
+    """Each kind runs four rounds at a time, measured from the second (the first speculative round
+    after plain steps also catches the draft up); after measuring both, the faster runs, with looks
+    at the other after gap - 4 rounds of it, the gap doubling from explore_every with each look
+    that finds the same kind faster, and starting over when the other turns out faster. Batch
+    sizes of one power-of-two class share their measurements."""
+    from deepinfer_builtin.deepspark import RoundRates
+
+    r = RoundRates(explore_every=6)
+    kinds, samples, bests = [], [], []
+
+    def rounds(n, spec_tokens, spec_seconds=3.0):
+        for i in range(n):
+            spec, sample = r.speculate(5 + i % 4)  # 5..8: one size class
+            kinds.append(spec)
+            samples.append(sample)
+            bests.append(r._best.get(8))
+            if sample:  # speculative: spec_seconds for spec_tokens; plain: 1 s for 8 tokens
+                r.record(spec, 8, spec_seconds if spec else 1.0, spec_tokens if spec else 8)
+
+    rounds(24, 32 if spec_faster else 16)
+    fast, slow = (T, F) if spec_faster else (F, T)
+    # four of each kind, then the faster (the initial rounds count towards its run), looks of four
+    # at the other after 2, 8, 20 ... rounds of it
+    if spec_faster:
+        assert kinds == [T] * 4 + [F] * 4 + [T] * 2 + [F] * 4 + [T] * 8 + [F] * 2
+    else:
+        assert kinds == [T] * 4 + [F] * 4 + [T] * 4 + [F] * 8 + [T] * 4
+    look = 10 if spec_faster else 8
+    assert samples[:8] == [F, T, T, T] * 2 and samples[look:look + 4] == [F, T, T, T]
+    # (seconds a token a request: 3 s for 4 or 2 tokens a request; plain: 1 s for 1)
+    assert r._best[8] == (fast, 24) and r.seconds == {(T, 8): 0.75 if spec_faster else 1.5, (F, 8): 1.0}
+    # the slower kind turns faster: a few looks later it runs, and its gap starts over
+    rounds(200, 8 if spec_faster else 64, 2.9)
+    assert r._best[8][0] == slow and kinds[-40:].count(slow) >= 30
+    flip = next(i for i, b in enumerate(bests) if b is not None and b[0] == slow)
+    assert bests[flip - 1][1] >= 24 and bests[flip][1] in (6, 12)  # (12: a look at once)
+    assert r.speculate(9) == (T, F)  # another size class starts measuring
+    # the rate is the rounds' seconds over their tokens: rounds of 1 token in 1 s and of 3 in 1 s
+    # give 2 tokens a second (each round's own rate averaged would say 2/3 s a token) ...
+    w = RoundRates(4, window=5)
+    w.record(T, 1, 1.0, 1)
+    w.record(T, 1, 1.0, 3)
+    assert w.seconds[(T, 1)] == 1.0 / 2.0
+    # ... of the last `window` rounds, the slowest quarter left out (warm-up, an idle engine)
+    w.record(T, 1, 50.0, 1)
+    assert w.seconds[(T, 1)] == 1.0 / 2.0
+    for _ in range(4):
+        w.record(T, 1, 2.0, 2)
+    assert w.seconds[(T, 1)] == 1.0  # (1.0, 1) and (1.0, 3) out of the window; (50.0, 1) and one (2.0, 2) cut
+    # a kind within the margin (5%) of the faster one does not take over; past it, it does
+    h = RoundRates(16)
+    for spec, sec in [(T, 1.0)] * 4 + [(F, 0.97)] * 4:
+        h.speculate(1)
+        h.record(spec, 1, sec, 1)
+    assert h.speculate(1) == (F, T)  # plain faster
+    even = RoundRates(16)  # speculating as fast as plain steps (within 5%) is not enough to start with
+    for spec in [T] * 4 + [F] * 4:
+        even.speculate(1)
+        even.record(spec, 1, 0.97 if spec else 1.0, 1)
+    assert even.speculate(1)[0] == F
+    for sec, speculates in ((1.03, F), (1.10, T)):
+        for _ in range(12):
+            h.record(F, 1, sec, 1)
+        assert h.speculate(1)[0] == speculates  # speculating 3% faster: plain stays; 9%: it goes
+
+
+def test_deepspark_drafts_nothing_while_plain_steps_are_faster():
+    """Timed by its clock, deepspark's speculative rounds (3 s for 2 tokens) lose to plain steps
+    (1 s a token): after measuring both it proposes nothing, but for a look at speculating now and
+    then. A round is a sample only if its step computed just its own tokens and no request joined
+    after it; one that a request left still is."""
+    from types import SimpleNamespace
+
+    from deepinfer_builtin.deepspark import RoundRates
+    from deepinfer_builtin.draft_runner import Draft
+
+    d = _timed_deepspark(step_seconds=0.001, rest_seconds=0.010)
+    d.rates, d._ended, d._buckets, d.k = RoundRates(6), None, {}, 5  # (looks of 4 rounds)
+    d.options = d.options.model_copy(update={"skip_min_batch": 1})
+    assert d.options.skip_when_slower == "graphs" and not d.may_skip(1)
+    d.in_graphs = True  # as if the engine verified in device graphs
+    assert d.may_skip(1)
+    d.runner = SimpleNamespace(propose=lambda requests, k, *a, whole_rounds, lazy: {"a": Draft([5], None, [0.9])})
+    now = [0.0]
+    d.clock = lambda: now[0]
+    req, other = SimpleNamespace(request_id="a"), SimpleNamespace(request_id="b")
+
+    def step(requests, prompt_tokens=0):  # an engine step: propose, verify, end
+        props = d.propose(requests)
+        if props:
+            d.observe(req, 1, 1)  # its draft accepted: 2 tokens this round
+        d.deepinfer_step_end(num_tokens=len(requests) + sum(len(p.verified) for p in props.values()) + prompt_tokens)
+        now[0] += 3.0 if props else 1.0
+        return bool(props)
+
+    drafted = [step([req]) for _ in range(14)]
+    assert drafted == [T, T, T, T, F, F, F, F, T, T, T, T, F, F]
+    assert d.rates.seconds == {(T, 1): 1.5, (F, 1): 1.0}
+    plain = len(d.rates.rounds[(F, 1)])
+    # a step that also computed another request's prompt is no sample (the last round, closed
+    # here, is)
+    step([req], prompt_tokens=30)
+    step([req])
+    assert len(d.rates.rounds[(F, 1)]) == plain + 1
+    step([req])
+    assert len(d.rates.rounds[(F, 1)]) == plain + 2
+    # nor is a round after which a request joined, or the joining round: two rounds of the pair,
+    # the second a sample (3 tokens, 1.5 a request, in 3 s), closed by a round of one of them
+    # (a request that left is no reason to drop it)
+    step([req, other])
+    assert len(d.rates.rounds[(F, 1)]) == plain + 2
+    step([req, other])
+    assert (T, 2) not in d.rates.rounds
+    step([req])
+    assert list(d.rates.rounds[(T, 2)]) == [(3.0, 1.5)]
+    # a round that a request starts (the draft computes its prompt in it) is no sample either
+    counts = {key: len(v) for key, v in d.rates.rounds.items()}
+    for _ in range(2):
+        step([SimpleNamespace(request_id="c")])
+    assert {key: len(v) for key, v in d.rates.rounds.items()} == counts
+
+
+
+def test_deepspark_without_cost_awareness_always_goes_on():
+    d = _timed_deepspark(step_seconds=0.005, rest_seconds=0.002)
+    d.options = d.options.model_copy(update={"cost_aware": False})
+    assert d.another_step(1, [[0.5]], [0])
