@@ -138,3 +138,27 @@ def test_fused_ops_offer_the_gemvs_only_when_asked(device):
     x = randn(1, 16, dtype=torch.float32, device=device)
     w = randn(8, 16, dtype=torch.float32, device=device, seed=1)
     _close(on.gemv(x, w), gemv_ref(x, w), torch.float32)  # no PDL off a Hopper GPU; same result on one
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("cfg", [GemvConfig(2, 16, 1), GemvConfig(2, 8, 3)], ids=str)
+@pytest.mark.parametrize("early", [False, True])
+def test_epilogue_inputs_read_before_or_after_the_loop(dtype, cfg, early, device, monkeypatch):
+    """EARLY_LOADS moves the epilogue's reads (residual, position, rotary tables, slot) ahead of the
+    K loop; either way the outputs and the written cache match the reference. (Compiled, the move
+    may change the order of the row sums, so the two are not compared bit for bit.)"""
+    import sys
+
+    monkeypatch.setattr(sys.modules["deepinfer_kernels.gemv"], "EARLY_LOADS", early)
+    args = _qkv_args(dtype, device, False)
+    kv, d = args[8], args[4].shape[1]
+    x, w = args[0], args[1][:24]
+    res0 = randn(1, 24, dtype=dtype, device=device, seed=3)
+    caches = [randn(12, kv, d, dtype=dtype, device=device, seed=s) for s in (7, 8)]
+    want = [c.clone() for c in caches]
+    at = torch.tensor([5], device=device)
+    _close(gemv_qkv_rotary(*args, config=cfg, kv_cache=(caches[0], caches[1], at)),
+           gemv_qkv_rotary_ref(*args, kv_cache=(want[0], want[1], at)), dtype)
+    _close(caches[0], want[0], dtype)
+    _close(caches[1], want[1], dtype)
+    _close(gemv(x, w, residual=res0.clone(), config=cfg), gemv_ref(x, w, residual=res0.clone()), dtype)
