@@ -11,7 +11,8 @@ with ``loop_graph`` off (a round's draft steps one by one, its depth from the dr
 
 Each configuration is one LLM (all built first, each with a small KV pool); a run decodes
 ``bench spec``'s held-out prompts (--prompts of them, in batches of --batch); prints every run's
-seconds, each configuration's median tok/s and its ratio to the first.
+seconds, each configuration's median tok/s, its ratio to the first and its tokens a target step (a
+request's; deepspark's share of speculative rounds shows in it).
 """
 from __future__ import annotations
 
@@ -68,6 +69,7 @@ def main() -> None:
 
     for llm in llms.values():
         run(llm)  # warm-up
+    m0 = {n: llm.get_metrics() for n, llm in llms.items()}
     secs: dict[str, list[float]] = {n: [] for n in llms}
     for i in range(a.runs):
         order = list(llms) if i % 2 == 0 else list(reversed(llms))  # alternate which goes first
@@ -78,7 +80,9 @@ def main() -> None:
     print(f"batch {a.batch}, {groups * a.batch} prompts, {a.output_len} new tokens, {a.runs} interleaved runs")
     for n, s in secs.items():
         rate = tokens / statistics.median(s)
-        print(f"{n:12s} median {rate:10.1f} tok/s  {rate / base:5.2f}x  runs(s): "
+        m = {k: v - m0[n].get(k, 0) for k, v in llms[n].get_metrics().items()}
+        per_step = m["deepinfer:generation_tokens"] / max(1, m["deepinfer:request_sampling_steps"])
+        print(f"{n:12s} median {rate:10.1f} tok/s  {rate / base:5.2f}x  {per_step:.2f} tok/step  runs(s): "
               + " ".join(f"{x:.3f}" for x in s))
     for n, llm in llms.items():  # deepspark's measured seconds a token, speculative and plain rounds
         rates = getattr(llm.engine.drafter, "rates", None)

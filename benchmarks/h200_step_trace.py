@@ -9,7 +9,9 @@ $OUT/step_trace.txt.
 
 (--copies: memory copies and sets are charged as kernels are, under their own names.)
 
-(--variants: plugin options for each traced engine, e.g. '{}' '{"triton": {"split_size": 512}}'.)
+(--variants: plugin options for each traced engine, e.g. '{}' '{"triton": {"split_size": 512}}'; last.)
+
+(--tiles FILE: the single-token GEMV tiles of FILE, as h200_latency_with.py takes them.)
 """
 import json
 import os
@@ -27,6 +29,9 @@ shape = sys.argv[1] if len(sys.argv) > 1 and not sys.argv[1].startswith("-") els
 tokens = int(sys.argv[sys.argv.index("--tokens") + 1]) if "--tokens" in sys.argv else 24
 model = build_random_model(shape, "bfloat16", "cuda")
 KINDS = ("kernel", "gpu_memcpy", "gpu_memset") if "--copies" in sys.argv else ("kernel",)
+if "--tiles" in sys.argv:
+    from gemv_tiles_patch import use_tiles
+    use_tiles(sys.argv[sys.argv.index("--tiles") + 1])
 variants = [json.loads(v) for v in sys.argv[sys.argv.index("--variants") + 1:]] if "--variants" in sys.argv else [{}]
 
 
