@@ -67,3 +67,9 @@ if [ "${1:-a}" = f ]; then
    cp "$OUT/step_trace.txt" "$OUT/step_trace_late.txt")
   timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests --ignore=tests/serve > "$OUT/gpu_tests.txt" 2>&1
 fi
+if [ "${1:-a}" = g ]; then
+  # the final code's batch-1 decode, the recorded command, twice
+  for r in 1 2; do
+    timeout 80 $LAT --repeats 3 2>&1 | filter | grep -e "tok/s" -e "first" >> "$OUT/latency.txt"
+  done
+fi
