@@ -8,13 +8,7 @@ if [ "${1:-a}" = a ]; then
   # the defaults, interleaved
   (cd benchmarks && timeout 260 python3 h200_gemv_fullk.py > "$OUT/fullk_log.txt" 2>&1)
   cp "$OUT/gemv_fullk_best.json" /tmp/best.json 2>/dev/null || echo '{}' > /tmp/best.json
-  for r in 1 2; do
-    echo "== defaults" >> "$OUT/latency.txt"
-    timeout 60 $LAT --repeats 2 2>&1 | filter | grep -e "tok/s" -e "first" >> "$OUT/latency.txt"
-    echo "== fastest set" >> "$OUT/latency.txt"
-    timeout 60 python3 benchmarks/h200_latency_with.py /tmp/best.json -- ${LAT#python3 -m deepinfer.cli} \
-      --repeats 2 2>&1 | filter | grep -e "tok/s" -e "first" >> "$OUT/latency.txt"
-  done
+  latency_ab "fastest set" /tmp/best.json
 fi
 if [ "${1:-a}" = b ]; then
   # every gpu-marked test; deepspark's final estimator (skip_when_slower as committed in session 12)
@@ -46,13 +40,7 @@ if [ "${1:-a}" = e ]; then
   timeout 200 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_gemv.py > "$OUT/tests.txt" 2>&1
   (cd benchmarks && timeout 150 python3 h200_gemv_fullk.py --sets "epilogue reads late" > "$OUT/early_log.txt" 2>&1)
   echo '{"early_loads": false}' > /tmp/late.json
-  for r in 1 2; do
-    echo "== defaults (early)" >> "$OUT/latency.txt"
-    timeout 60 $LAT --repeats 2 2>&1 | filter | grep -e "tok/s" -e "first" >> "$OUT/latency.txt"
-    echo "== epilogue reads late" >> "$OUT/latency.txt"
-    timeout 60 python3 benchmarks/h200_latency_with.py /tmp/late.json -- ${LAT#python3 -m deepinfer.cli} \
-      --repeats 2 2>&1 | filter | grep -e "tok/s" -e "first" >> "$OUT/latency.txt"
-  done
+  latency_ab "epilogue reads late" /tmp/late.json
 fi
 if [ "${1:-a}" = f ]; then
   # EARLY_LOADS again: the kernel tests compiled (the bitwise comparison of call e replaced), the
