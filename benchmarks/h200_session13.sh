@@ -61,3 +61,7 @@ if [ "${1:-a}" = g ]; then
     timeout 80 $LAT --repeats 3 2>&1 | filter | grep -e "tok/s" -e "first" >> "$OUT/latency.txt"
   done
 fi
+if [ "${1:-a}" = h ]; then
+  # the GEMV kernel tests compiled after the review's changes to the early-reads test
+  timeout 200 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_gemv.py > "$OUT/tests.txt" 2>&1
+fi
