@@ -70,3 +70,8 @@ if [ "${1:-a}" = i ]; then
   timeout 240 python3 -m deepinfer.cli bench spec --device sm90 --batch 64 --output-len 256 --repeats 5 \
     --drafters none,draft-model,deepspark 2>&1 | filter > "$OUT/bench_spec_b64.txt"
 fi
+if [ "${1:-a}" = j ]; then
+  # where deepspark's speculative rounds go in the recorded 64-request workload: each round's
+  # choice logged, run by run
+  (cd benchmarks && timeout 200 python3 h200_spark_log.py --runs 5 2>&1 | filter > "$OUT/spark_log.txt")
+fi
