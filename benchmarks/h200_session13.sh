@@ -75,10 +75,3 @@ if [ "${1:-a}" = j ]; then
   # choice logged, run by run
   (cd benchmarks && timeout 200 python3 h200_spark_log.py --runs 5 2>&1 | filter > "$OUT/spark_log.txt")
 fi
-if [ "${1:-a}" = k ]; then
-  # after each kind's rate came from its latest run of rounds: the recorded 64-request command
-  # (draft-model and deepspark, 5 repeats), then the round log
-  timeout 100 python3 -m deepinfer.cli bench spec --device sm90 --batch 64 --output-len 256 --repeats 5 \
-    --drafters draft-model,deepspark 2>&1 | filter > "$OUT/bench_spec_b64.txt"
-  (cd benchmarks && timeout 60 python3 h200_spark_log.py --runs 3 2>&1 | filter > "$OUT/spark_log.txt")
-fi
