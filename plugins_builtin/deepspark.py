@@ -14,9 +14,10 @@ Round depth (``cost_aware``). A round costs C0 (the target's verification step a
 work around it) plus t per draft step, both measured as it runs (moving averages of wall time;
 every round times its first draft step, so t stays current even when rounds stop there; the first
 step costs a little more than later ones, and C0 leaves out that eager verification grows with
-the drafts verified: both lean towards shallow rounds). After j drafts the round expects E tokens
-(per request, 1 plus the P_i of its verified drafts) for T = C0 + j t. Another draft step adds G =
-sum over the requests still drafting of P_j * a_j (a_j: the table's acceptance at the next
+the drafts verified: both lean towards shallow rounds). After j
+drafts the round expects E tokens (per request, 1 plus the P_i of its verified drafts) for
+T = C0 + j t. Another draft step adds
+G = sum over the requests still drafting of P_j * a_j (a_j: the table's acceptance at the next
 position over all buckets), counting only drafts that would be verified. The round drafts on while
 G / t > E / T: while the next step adds tokens faster than the round so far. Where verification is
 cheap beside drafting (small models on a GPU), this ends rounds of a large batch early even though
@@ -31,19 +32,19 @@ from ``min_value`` to 0, and what is worth doing is decided by the round depth a
 the steps that still verify eagerly (a batch larger than the largest captured size, a sequence
 longer than ``max_seq_len_to_capture``, a prefill chunk in the step) then verify every draft too.
 
-Rounds that draft nothing (``skip_when_slower``). Where the engine verifies in device graphs, a
-round drafts and verifies all k whatever the batch (loop graph, verification free), so nothing
-above adapts to the batch, and at large batches plain decode steps give more tokens a second (H200,
-demo pair: none 1.35-1.64x of draft-model at 64 requests). There (``"graphs"``, the default;
-``"always"``: in eager steps too), batches of at least ``skip_min_batch`` requests draft nothing
-for a round (the engine then runs a plain decode step) while plain steps are measured to be the
-faster (RoundRates: rounds' generated tokens a request, one plus the accepted drafts, against
-their time to the next proposal, per batch size class, each kind from its latest run of rounds;
-only rounds whose step computed just their own tokens, with the same requests throughout, after a
-round of their kind, are samples: see docs/plugins.md). Now and then four rounds of the other kind
-run, so that a change is noticed: after ``explore_every`` rounds at first, then ever less often.
-The greedy output is the target's either way. This is vLLM's disabling of speculation by batch
-size, measured instead of set.
+Rounds that draft nothing (``skip_when_slower``). Speculating pays only where a round's extra
+tokens outweigh its cost. Where the engine verifies in device graphs, a round drafts and verifies
+all k whatever the batch (loop graph, verification free), so nothing above adapts to the batch, and
+at large batches plain decode steps give more tokens a second (H200, demo pair: none 1.35-1.64x
+of draft-model at 64 requests). There (``"graphs"``, the default; ``"always"``: in eager steps
+too), batches of at least ``skip_min_batch`` requests draft nothing for a round (the engine then
+runs a plain decode step) while plain steps are measured to be the faster (RoundRates: rounds'
+generated tokens a request, one plus the accepted drafts, against their time to the next
+proposal, per batch size class; only rounds whose step computed just their own tokens, with the
+same requests throughout, after a round of their kind, are samples: see docs/plugins.md). Now and
+then four rounds of the other kind run, so that a change is noticed: after ``explore_every``
+rounds at first, then ever less often. The greedy output is the target's either way. This is
+vLLM's disabling of speculation by batch size, measured instead of set.
 
 Drafting in one graph (``loop_graph``, on by default). With device graphs, a greedy round's k draft
 steps replay from one graph, so the round costs one launch and one copy to the host whatever its
@@ -132,9 +133,9 @@ class _Round:
 class RoundRates:
     """Seconds per generated token (a request) of speculative rounds and of plain steps (rounds
     that draft nothing), per batch size class (powers of two), from each kind's last ``window``
-    rounds of its latest run: the slowest quarter of them left out (warm-up, an idle engine between
-    rounds), the rest's seconds over their tokens (a speculative round's tokens vary, so averaging
-    each round's own rate would overstate its cost); and which kind the next round is.
+    rounds: the slowest quarter of them left out (warm-up, an idle engine between rounds), the
+    rest's seconds over their tokens (a speculative round's tokens vary, so averaging each round's
+    own rate would overstate its cost); and which kind the next round is.
 
     Rounds of a kind run ``look`` in a row, of which all but the first are samples (the first
     speculative round after plain steps also feeds the draft the tokens it missed). Each kind is
@@ -149,13 +150,13 @@ class RoundRates:
         self.explore_every = max(explore_every, 2)
         self.max_gap = max(max_gap, explore_every)
         self.look = min(look, self.explore_every)
-        self.margin, self.window = margin, window
+        self.margin = margin
+        self.window = window
         #: (speculative, size class) -> the last rounds' (seconds, tokens a request)
         self.rounds: dict[tuple[bool, int], deque[tuple[float, float]]] = {}
         self._runs: dict[int, tuple[bool, int]] = {}       # size class -> (kind, rounds in a row)
         self._plan: dict[int, list[bool]] = {}             # size class -> the next rounds' kinds
         self._best: dict[int, tuple[bool, int]] = {}       # size class -> (the faster kind, gap)
-        self._recorded: dict[int, bool] = {}               # size class -> the kind of its last sample
 
     @staticmethod
     def size_class(batch: int) -> int:
@@ -177,16 +178,11 @@ class RoundRates:
         return {key: self.rate(*key) for key in self.rounds}
 
     def record(self, speculative: bool, batch: int, seconds: float, tokens: int) -> None:
-        """A round of ``batch`` requests that generated ``tokens`` in ``seconds``, kept as tokens a
-        request (one class's batch sizes then compare: steps that cost mostly launches take about as
-        long at 33 requests as at 64). A kind's new run of rounds drops its older samples: a look
-        compares with the other kind's rounds just before it, not with its own of long ago."""
-        size = self.size_class(batch)
-        window = self.rounds.setdefault((speculative, size), deque(maxlen=self.window))
-        if self._recorded.get(size, speculative) != speculative:
-            window.clear()
-        self._recorded[size] = speculative
-        window.append((max(seconds, 1e-9), max(tokens, 1) / batch))
+        """A round of ``batch`` requests that generated ``tokens`` in ``seconds``; kept as tokens a
+        request, so that rounds of the different batch sizes of one class compare (steps that
+        cost mostly launches take about as long at 33 requests as at 64)."""
+        key = (speculative, self.size_class(batch))
+        self.rounds.setdefault(key, deque(maxlen=self.window)).append((max(seconds, 1e-9), max(tokens, 1) / batch))
 
     def speculate(self, batch: int) -> tuple[bool, bool]:
         """(whether the next round at this batch size drafts, whether it will be a sample)."""
