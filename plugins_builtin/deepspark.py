@@ -57,7 +57,6 @@ draft step by step as above.
 from __future__ import annotations
 
 import time
-from collections import deque
 from dataclasses import dataclass
 from typing import Literal
 
@@ -66,6 +65,7 @@ from pydantic import Field
 from deepinfer.plugins import DraftProposal, Request, hookimpl
 from deepinfer_builtin.draft_model import DraftModelDrafter, DraftModelOptions
 from deepinfer_builtin.draft_runner import Draft
+from deepinfer_builtin.round_rates import RoundCosts, RoundRates
 
 
 class DeepSparkOptions(DraftModelOptions):
@@ -93,28 +93,12 @@ class DeepSparkOptions(DraftModelOptions):
                                                      "the slower kind, so that both stay measured (the gap "
                                                      "doubles with every look that finds the same kind faster, "
                                                      "up to 1,024 rounds)")
+    overlap_plain_rounds: bool = Field(False, description="with skip_when_slower: tell the engine before each "
+                                                          "round whether it drafts, so that rounds that draft "
+                                                          "nothing keep overlap scheduling (off by default: not "
+                                                          "yet measured on a GPU)")
     buckets: int = Field(10, ge=1, le=100)
     prior_strength: float = Field(4.0, gt=0.0)
-
-
-class RoundCosts:
-    """Moving averages of a round's parts, in seconds: ``rest`` (from the end of one proposal to
-    the start of the next: verification and the engine's work) and ``step`` (a draft step). A
-    sample over 4x the average (an idle engine between proposals) counts as 4x."""
-
-    def __init__(self, weight: float = 0.2) -> None:
-        self.weight = weight
-        self.rest: float | None = None
-        self.step: float | None = None
-
-    def update(self, name: str, seconds: float) -> None:
-        old = getattr(self, name)
-        new = seconds if old is None else old + self.weight * (min(seconds, 4 * old) - old)
-        setattr(self, name, max(new, 1e-9))  # a coarse clock's 0 must not pin the average there
-
-    @property
-    def known(self) -> bool:
-        return None not in (self.rest, self.step) and self.step > 0
 
 
 @dataclass
@@ -128,89 +112,6 @@ class _Round:
     tokens: int     # generated: one a request, plus the accepted drafts
     computed: int   # what its step should compute: one token a request, plus the drafts sent
     checked: bool = False  # its step ended as expected
-
-
-class RoundRates:
-    """Seconds per generated token (a request) of speculative rounds and of plain steps (rounds
-    that draft nothing), per batch size class (powers of two), from each kind's last ``window``
-    rounds: the slowest quarter of them left out (warm-up, an idle engine between rounds), the
-    rest's seconds over their tokens (a speculative round's tokens vary, so averaging each round's
-    own rate would overstate its cost); and which kind the next round is.
-
-    Rounds of a kind run ``look`` in a row, of which all but the first are samples (the first
-    speculative round after plain steps also feeds the draft the tokens it missed). Each kind is
-    measured first, then the faster runs (the other must be faster by ``margin`` to take over, and
-    speculating must be from the start); after ``gap - look`` rounds of it, ``look`` of the other.
-    The gap starts at ``explore_every`` and doubles with every look that finds the same kind
-    faster, up to ``max_gap``: a look costs, and the faster kind mostly stays the faster; when the
-    other takes over, the gap starts over."""
-
-    def __init__(self, explore_every: int, window: int = 12, max_gap: int = 1024, look: int = 4,
-                 margin: float = 0.05) -> None:
-        self.explore_every = max(explore_every, 2)
-        self.max_gap = max(max_gap, explore_every)
-        self.look = min(look, self.explore_every)
-        self.margin = margin
-        self.window = window
-        #: (speculative, size class) -> the last rounds' (seconds, tokens a request)
-        self.rounds: dict[tuple[bool, int], deque[tuple[float, float]]] = {}
-        self._runs: dict[int, tuple[bool, int]] = {}       # size class -> (kind, rounds in a row)
-        self._plan: dict[int, list[bool]] = {}             # size class -> the next rounds' kinds
-        self._best: dict[int, tuple[bool, int]] = {}       # size class -> (the faster kind, gap)
-
-    @staticmethod
-    def size_class(batch: int) -> int:
-        return 1 << max(0, batch - 1).bit_length()
-
-    def rate(self, speculative: bool, size: int) -> float | None:
-        """Seconds a token a request (a plain step's time; a speculative round's over the tokens
-        it gives each request) at a size class, or None before its first sample."""
-        rounds = self.rounds.get((speculative, size))
-        if not rounds:
-            return None
-        cut = (len(rounds) + 3) // 4 if len(rounds) >= 3 else 0  # the slowest quarter
-        kept = sorted(rounds, key=lambda r: r[0])[:len(rounds) - cut]
-        return sum(sec for sec, _ in kept) / sum(tok for _, tok in kept)
-
-    @property
-    def seconds(self) -> dict[tuple[bool, int], float]:
-        """``rate`` of every (speculative, size class) measured."""
-        return {key: self.rate(*key) for key in self.rounds}
-
-    def record(self, speculative: bool, batch: int, seconds: float, tokens: int) -> None:
-        """A round of ``batch`` requests that generated ``tokens`` in ``seconds``; kept as tokens a
-        request, so that rounds of the different batch sizes of one class compare (steps that
-        cost mostly launches take about as long at 33 requests as at 64)."""
-        key = (speculative, self.size_class(batch))
-        self.rounds.setdefault(key, deque(maxlen=self.window)).append((max(seconds, 1e-9), max(tokens, 1) / batch))
-
-    def speculate(self, batch: int) -> tuple[bool, bool]:
-        """(whether the next round at this batch size drafts, whether it will be a sample)."""
-        size = self.size_class(batch)
-        plan = self._plan.setdefault(size, [])
-        spec, plain = self.rate(True, size), self.rate(False, size)
-        kind, run = self._runs.get(size, (None, 0))
-        if plan:
-            choice = plan.pop(0)
-        elif spec is None or plain is None:
-            choice = spec is None
-            plan.extend([choice] * (self.look - 1))
-        else:
-            # speculating must win by the margin from the start: its samples leave out what it
-            # costs besides (rounds that catch the draft up, the first rounds after a prompt)
-            best, gap = self._best.get(size, (spec < plain * (1 - self.margin), self.explore_every))
-            mine, other = (spec, plain) if best else (plain, spec)
-            choice = best if other >= mine * (1 - self.margin) else not best
-            if best != choice:
-                gap = self.explore_every
-            if kind == choice and run >= gap - self.look:
-                choice = not choice
-                plan.extend([choice] * (self.look - 1))
-                gap = min(2 * gap, self.max_gap)
-            self._best[size] = (not choice if plan else choice, gap)
-        run = run + 1 if kind == choice else 1
-        self._runs[size] = (choice, run)
-        return choice, run > 1
 
 
 class AcceptanceTable:
@@ -258,6 +159,7 @@ class DeepSparkDrafter(DraftModelDrafter):
         self.clock = time.perf_counter
         self._ended: float | None = None  # when the last proposal returned
         self._mark = 0.0                  # the round's last timing point
+        self._plan: tuple[bool, bool] | None = None  # needs_tokens' choice for the proposal after it
         #: the engine verifies in device graphs of k + 1 rows a request, computed whether or not
         #: they are verified: a drafted token then costs nothing more to verify
         self.free_verification = False
@@ -273,6 +175,17 @@ class DeepSparkDrafter(DraftModelDrafter):
         # the engine captures verification graphs along with the draft's
         self.free_verification = self.options.verify_all_in_graphs
         self.in_graphs = True
+
+    @property
+    def skips_rounds(self) -> bool:
+        return self.options.overlap_plain_rounds and self.options.skip_when_slower != "never"
+
+    def needs_tokens(self, requests: list[Request]) -> bool:
+        """The next round's kind, chosen now: a plain round needs no tokens (the engine may leave
+        the last step running meanwhile)."""
+        batch = len(requests)
+        self._plan = self.rates.speculate(batch) if self.may_skip(batch) else (True, False)
+        return self._plan[0]
 
     def may_skip(self, batch: int) -> bool:
         """Whether a round of ``batch`` requests may draft nothing (``skip_when_slower``)."""
@@ -326,7 +239,10 @@ class DeepSparkDrafter(DraftModelDrafter):
             # prompt was computed in between)
             self.rates.record(last.speculative, last.batch, start - last.start, last.tokens)
         self._round = None
-        speculate, sample = self.rates.speculate(batch) if self.may_skip(batch) else (True, False)
+        if self._plan is not None:  # chosen by needs_tokens for this step
+            (speculate, sample), self._plan = self._plan, None
+        else:
+            speculate, sample = self.rates.speculate(batch) if self.may_skip(batch) else (True, False)
         # a sample only after a round of its kind, and without a newcomer (whose prompt the draft
         # computes in this round)
         sample = sample and self._last_kind is speculate and ids <= self._last_ids
@@ -345,6 +261,7 @@ class DeepSparkDrafter(DraftModelDrafter):
     def deepinfer_step_end(self, num_tokens: int) -> None:
         """A round is a sample only if its step computed just its requests' tokens and drafts (no
         prompt of another request) and it ends with the next step's proposal."""
+        self._plan = None  # (a plan no proposal took: every request finished meanwhile)
         r = self._round
         if r is not None:
             if r.checked or num_tokens != r.computed:

@@ -59,10 +59,12 @@ class LLMEngine:
         self.emit_unfinished = True
         self._seq_owner: dict[str, RequestState] = {}
         #: plan step N+1 while step N runs: the scheduler's choice, on a device that runs queued
-        #: work asynchronously, without a drafter (which needs every token on the host); tests set
+        #: work asynchronously, without a drafter (which needs every token on the host) or with
+        #: one that says before each proposal whether it drafts (Drafter.skips_rounds); tests set
         #: it to exercise the overlapped path on the CPU
         device = ctx.device
-        self.overlap = scheduler.overlap and drafter is None and (device is None or device.asynchronous)
+        self.overlap = (scheduler.overlap and (drafter is None or drafter.skips_rounds)
+                        and (device is None or device.asynchronous))
         self._in_flight: StepInFlight | None = None
         for name in ("prompt_tokens", "prompt_tokens_computed", "generation_tokens", "num_preemptions",
                      "request_success", "request_aborted", "request_sampling_steps"):
@@ -140,12 +142,12 @@ class LLMEngine:
         state (drafts, logprobs, penalties) are waited for at once.
         """
         self.hooks.deepinfer_step_begin(engine=self)
+        touched: dict[str, RequestState] = {}
         if self.drafter is not None:
-            self._propose()
+            self._propose(touched)
         sched = self.scheduler.schedule()
         for req in sched.preempted:
             self._drop_draft(req)
-        touched: dict[str, RequestState] = {}
         flight = self.runner.launch(sched) if not sched.empty else None
         if self._in_flight is not None:  # the previous step finished on the device meanwhile
             self._take_deferred(self._in_flight, touched)
@@ -255,11 +257,14 @@ class LLMEngine:
         return False
 
     # ------------------------------------------------------------------------------ speculation
-    def _propose(self) -> None:
-        """Ask the drafter for drafts for every sequence that is decoding and may speculate."""
-        decoding = [seq for state in self.requests.values() for seq in state.seqs
-                    if seq.status is RequestStatus.RUNNING and seq.num_computed_tokens == seq.num_tokens - 1
-                    and _may_speculate(seq)]
+    def _propose(self, touched: dict[str, RequestState]) -> None:
+        """Ask the drafter for drafts for every sequence that is decoding and may speculate; first
+        take the step left running if the drafter needs its tokens (``Drafter.needs_tokens``)."""
+        decoding = self._decoding()
+        if self._in_flight is not None and decoding and self.drafter.needs_tokens(decoding):
+            self._take_deferred(self._in_flight, touched)
+            self._in_flight = None
+            decoding = self._decoding()  # (some may have finished)
         proposals = self.drafter.propose(decoding) if decoding else {}
         m = self.metrics
         for seq in decoding:
@@ -271,6 +276,11 @@ class LLMEngine:
                 m.inc("deepinfer:spec_decode_num_draft_tokens", len(prop.tokens))
             else:
                 seq.draft = None
+
+    def _decoding(self) -> list[Request]:
+        return [seq for state in self.requests.values() for seq in state.seqs
+                if seq.status is RequestStatus.RUNNING and seq.num_computed_tokens == seq.num_tokens - 1
+                and _may_speculate(seq)]
 
     def _observe(self, req: Request, num_verified: int, num_rejected: int) -> None:
         accepted = num_verified - num_rejected

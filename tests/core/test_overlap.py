@@ -142,5 +142,8 @@ def test_overlap_follows_the_scheduler_option_and_the_device(model_dir):
         assert off.engine.overlap is False
         drafting = LLM(model_dir, progress=False, plugins=["ngram"])
         assert drafting.engine.overlap is False  # a drafter needs every token on the host
+        # ... unless it says before each proposal whether it drafts
+        options = {"deepspark": {"overlap_plain_rounds": True}}
+        assert LLM(progress=False, plugins=["deepspark"], plugin_options=options).engine.overlap is True
     finally:
         CPUDevice.asynchronous = False

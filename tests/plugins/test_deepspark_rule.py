@@ -32,7 +32,7 @@ def _timed_deepspark(step_seconds: float, rest_seconds: float, tick: float | Non
     d = DeepSparkDrafter.__new__(DeepSparkDrafter)
     d.options = DeepSparkOptions(buckets=1, prior_strength=1.0)
     d.rates, d._round, d.in_graphs = RoundRates(d.options.explore_every), None, False
-    d._last_kind, d._last_ids, d._after_plain = None, set(), False
+    d._last_kind, d._last_ids, d._after_plain, d._plan = None, set(), False, None
     d.table = AcceptanceTable(1, 5, 1.0)
     for pos in range(5):
         for i in range(999):
@@ -213,6 +213,8 @@ def test_deepspark_drafts_nothing_while_plain_steps_are_faster():
     drafted = [step([req]) for _ in range(14)]
     assert drafted == [T, T, T, T, F, F, F, F, T, T, T, T, F, F]
     assert d.rates.seconds == {(T, 1): 1.5, (F, 1): 1.0}
+    # asked first (the engine may leave its last step running), it chooses the round it then runs
+    assert d.needs_tokens([req]) is False and step([req]) is False and d._plan is None
     plain = len(d.rates.rounds[(F, 1)])
     # a step that also computed another request's prompt is no sample (the last round, closed
     # here, is)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from deepinfer import LLM, SamplingParams
-from deepinfer.core.request import Request
+from deepinfer.core.request import PLACEHOLDER_TOKEN, Request
 from deepinfer.core.spec import verify
 from deepinfer_builtin.ngram import ngram_continuation
 from tests.tiny_models import hybrid, make_model
@@ -161,12 +161,26 @@ def test_ngram_finds_the_latest_longest_match():
     assert ngram_continuation([4, 5, 6], 3, 2, 2) == []
 
 
-def test_deepspark_mixing_plain_and_speculative_rounds_is_lossless(demo_reference):
+@pytest.mark.parametrize("overlap", [False, True])
+def test_deepspark_mixing_plain_and_speculative_rounds_is_lossless(demo_reference, overlap):
     """Skipping in eager steps too, with explore_every 2, deepspark alternates plain steps and
     speculative rounds whatever the timings: the greedy output stays the target's, every pool is
-    free after."""
+    free after. With ``overlap_plain_rounds`` (and the engine's overlapped path switched on, as an
+    asynchronous device would have it), plain rounds are left running while the next is planned,
+    and a speculative round first takes them."""
     llm = LLM(progress=False, dtype="float32", plugins=["deepspark"],
-              plugin_options={"deepspark": {"explore_every": 2, "skip_when_slower": "always", "skip_min_batch": 1}})
+              plugin_options={"deepspark": {"explore_every": 2, "skip_when_slower": "always", "skip_min_batch": 1,
+                                            "overlap_plain_rounds": overlap}})
+    assert llm.engine.overlap is False and llm.engine.drafter.skips_rounds is overlap  # (a synchronous CPU)
+    llm.engine.overlap, deferred, begin = overlap, [], llm.engine._begin_deferred
+    llm.engine._begin_deferred = lambda flight: (deferred.append(flight.sched.num_tokens), begin(flight))
+    runner, propose = llm.engine.drafter.runner, llm.engine.drafter.runner.propose
+
+    def drafting(requests, *a, **kw):  # the draft reads every token: none may still be a placeholder
+        assert not any(PLACEHOLDER_TOKEN in r.all_token_ids for r in requests)
+        return propose(requests, *a, **kw)
+
+    runner.propose = drafting
     rates, kinds = llm.engine.drafter.rates, []
     speculate = rates.speculate
 
@@ -179,6 +193,7 @@ def test_deepspark_mixing_plain_and_speculative_rounds_is_lossless(demo_referenc
     params = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
     assert [o.outputs[0].token_ids for o in llm.generate(DEMO_PROMPTS, params, use_tqdm=False)] == demo_reference
     assert True in kinds and False in kinds
+    assert (len(deferred) > 0) is overlap
     _assert_pools_free(llm)
 
 
