@@ -7,7 +7,8 @@ alternating the configurations run by run keeps the drift out of their ratio.
 A name ending in ``+host`` is that drafter with ``device_drafts`` off (its drafts copied to the
 host before the verification is prepared); ``+sync``, with the scheduler's overlap off; ``+step``,
 with ``loop_graph`` off (a round's draft steps one by one, its depth from the drafter's rule);
-``+always``, deepspark drafting every round (``skip_when_slower`` "never").
+``+always``, deepspark drafting every round (``skip_when_slower`` "never"); ``+overlap``, deepspark
+with ``overlap_plain_rounds``.
 
 Each configuration is one LLM (all built first, each with a small KV pool); a run decodes
 ``bench spec``'s held-out prompts (--prompts of them, in batches of --batch); prints every run's
@@ -46,6 +47,8 @@ def main() -> None:
             mine["loop_graph"] = False
         if "always" in flags:  # deepspark drafting every round
             mine["skip_when_slower"] = "never"
+        if "overlap" in flags:  # deepspark's plain rounds with overlap scheduling
+            mine["overlap_plain_rounds"] = True
         opts = {drafter: mine} if mine else {}
         if "sync" in flags:
             opts["fcfs"] = {"overlap": False}
