@@ -159,7 +159,7 @@ class DeepSparkDrafter(DraftModelDrafter):
         self.clock = time.perf_counter
         self._ended: float | None = None  # when the last proposal returned
         self._mark = 0.0                  # the round's last timing point
-        self._plan: tuple[bool, bool] | None = None  # needs_tokens' choice for the proposal after it
+        self._plan: tuple[bool, bool, int] | None = None  # needs_tokens' choice (and size class)
         #: the engine verifies in device graphs of k + 1 rows a request, computed whether or not
         #: they are verified: a drafted token then costs nothing more to verify
         self.free_verification = False
@@ -178,14 +178,19 @@ class DeepSparkDrafter(DraftModelDrafter):
 
     @property
     def skips_rounds(self) -> bool:
-        return self.options.overlap_plain_rounds and self.options.skip_when_slower != "never"
+        mode = self.options.skip_when_slower  # (the engine is built after enable_graphs)
+        return self.options.overlap_plain_rounds and (mode == "always" or (mode == "graphs" and self.in_graphs))
 
     def needs_tokens(self, requests: list[Request]) -> bool:
         """The next round's kind, chosen now: a plain round needs no tokens (the engine may leave
-        the last step running meanwhile)."""
+        the last step running meanwhile). A plain round before a speculative one is no sample: its
+        time to the next proposal would include the wait for the step left running."""
         batch = len(requests)
-        self._plan = self.rates.speculate(batch) if self.may_skip(batch) else (True, False)
-        return self._plan[0]
+        speculate, sample = self.rates.speculate(batch) if self.may_skip(batch) else (True, False)
+        self._plan = (speculate, sample, self.rates.size_class(batch))
+        if speculate and self._round is not None and not self._round.speculative:
+            self._round = None
+        return speculate
 
     def may_skip(self, batch: int) -> bool:
         """Whether a round of ``batch`` requests may draft nothing (``skip_when_slower``)."""
@@ -239,8 +244,9 @@ class DeepSparkDrafter(DraftModelDrafter):
             # prompt was computed in between)
             self.rates.record(last.speculative, last.batch, start - last.start, last.tokens)
         self._round = None
-        if self._plan is not None:  # chosen by needs_tokens for this step
-            (speculate, sample), self._plan = self._plan, None
+        if self._plan is not None:  # chosen by needs_tokens for this step (a sample only if the
+            speculate, sample, size = self._plan  # requests that finished since left its class)
+            self._plan, sample = None, sample and size == self.rates.size_class(batch)
         else:
             speculate, sample = self.rates.speculate(batch) if self.may_skip(batch) else (True, False)
         # a sample only after a round of its kind, and without a newcomer (whose prompt the draft

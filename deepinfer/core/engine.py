@@ -261,11 +261,16 @@ class LLMEngine:
         """Ask the drafter for drafts for every sequence that is decoding and may speculate; first
         take the step left running if the drafter needs its tokens (``Drafter.needs_tokens``)."""
         decoding = self._decoding()
-        if self._in_flight is not None and decoding and self.drafter.needs_tokens(decoding):
+        blind = self._in_flight is not None and bool(decoding)  # tokens may end in placeholders
+        if blind and self.drafter.needs_tokens(decoding):
             self._take_deferred(self._in_flight, touched)
-            self._in_flight = None
+            self._in_flight, blind = None, False
             decoding = self._decoding()  # (some may have finished)
         proposals = self.drafter.propose(decoding) if decoding else {}
+        if blind and any(p.tokens for p in proposals.values()):
+            raise RuntimeError(f"the drafter {self.drafter.name!r} answered needs_tokens() False, then proposed "
+                               "drafts for requests whose last tokens were not known yet; after False it must "
+                               "propose nothing")
         m = self.metrics
         for seq in decoding:
             prop = proposals.get(seq.request_id)

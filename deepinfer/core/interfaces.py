@@ -254,17 +254,19 @@ class Drafter(Plugin, ABC):
         """Proposals per request id (requests left out do not speculate this step)."""
 
     def needs_tokens(self, requests: Sequence[Request]) -> bool:
-        """Asked before ``propose`` while the engine's previous step may still be running on the
-        device (only of a drafter that ``skips_rounds``): whether that proposal needs the requests'
-        latest tokens on the host. False promises that it drafts nothing, and the engine then
-        leaves the previous step running (overlap scheduling) instead of waiting for it."""
+        """Asked of a drafter that ``skips_rounds``, before ``propose``, when the engine's previous
+        step is still running and some request decodes: whether that proposal needs the requests'
+        latest tokens on the host. Their tokens may then end in PLACEHOLDER_TOKEN: read none. True:
+        the engine takes that step first. False promises that the ``propose`` right after drafts
+        nothing (it gets the same requests, placeholders included; the engine refuses drafts
+        then), and the step stays running (overlap scheduling)."""
         return True
 
     @property
     def skips_rounds(self) -> bool:
         """Whether ``needs_tokens`` may answer False: with such a drafter the engine keeps overlap
-        scheduling on and asks it before every proposal; with others it plans each step only after
-        the previous one has finished."""
+        scheduling on (and calls ``propose`` directly when no step is left running); with others it
+        plans each step only after the previous one has finished."""
         return False
 
     def observe(self, request: Request, num_verified: int, num_accepted: int) -> None:

@@ -213,8 +213,19 @@ def test_deepspark_drafts_nothing_while_plain_steps_are_faster():
     drafted = [step([req]) for _ in range(14)]
     assert drafted == [T, T, T, T, F, F, F, F, T, T, T, T, F, F]
     assert d.rates.seconds == {(T, 1): 1.5, (F, 1): 1.0}
-    # asked first (the engine may leave its last step running), it chooses the round it then runs
-    assert d.needs_tokens([req]) is False and step([req]) is False and d._plan is None
+    # asked first (the engine may leave its last step running), it chooses the round it then runs:
+    # one choice a round
+    calls, speculate = [], d.rates.speculate
+    d.rates.speculate = lambda batch: calls.append(batch) or speculate(batch)
+    assert d.needs_tokens([req]) is False and step([req]) is False and calls == [1]
+    d.rates.speculate = speculate
+    # a plain round followed by a speculative one is no sample (the engine waits for the step left
+    # running before that proposal)
+    pending = d._round
+    assert pending is not None and not pending.speculative
+    d.rates.speculate = lambda batch: (True, False)
+    assert d.needs_tokens([req]) is True and d._round is None
+    d.rates.speculate, d._round, d._plan = speculate, pending, None
     plain = len(d.rates.rounds[(F, 1)])
     # a step that also computed another request's prompt is no sample (the last round, closed
     # here, is)
