@@ -6,7 +6,7 @@ set -u
 filter() { grep --line-buffered -v -e Writing -e "Loading weights"; }
 LAT="python3 -m deepinfer.cli bench latency --random-model llama-1b --dtype bfloat16 --device sm90 --batch 1 \
   --input-len 512 --output-len 256 --kv-cache-memory-gb 8"
-# Batch 1 end to end, twice interleaved: the defaults, then the GEMV tiles (or "early_loads") of the
+# Batch 1 end to end, twice interleaved: the defaults, then the GEMV tiles of the
 # JSON file $2 (h200_latency_with.py), labelled $1 in $OUT/latency.txt.
 latency_ab() {
   for r in 1 2; do

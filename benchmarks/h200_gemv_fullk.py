@@ -1,6 +1,5 @@
 """H200: single-token GEMV tiles that span the whole of K, so that a program reads all its weights
-before it waits for the previous kernel (with PDL its programs start while that kernel finishes);
-and the epilogue's inputs read after the K loop instead of before it (EARLY_LOADS off).
+before it waits for the previous kernel (with PDL its programs start while that kernel finishes).
 Times 16 Llama-3.2-1B-shaped layers (qkv writing the KV cache, decode attention over 640 keys split
 128 and merged in pass 1, o, gate/up, down; all with PDL; bf16) in one CUDA graph per tile set,
 interleaved trials, after checking each set's residual stream against the defaults'. Writes
@@ -20,9 +19,6 @@ from llama_gemv_layers import HID, INTER, KV, LAYERS, D, H, llama_layers
 
 import deepinfer_kernels as dk
 from deepinfer_kernels.gemv import GemvConfig, default_config
-
-gemv_module = sys.modules["deepinfer_kernels.gemv"]
-SHIPPED_EARLY = gemv_module.EARLY_LOADS
 
 out_dir = os.environ.get("OUT", ".")
 dev = torch.device("cuda")
@@ -61,7 +57,6 @@ SETS = {
     "down 2x8192/16": tiles(down=(2, 8192, 16)),
     "all 2/2/1 x K 8 warps": tiles(qkv=(2, 2048, 8), gu=(2, 2048, 8), down=(1, 8192, 8)),
     "all 4/4/2 x K 8 warps": tiles(qkv=(4, 2048, 8), gu=(4, 2048, 8), down=(2, 8192, 8)),
-    "epilogue reads late": {**DEFAULTS, "early_loads": False},
 }
 if "--sets" in sys.argv:
     keep = sys.argv[sys.argv.index("--sets") + 1].split(",")
@@ -69,7 +64,6 @@ if "--sets" in sys.argv:
 
 
 def chain(cfgs, res, cs):
-    gemv_module.EARLY_LOADS = cfgs.get("early_loads", SHIPPED_EARLY)
     for ly, c in zip(layers, cs):
         qkv = dk.gemv_qkv_rotary(res, ly["qkv"], ly["n1"], 1e-5, cos, sin, pos, H, KV, config=cfgs["qkv"],
                                  pdl=True, kv_cache=(c[0], c[1], slot))
@@ -116,5 +110,5 @@ lines.append(f"fastest: {best}")
 with open(f"{out_dir}/gemv_fullk.txt", "w") as f:
     f.write("\n".join(lines) + "\n")
 with open(f"{out_dir}/gemv_fullk_best.json", "w") as f:
-    json.dump({k: v if k == "early_loads" else dataclasses.asdict(v) for k, v in SETS[best].items()}, f)
+    json.dump({k: dataclasses.asdict(v) for k, v in SETS[best].items()}, f)
 print("\n".join(lines))

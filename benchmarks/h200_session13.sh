@@ -37,13 +37,14 @@ fi
 if [ "${1:-a}" = e ]; then
   # the GEMV epilogue's inputs (residual, position, rotary tables, slot) read before the K loop
   # (EARLY_LOADS) against after it: the kernel tests compiled, the 16-layer chain, batch 1 interleaved
+  # (ran at 572639f; the flag, the late order and its set and JSON key were removed after call f)
   timeout 200 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_gemv.py > "$OUT/tests.txt" 2>&1
   (cd benchmarks && timeout 150 python3 h200_gemv_fullk.py --sets "epilogue reads late" > "$OUT/early_log.txt" 2>&1)
   echo '{"early_loads": false}' > /tmp/late.json
   latency_ab "epilogue reads late" /tmp/late.json
 fi
 if [ "${1:-a}" = f ]; then
-  # EARLY_LOADS again: the kernel tests compiled (the bitwise comparison of call e replaced), the
+  # (ran at b29ff50, as call e) EARLY_LOADS again: the kernel tests compiled (the bitwise comparison of call e replaced), the
   # 16-layer chain timed both ways in one process, a step kernel by kernel both ways, every
   # gpu-marked test
   timeout 200 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_gemv.py > "$OUT/tests.txt" 2>&1

@@ -43,8 +43,7 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, nw_ptr, res_ptr, part_ptr, count_ptr,
                  HALF: tl.constexpr, ROT_ROWS: tl.constexpr, Q_ROWS: tl.constexpr,
                  NORM: tl.constexpr, RESIDUAL: tl.constexpr, QK_NORM: tl.constexpr, KV_WRITE: tl.constexpr,
                  D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-                 K_SLICE: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr,
-                 EARLY: tl.constexpr):
+                 K_SLICE: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr):
     b = tl.program_id(0)
     s = tl.program_id(1)
     ty = x_ptr.dtype.element_ty
@@ -71,19 +70,18 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, nw_ptr, res_ptr, part_ptr, count_ptr,
     if PDL:
         tl.extra.cuda.gdc_wait()  # x, the residual and the counters are the previous kernel's
         tl.extra.cuda.gdc_launch_dependents()
-    # with EARLY, what the epilogue reads is asked for now, so that its round trips to memory overlap
-    # the loop's instead of following it (only the last program of a split-K row block uses them)
-    if EARLY:
-        if RESIDUAL:
-            r_early = tl.load(res_ptr + r1, mask=rmask, other=0.0).to(tl.float32)
-        if MODE == 2:
-            p_early = tl.load(pos_ptr).to(tl.int64)
-            c1 = tl.load(cos_ptr + p_early * stride_cp + j).to(tl.float32)
-            c2 = tl.load(cos_ptr + p_early * stride_cp + HALF + j).to(tl.float32)
-            s1 = tl.load(sin_ptr + p_early * stride_cp + j).to(tl.float32)
-            s2 = tl.load(sin_ptr + p_early * stride_cp + HALF + j).to(tl.float32)
-            if KV_WRITE:
-                slot = tl.load(slot_ptr).to(tl.int64)
+    # what the epilogue reads is asked for now, so that its round trips to memory overlap the
+    # loop's instead of following it (only the last program of a split-K row block uses them)
+    if RESIDUAL:
+        r = tl.load(res_ptr + r1, mask=rmask, other=0.0).to(tl.float32)
+    if MODE == 2:
+        p = tl.load(pos_ptr).to(tl.int64)
+        c1 = tl.load(cos_ptr + p * stride_cp + j).to(tl.float32)
+        c2 = tl.load(cos_ptr + p * stride_cp + HALF + j).to(tl.float32)
+        s1 = tl.load(sin_ptr + p * stride_cp + j).to(tl.float32)
+        s2 = tl.load(sin_ptr + p * stride_cp + HALF + j).to(tl.float32)
+        if KV_WRITE:
+            slot = tl.load(slot_ptr).to(tl.int64)
     if NORM:  # the input RMSNorm's scale, over the whole row
         xs = tl.arange(0, KP)
         xf = tl.load(x_ptr + xs, mask=xs < K, other=0.0).to(tl.float32)
@@ -145,12 +143,6 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, nw_ptr, res_ptr, part_ptr, count_ptr,
             g2 = tl.where(is_q, tl.load(qn_ptr + HALF + j).to(tl.float32), tl.load(kn_ptr + HALF + j).to(tl.float32))
             y1 = tl.where(rot, ((y1 * hinv).to(ty).to(tl.float32) * g1).to(ty).to(tl.float32), y1)
             y2 = tl.where(rot, ((y2 * hinv).to(ty).to(tl.float32) * g2).to(ty).to(tl.float32), y2)
-        if not EARLY:
-            p = tl.load(pos_ptr).to(tl.int64)
-            c1 = tl.load(cos_ptr + p * stride_cp + j).to(tl.float32)
-            c2 = tl.load(cos_ptr + p * stride_cp + HALF + j).to(tl.float32)
-            s1 = tl.load(sin_ptr + p * stride_cp + j).to(tl.float32)
-            s2 = tl.load(sin_ptr + p * stride_cp + HALF + j).to(tl.float32)
         o1 = (y1 * c1).to(ty).to(tl.float32) + (-y2 * s1).to(ty).to(tl.float32)
         o2 = (y2 * c2).to(ty).to(tl.float32) + (y1 * s2).to(ty).to(tl.float32)
         o1 = tl.where(rot, o1, y1).to(ty)
@@ -158,8 +150,6 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, nw_ptr, res_ptr, part_ptr, count_ptr,
         tl.store(out_ptr + r1, o1, mask=omask)
         tl.store(out_ptr + r1 + HALF, o2, mask=omask)
         if KV_WRITE:  # k and v heads also go straight into the paged cache, at the token's slot
-            if not EARLY:
-                slot = tl.load(slot_ptr).to(tl.int64)
             kv_head = r1 // D - Q_ROWS // D  # k heads 0.., then v heads 0..
             kv_n = (ROT_ROWS - Q_ROWS) // D
             keep = omask & (r1 >= Q_ROWS) & ((tl.zeros([BLOCK_N], tl.int64) + slot) >= 0)
@@ -171,10 +161,6 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, nw_ptr, res_ptr, part_ptr, count_ptr,
             tl.store(vc_ptr + at, o1.to(kd), mask=keep & is_v)
             tl.store(vc_ptr + at + HALF, o2.to(kd), mask=keep & is_v)
     elif RESIDUAL:
-        if EARLY:
-            r = r_early
-        else:
-            r = tl.load(res_ptr + r1, mask=omask, other=0.0).to(tl.float32)
         tl.store(res_ptr + r1, (y1 + r).to(ty), mask=omask)
     else:
         tl.store(out_ptr + r1, y1.to(ty), mask=omask)
@@ -195,7 +181,6 @@ class GemvConfig:
 
 _SM_COUNT: dict[int, int] = {}
 PREFETCH = True  # default_config's choice (H200: see docs/benchmarks.md)
-EARLY_LOADS = True  # the epilogue's inputs read before the K loop (H200: docs/benchmarks.md, session 13)
 
 
 def _sm_count(device: torch.device) -> int:
@@ -275,7 +260,7 @@ def _launch(x, weight, out, rows, cfg: GemvConfig, mode, pair, *, norm_weight=No
         N=(rows if mode != _ROTARY else weight.shape[0]), K=k, KP=next_pow2(k), MODE=mode, PAIR=pair, HALF=half,
         ROT_ROWS=rot_rows, Q_ROWS=q_rows, NORM=norm_weight is not None, RESIDUAL=residual is not None,
         QK_NORM=qn is not None, KV_WRITE=kv_write is not None, D=2 * half, BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k, K_SLICE=k_slice, PDL=pdl, PREFETCH=cfg.prefetch, EARLY=EARLY_LOADS,
+        BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k, K_SLICE=k_slice, PDL=pdl, PREFETCH=cfg.prefetch,
         num_warps=cfg.num_warps)
 
 
