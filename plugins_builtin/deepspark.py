@@ -177,16 +177,22 @@ class DeepSparkDrafter(DraftModelDrafter):
         self.in_graphs = True
 
     @property
+    def _skipping(self) -> bool:
+        """Whether rounds may draft nothing here (``skip_when_slower``: "graphs" is decided when the
+        engine enables graphs, before it is built)."""
+        mode = self.options.skip_when_slower
+        return mode == "always" or (mode == "graphs" and self.in_graphs)
+
+    @property
     def skips_rounds(self) -> bool:
-        mode = self.options.skip_when_slower  # (the engine is built after enable_graphs)
-        return self.options.overlap_plain_rounds and (mode == "always" or (mode == "graphs" and self.in_graphs))
+        return self.options.overlap_plain_rounds and self._skipping
 
     def needs_tokens(self, requests: list[Request]) -> bool:
         """The next round's kind, chosen now: a plain round needs no tokens (the engine may leave
         the last step running meanwhile). A plain round before a speculative one is no sample: its
         time to the next proposal would include the wait for the step left running."""
         batch = len(requests)
-        speculate, sample = self.rates.speculate(batch) if self.may_skip(batch) else (True, False)
+        speculate, sample = self._choose(batch)
         self._plan = (speculate, sample, self.rates.size_class(batch))
         if speculate and self._round is not None and not self._round.speculative:
             self._round = None
@@ -194,9 +200,12 @@ class DeepSparkDrafter(DraftModelDrafter):
 
     def may_skip(self, batch: int) -> bool:
         """Whether a round of ``batch`` requests may draft nothing (``skip_when_slower``)."""
-        mode = self.options.skip_when_slower
-        return batch >= self.options.skip_min_batch and (mode == "always" or (mode == "graphs"
-                                                                               and self.in_graphs))
+        return batch >= self.options.skip_min_batch and self._skipping
+
+    def _choose(self, batch: int) -> tuple[bool, bool]:
+        """(whether the next round drafts, whether it may be a sample): RoundRates' choice where
+        the round may draft nothing, else a speculative round that is no sample."""
+        return self.rates.speculate(batch) if self.may_skip(batch) else (True, False)
 
     def value_chain(self, confidence: list[float]) -> tuple[list[int], list[float]]:
         """Buckets and P_j (chance drafts 1..j all pass) for one request's drafts."""
@@ -248,7 +257,7 @@ class DeepSparkDrafter(DraftModelDrafter):
             speculate, sample, size = self._plan  # requests that finished since left its class)
             self._plan, sample = None, sample and size == self.rates.size_class(batch)
         else:
-            speculate, sample = self.rates.speculate(batch) if self.may_skip(batch) else (True, False)
+            speculate, sample = self._choose(batch)
         # a sample only after a round of its kind, and without a newcomer (whose prompt the draft
         # computes in this round)
         sample = sample and self._last_kind is speculate and ids <= self._last_ids

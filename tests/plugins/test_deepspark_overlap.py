@@ -15,6 +15,7 @@ import pytest
 
 from deepinfer import LLM, SamplingParams
 from deepinfer.core.request import PLACEHOLDER_TOKEN
+from tests.plugins.test_spec_decode import _assert_pools_free
 from tests.tiny_models import make_model
 
 PROMPTS = [[7 + i, 8, 9, 10, 11] * (1 + i % 3) for i in range(8)]
@@ -82,12 +83,6 @@ def _engine(pair, seed: int):
     return llm, seen
 
 
-def _pools_free(llm):
-    llm.engine.kv.pool.check_all_free()
-    llm.engine.drafter.runner.pool.check_all_free()
-    assert not llm.engine.drafter.runner.seqs
-
-
 @pytest.mark.parametrize("seed", range(3))
 def test_overlapped_plain_rounds_change_no_output(pair, reference, seed):
     params, want = reference
@@ -97,7 +92,7 @@ def test_overlapped_plain_rounds_change_no_output(pair, reference, seed):
     assert got == want
     assert llm.get_metrics()["deepinfer:num_preemptions"] > 0
     assert seen["deferred"] > 0 and seen["verified"] > 0 and seen[True] > 0 and seen[False] > 0
-    _pools_free(llm)
+    _assert_pools_free(llm)
 
 
 @pytest.mark.parametrize("seed", range(2))
@@ -128,7 +123,7 @@ def test_joins_aborts_and_sampling_with_overlapped_plain_rounds(pair, reference,
             assert done[f"g{i}"].outputs[0].token_ids == tokens
     assert len(done["s"].outputs) == 2 and len(done["m"].outputs[0].token_ids) == 14
     assert aborted and seen["deferred"] > 0
-    _pools_free(llm)
+    _assert_pools_free(llm)
 
 
 def test_a_drafter_that_drafts_after_saying_it_would_not_is_refused(pair):
