@@ -11,3 +11,20 @@ if [ "${1:-a}" = a ]; then
   (cd benchmarks && timeout 150 python3 h200_spec_ab.py --batch 64 --prompts 64 --output-len 1024 \
     --drafters deepspark,deepspark+overlap,draft-model --runs 3 2>&1 | filter > "$OUT/ab_b64_1024.txt")
 fi
+if [ "${1:-a}" = b ]; then
+  # decode attention with the merge's splits read at once and the first tile's table entries read
+  # with the length, against session 13's kernel (benchmarks/paged_attention_s13.py, a copy of it
+  # made for this call, not committed): the kernel tests compiled (the merge's bits against pass 2's),
+  # the triton plugin's gpu tests, 16 attention launches and 16 layers timed, batch 1 end to end
+  timeout 200 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_paged_attention.py > "$OUT/tests.txt" 2>&1
+  timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/plugins/test_triton_attn.py tests/plugins/test_graphs.py >> "$OUT/tests.txt" 2>&1
+  (cd benchmarks && timeout 120 python3 h200_attn_ab.py --old paged_attention_s13.py > "$OUT/attn_log.txt" 2>&1)
+  for r in 1 2; do
+    echo "== new attention" >> "$OUT/latency.txt"
+    timeout 60 $LAT --repeats 2 2>&1 | filter | grep -e "tok/s" -e "first" >> "$OUT/latency.txt"
+    echo "== session 13 attention" >> "$OUT/latency.txt"
+    timeout 60 python3 benchmarks/h200_latency_attn_from.py benchmarks/paged_attention_s13.py -- \
+      ${LAT#python3 -m deepinfer.cli} --repeats 2 2>&1 | filter | grep -e "tok/s" -e "first" >> "$OUT/latency.txt"
+  done
+  (cd benchmarks && timeout 100 python3 h200_step_trace.py llama-1b > "$OUT/trace_log.txt" 2>&1)
+fi

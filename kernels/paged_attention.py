@@ -7,7 +7,7 @@ past ``max_programs`` in all, a program takes several splits in turn (each compu
 before), so a grid sized for the longest possible sequence (CUDA graphs) costs no idle programs
 at large batch sizes. Each program handles every query head of
 its kv head (GQA: the group shares one read of K and V) and writes a partial output and its
-log-sum-exp. Pass 2 merges a sequence's splits in order, one at a time. No sum ever runs across a
+log-sum-exp. Pass 2 merges a sequence's splits in chunks of ``MERGE_CHUNK``, in order. No sum ever runs across a
 sequence boundary or over a batch-sized extent, so a sequence's output is bit-identical whatever
 else is in the batch (batch invariance).
 
@@ -28,33 +28,41 @@ DEFAULT_SPLIT = 256  # key positions per split; a multiple of every BLOCK_N used
 #: (a CUDA graph sizes its grid for the longest sequence it may see, which would otherwise launch
 #: mostly empty programs at large batch sizes)
 DEFAULT_MAX_PROGRAMS = 4096
+#: splits a merge reads at once (one round trip to memory for up to this many, not one a split)
+MERGE_CHUNK = 8
 
 
-@kernel(do_not_specialize=["window", "max_splits", "stride_qb", "stride_bt", "stride_pb", "stride_lb", "stride_ob"])
+@kernel(do_not_specialize=["window", "max_splits", "table_cols", "stride_qb", "stride_bt", "stride_pb", "stride_lb",
+                           "stride_ob"])
 def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
-                         part_out_ptr, part_lse_ptr, out_ptr, count_ptr, scale_log2, window, max_splits,
+                         part_out_ptr, part_lse_ptr, out_ptr, count_ptr, scale_log2, window, max_splits, table_cols,
                          stride_qb, stride_qh, stride_cs, stride_ch, stride_bt,
                          stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ob, stride_oh,
                          MERGE: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                          BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
-                         WINDOWED: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr):
+                         CHUNK: tl.constexpr, WINDOWED: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr):
     if PDL:  # launched early (programmatic dependent launch): wait for the previous kernel first
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
     b = tl.program_id(0)
     kvh = tl.program_id(1)
-    seq_len = tl.load(seq_lens_ptr + b)
-    lo = 0
-    if WINDOWED:
-        lo = tl.maximum(seq_len - window, 0)
-    # never past the partials' buffer, even if the caller's max_seq_len was too small
-    num_splits = tl.minimum(tl.where(seq_len > 0, (seq_len - 1) // SPLIT - lo // SPLIT + 1, 0), max_splits)
-
     g = tl.arange(0, BLOCK_G)
     d = tl.arange(0, BLOCK_D)
     heads = kvh * GROUP + g
     q_mask = (g[:, None] < GROUP) & (d[None, :] < HEAD_DIM)
     q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=q_mask, other=0.0)
+    seq_len = tl.load(seq_lens_ptr + b)
+    # Without a window, the program's first tile starts at a position known before the length is:
+    # its block-table entries are asked for together with the length, not one round trip after it
+    # (entries past the sequence are read but never used: the keys' mask needs the length).
+    pos0 = tl.program_id(2) * SPLIT + tl.arange(0, BLOCK_N)
+    blk0 = tl.load(block_tables_ptr + b * stride_bt + pos0 // BLOCK_SIZE,
+                   mask=(pos0 // BLOCK_SIZE < table_cols) & (WINDOWED == 0), other=0)
+    lo = 0
+    if WINDOWED:
+        lo = tl.maximum(seq_len - window, 0)
+    # never past the partials' buffer, even if the caller's max_seq_len was too small
+    num_splits = tl.minimum(tl.where(seq_len > 0, (seq_len - 1) // SPLIT - lo // SPLIT + 1, 0), max_splits)
     dot_ty = k_cache_ptr.dtype.element_ty  # dot operands stay in the cache's dtype, products sum in fp32
     q = q.to(dot_ty)
 
@@ -70,7 +78,10 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_
         for n0 in range(first_tile, end, BLOCK_N):
             pos = n0 + tl.arange(0, BLOCK_N)
             valid = (pos >= lo) & (pos < end)
-            blk = tl.load(block_tables_ptr + b * stride_bt + pos // BLOCK_SIZE, mask=valid, other=0)
+            if (j == tl.program_id(2)) & (n0 == first_tile) & (WINDOWED == 0):
+                blk = blk0
+            else:
+                blk = tl.load(block_tables_ptr + b * stride_bt + pos // BLOCK_SIZE, mask=valid, other=0)
             slot = blk.to(tl.int64) * BLOCK_SIZE + pos % BLOCK_SIZE
             kv_off = slot[:, None] * stride_cs + kvh * stride_ch + d[None, :]
             kv_mask = valid[:, None] & (d[None, :] < HEAD_DIM)
@@ -104,19 +115,31 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_
         tl.debug_barrier()  # every warp's partials are stored before the release below
         at = b * tl.num_programs(1) + kvh
         if tl.atomic_add(count_ptr + at, 1, sem="acq_rel") == tl.num_programs(2) - 1:
-            lse_at = part_lse_ptr + b * stride_lb + heads * stride_lh
-            mx = tl.full([BLOCK_G], float("-inf"), tl.float32)
-            for i in range(num_splits):
-                mx = tl.maximum(mx, tl.load(lse_at + i, mask=g < GROUP, other=float("-inf"), cache_modifier=".cg"))
+            # the same code as _decode_reduce_kernel's, so the same bits (see there)
+            c = tl.arange(0, CHUNK)
+            g_mask = g[:, None] < GROUP
+            gc_mask = g_mask & (c[None, :] < num_splits)
+            lse_at = part_lse_ptr + b * stride_lb + heads[:, None] * stride_lh + c[None, :]
+            o_at = (part_out_ptr + b * stride_pb + heads[:, None, None] * stride_ph + c[None, :, None] * stride_ps
+                    + d[None, None, :])
+            o_mask = gc_mask[:, :, None] & (d[None, None, :] < HEAD_DIM)
+            lse_c = tl.load(lse_at, mask=gc_mask, other=float("-inf"), cache_modifier=".cg")
+            o_c = tl.load(o_at, mask=o_mask, other=0.0, cache_modifier=".cg")
+            mx = tl.max(lse_c, 1)
+            for c0 in range(CHUNK, num_splits, CHUNK):
+                more = g_mask & (c[None, :] < num_splits - c0)
+                mx = tl.maximum(mx, tl.max(tl.load(lse_at + c0, mask=more, other=float("-inf"), cache_modifier=".cg"), 1))
             mx = tl.where(mx == float("-inf"), 0.0, mx)
-            merged = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-            total = tl.zeros([BLOCK_G], tl.float32)
-            for i in range(num_splits):  # in order, one split at a time
-                w = tl.exp2(tl.load(lse_at + i, mask=g < GROUP, other=float("-inf"), cache_modifier=".cg") - mx)
-                o = tl.load(part_out_ptr + b * stride_pb + heads[:, None] * stride_ph + i * stride_ps + d[None, :],
-                            mask=q_mask, other=0.0, cache_modifier=".cg")
-                merged += w[:, None] * o
-                total += w
+            w = tl.exp2(lse_c - mx[:, None])
+            merged = tl.sum(w[:, :, None] * o_c, 1)
+            total = tl.sum(w, 1)
+            for c0 in range(CHUNK, num_splits, CHUNK):  # chunk after chunk, in order
+                more = g_mask & (c[None, :] < num_splits - c0)
+                w = tl.exp2(tl.load(lse_at + c0, mask=more, other=float("-inf"), cache_modifier=".cg") - mx[:, None])
+                o_c = tl.load(o_at + c0 * stride_ps, mask=more[:, :, None] & (d[None, None, :] < HEAD_DIM), other=0.0,
+                              cache_modifier=".cg")
+                merged += tl.sum(w[:, :, None] * o_c, 1)
+                total += tl.sum(w, 1)
             merged = merged / tl.where(total > 0.0, total, 1.0)[:, None]
             tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + d[None, :],
                      merged.to(out_ptr.dtype.element_ty), mask=q_mask)
@@ -126,33 +149,53 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_
 @kernel(do_not_specialize=["window", "max_splits", "stride_pb", "stride_lb", "stride_ob"])
 def _decode_reduce_kernel(part_out_ptr, part_lse_ptr, seq_lens_ptr, out_ptr, window, max_splits,
                           stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ob, stride_oh,
-                          HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SPLIT: tl.constexpr,
-                          WINDOWED: tl.constexpr, PDL: tl.constexpr):
+                          GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
+                          SPLIT: tl.constexpr, CHUNK: tl.constexpr, WINDOWED: tl.constexpr, PDL: tl.constexpr):
+    """Merges a sequence's splits for one kv head's query heads: CHUNK splits' partials read at
+    once (one round trip to memory, not one a split), weighted sums over a chunk, chunk after chunk
+    in order. The sums' order depends on CHUNK and the tile shapes only, never on the batch; pass
+    1's merge (MERGE) runs this same code on the same shapes and warps, so it gives the same bits."""
     if PDL:  # launched early (programmatic dependent launch): wait for the previous kernel first
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
     b = tl.program_id(0)
-    h = tl.program_id(1)
+    kvh = tl.program_id(1)
     seq_len = tl.load(seq_lens_ptr + b)
     lo = 0
     if WINDOWED:
         lo = tl.maximum(seq_len - window, 0)
     num_splits = tl.minimum(tl.where(seq_len > 0, (seq_len - 1) // SPLIT - lo // SPLIT + 1, 0), max_splits)
-    lse_base = part_lse_ptr + b * stride_lb + h * stride_lh
+    g = tl.arange(0, BLOCK_G)
     d = tl.arange(0, BLOCK_D)
-    m = tl.full([], float("-inf"), tl.float32)
-    for j in range(num_splits):
-        m = tl.maximum(m, tl.load(lse_base + j))
-    m = tl.where(m == float("-inf"), 0.0, m)
-    acc = tl.zeros([BLOCK_D], tl.float32)
-    total = tl.full([], 0.0, tl.float32)
-    for j in range(num_splits):  # in order, one split at a time: the sum cannot vary
-        w = tl.exp2(tl.load(lse_base + j) - m)
-        o = tl.load(part_out_ptr + b * stride_pb + h * stride_ph + j * stride_ps + d, mask=d < HEAD_DIM, other=0.0)
-        acc += w * o
-        total += w
-    out = acc / tl.where(total > 0.0, total, 1.0)
-    tl.store(out_ptr + b * stride_ob + h * stride_oh + d, out.to(out_ptr.dtype.element_ty), mask=d < HEAD_DIM)
+    heads = kvh * GROUP + g
+    q_mask = (g[:, None] < GROUP) & (d[None, :] < HEAD_DIM)
+    c = tl.arange(0, CHUNK)
+    g_mask = g[:, None] < GROUP
+    gc_mask = g_mask & (c[None, :] < num_splits)
+    lse_at = part_lse_ptr + b * stride_lb + heads[:, None] * stride_lh + c[None, :]
+    o_at = (part_out_ptr + b * stride_pb + heads[:, None, None] * stride_ph + c[None, :, None] * stride_ps
+            + d[None, None, :])
+    o_mask = gc_mask[:, :, None] & (d[None, None, :] < HEAD_DIM)
+    lse_c = tl.load(lse_at, mask=gc_mask, other=float("-inf"), cache_modifier=".cg")
+    o_c = tl.load(o_at, mask=o_mask, other=0.0, cache_modifier=".cg")
+    mx = tl.max(lse_c, 1)
+    for c0 in range(CHUNK, num_splits, CHUNK):
+        more = g_mask & (c[None, :] < num_splits - c0)
+        mx = tl.maximum(mx, tl.max(tl.load(lse_at + c0, mask=more, other=float("-inf"), cache_modifier=".cg"), 1))
+    mx = tl.where(mx == float("-inf"), 0.0, mx)
+    w = tl.exp2(lse_c - mx[:, None])
+    merged = tl.sum(w[:, :, None] * o_c, 1)
+    total = tl.sum(w, 1)
+    for c0 in range(CHUNK, num_splits, CHUNK):  # chunk after chunk, in order
+        more = g_mask & (c[None, :] < num_splits - c0)
+        w = tl.exp2(tl.load(lse_at + c0, mask=more, other=float("-inf"), cache_modifier=".cg") - mx[:, None])
+        o_c = tl.load(o_at + c0 * stride_ps, mask=more[:, :, None] & (d[None, None, :] < HEAD_DIM), other=0.0,
+                      cache_modifier=".cg")
+        merged += tl.sum(w[:, :, None] * o_c, 1)
+        total += tl.sum(w, 1)
+    merged = merged / tl.where(total > 0.0, total, 1.0)[:, None]
+    tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + d[None, :],
+             merged.to(out_ptr.dtype.element_ty), mask=q_mask)
 
 
 def num_decode_splits(max_seq_len: int, split_size: int, sliding_window: int | None) -> int:
@@ -207,21 +250,22 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     window = sliding_window or 0
     programs = max(1, min(splits, max_programs // (b * kvh)))
     count = counters(q.device, b * kvh, "decode_attention") if merge_in_pass else part_lse
+    block_g, block_d = max(16, next_pow2(group)), max(16, next_pow2(d))
     _decode_split_kernel[(b, kvh, programs)](
         q, k_cache, v_cache, block_tables, seq_lens, part_out, part_lse, out, count, scale * LOG2E, window, splits,
+        block_tables.shape[1],
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), block_tables.stride(0),
         part_out.stride(0), part_out.stride(1), part_out.stride(2), part_lse.stride(0), part_lse.stride(1),
         out.stride(0), out.stride(1), MERGE=merge_in_pass, GROUP=group, HEAD_DIM=d, BLOCK_SIZE=block_size,
-        BLOCK_G=max(16, next_pow2(group)), BLOCK_D=max(16, next_pow2(d)), BLOCK_N=block_n, SPLIT=split_size, WINDOWED=sliding_window is not None,
-        IEEE=k_cache.dtype == torch.float32, PDL=pdl, **tuning)
+        BLOCK_G=block_g, BLOCK_D=block_d, BLOCK_N=block_n, SPLIT=split_size, CHUNK=MERGE_CHUNK,
+        WINDOWED=sliding_window is not None, IEEE=k_cache.dtype == torch.float32, PDL=pdl, **tuning)
     if merge_in_pass:
         return out
-    _decode_reduce_kernel[(b, h)](
+    _decode_reduce_kernel[(b, kvh)](  # pass 1's shapes and warps: its merge's bits (see the kernel)
         part_out, part_lse, seq_lens, out, window, splits,
         part_out.stride(0), part_out.stride(1), part_out.stride(2), part_lse.stride(0), part_lse.stride(1),
-        out.stride(0), out.stride(1),
-        HEAD_DIM=d, BLOCK_D=next_pow2(d), SPLIT=split_size, WINDOWED=sliding_window is not None, PDL=pdl,
-        num_warps=1)
+        out.stride(0), out.stride(1), GROUP=group, HEAD_DIM=d, BLOCK_G=block_g, BLOCK_D=block_d, SPLIT=split_size,
+        CHUNK=MERGE_CHUNK, WINDOWED=sliding_window is not None, PDL=pdl, **tuning)
     return out
 
 

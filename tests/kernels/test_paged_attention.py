@@ -21,7 +21,7 @@ CASES = {
 @pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
 def test_decode_matches_reference(case, dtype, device):
     heads, kv_heads, dim, bs, window, split = case
-    lens = [1, 6, 37, 70]  # one token only, within one split, several splits
+    lens = [1, 6, 37, 70, 150]  # one token only, within one split, several splits, more than a merge chunk
     k_cache, v_cache, tables = random_paged_kv(lens, bs, kv_heads, dim, dtype, device)
     q = randn(len(lens), heads, dim, dtype=dtype, device=device)
     args = (q, k_cache, v_cache, tables, i32(lens, device), bs, dim ** -0.5, window)
@@ -96,13 +96,15 @@ def test_merge_in_pass_one_gives_the_bits_of_pass_two(dtype, window, cap, device
     """The last pass-1 program of a sequence and kv head merges its splits (merge_in_pass, which
     the triton plugin asks for in steps of one token): the same numbers as the separate merge pass,
     bit for bit, also when a program takes several splits (a capped grid), and its counters are
-    left at zero."""
+    left at zero. 150 keys in splits of 16 are more splits than a merge reads at once."""
     from deepinfer_kernels._launch import _COUNTERS
+    from deepinfer_kernels.paged_attention import MERGE_CHUNK
 
-    lens = [70, 1, 33, 0]
+    lens = [70, 1, 150, 0]
+    assert -(-150 // 16) > MERGE_CHUNK
     k_cache, v_cache, tables = random_paged_kv(lens, 4, 2, 16, dtype, device)
     q = randn(len(lens), 8, 16, dtype=dtype, device=device)
-    args = (q, k_cache, v_cache, tables, i32(lens, device), 4, 0.25, window, 80, 16, cap)
+    args = (q, k_cache, v_cache, tables, i32(lens, device), 4, 0.25, window, 160, 16, cap)
     two = paged_decode_attention(*args, merge_in_pass=False)
     one = paged_decode_attention(*args, merge_in_pass=True)
     assert torch.equal(one, two)  # row 3 has no keys: zeros both ways
