@@ -21,7 +21,8 @@ def add_spec_parser(bsub, add_engine_args, engine_overrides) -> None:
                    help="distinct prompts a run decodes, in batches of --batch one after another "
                         "(at least one batch): at batch 1 the figures are not one prompt's")
     b.add_argument("--isolate", action="store_true",
-                   help="run each drafter in a fresh process (no state left over from the ones before)")
+                   help="run each drafter in a fresh process, one after another (no state left over from the "
+                        "ones before); by default all are built in this process and take turns run by run")
     b.set_defaults(func=lambda a, _ov=engine_overrides: run_spec(a, _ov(a)))
 
 
@@ -37,6 +38,11 @@ def stdlib_prompts(tokenizer, n: int, length: int) -> list[list[int]]:
     return prompts
 
 
+#: each drafter's KV pool when all are built in one process and --kv-cache-memory-gb is not given
+#: (on a GPU, each engine would otherwise size its pool from the memory the ones before it left)
+INTERLEAVED_KV_GB = 2.0
+
+
 def run_spec(args, overrides: dict) -> int:
     overrides = dict(overrides)
     model = overrides.pop("model", None)
@@ -44,57 +50,96 @@ def run_spec(args, overrides: dict) -> int:
     work = {"model": model, "config_file": args.config_file, "overrides": overrides,
             "batches": [int(b) for b in args.batch.split(",")], "prompts": args.prompts,
             "input_len": args.input_len, "output_len": args.output_len, "repeats": args.repeats}
+    drafters = {d: base_plugins + ([] if d == "none" else [d]) for d in args.drafters.split(",")}
+    if not args.isolate:
+        report(args, interleaved_rows(drafters, work))
+        return 0
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
     rows = []
-    for drafter in args.drafters.split(","):
-        plugins = base_plugins + ([] if drafter == "none" else [drafter])
-        if args.isolate:  # a fresh interpreter: nothing left over from the drafters run before
-            import multiprocessing
-            from concurrent.futures import ProcessPoolExecutor
-
-            with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-                rows += pool.submit(drafter_rows, drafter, plugins, work).result()
-        else:
-            rows += drafter_rows(drafter, plugins, work)
-            from deepinfer.bench.prefix import _release_memory
-
-            _release_memory()
+    for drafter, plugins in drafters.items():  # a fresh interpreter: nothing left from the ones before
+        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+            rows += pool.submit(drafter_rows, drafter, plugins, work).result()
     report(args, rows)
     return 0
 
 
-def drafter_rows(drafter: str, plugins: list[str], work: dict) -> list[dict]:
-    """One drafter's rows: each batch size decoded ``repeats`` times (medians), with its metrics."""
+def _engine(plugins: list[str], work: dict):
     from deepinfer.llm import LLM
 
-    llm = LLM(work["model"], config_file=work["config_file"], progress=False, plugins=plugins, **work["overrides"])
-    rows = []
-    for batch in work["batches"]:
-        groups = max(1, -(-work["prompts"] // batch))
-        prompts = stdlib_prompts(llm.get_tokenizer(), groups * batch, work["input_len"])
-        params = SamplingParams(temperature=0, max_tokens=work["output_len"], ignore_eos=True)
-        llm.generate({"prompt_token_ids": prompts[0]}, SamplingParams(max_tokens=4), use_tqdm=False)
-        m0, secs = llm.get_metrics(), []
-        for _ in range(work["repeats"]):
-            t = time.perf_counter()
-            for g in range(groups):
-                llm.generate([{"prompt_token_ids": p} for p in prompts[g * batch:(g + 1) * batch]], params,
-                             use_tqdm=False)
-            secs.append(time.perf_counter() - t)
-        m = {k: v - m0.get(k, 0) for k, v in llm.get_metrics().items()}
+    return LLM(work["model"], config_file=work["config_file"], progress=False, plugins=plugins, **work["overrides"])
+
+
+class _Workload:
+    """One batch size's runs: ``prompts`` distinct prompts (at least one batch), decoded in batches
+    one after another."""
+
+    def __init__(self, llm, batch: int, work: dict) -> None:
+        self.batch, self.groups = batch, max(1, -(-work["prompts"] // batch))
+        self.tokens = self.groups * batch * work["output_len"]
+        self.prompts = stdlib_prompts(llm.get_tokenizer(), self.groups * batch, work["input_len"])
+        self.params = SamplingParams(temperature=0, max_tokens=work["output_len"], ignore_eos=True)
+
+    def warm_up(self, llm) -> dict:
+        """A short request (compiles what a first run would), then the metrics to count from."""
+        llm.generate({"prompt_token_ids": self.prompts[0]}, SamplingParams(max_tokens=4), use_tqdm=False)
+        return llm.get_metrics()
+
+    def run(self, llm) -> float:
+        t = time.perf_counter()
+        for g in range(self.groups):
+            llm.generate([{"prompt_token_ids": p} for p in self.prompts[g * self.batch:(g + 1) * self.batch]],
+                         self.params, use_tqdm=False)
+        return time.perf_counter() - t
+
+    def row(self, drafter: str, secs: list[float], m0: dict, m1: dict) -> dict:
+        m = {k: v - m0.get(k, 0) for k, v in m1.items()}
         drafts = m.get("deepinfer:spec_decode_num_drafts", 0)
-        rows.append({
-            "drafter": drafter, "batch": batch, "seconds": statistics.median(secs),
-            "tok_s": groups * batch * work["output_len"] / statistics.median(secs),
+        return {
+            "drafter": drafter, "batch": self.batch, "seconds": statistics.median(secs),
+            "tok_s": self.tokens / statistics.median(secs),
             "tokens_per_step": m["deepinfer:generation_tokens"] / m["deepinfer:request_sampling_steps"],
             "verified_per_draft": m.get("deepinfer:spec_decode_num_verified_tokens", 0) / drafts if drafts else 0,
             "accepted_per_draft": m.get("deepinfer:spec_decode_num_accepted_tokens", 0) / drafts if drafts else 0,
-        })
+        }
+
+
+def drafter_rows(drafter: str, plugins: list[str], work: dict) -> list[dict]:
+    """One drafter's rows (``--isolate``): each batch size decoded ``repeats`` times (medians)."""
+    llm = _engine(plugins, work)
+    rows = []
+    for batch in work["batches"]:
+        wl = _Workload(llm, batch, work)
+        m0 = wl.warm_up(llm)
+        secs = [wl.run(llm) for _ in range(work["repeats"])]
+        rows.append(wl.row(drafter, secs, m0, llm.get_metrics()))
     return rows
+
+
+def interleaved_rows(drafters: dict[str, list[str]], work: dict) -> list[dict]:
+    """Every drafter's engine in this process; at each batch size the drafters take turns, run by
+    run, in alternating order, so that a host whose speed drifts slows them alike (one after
+    another, a drift between drafters lands in their ratio)."""
+    work = {**work, "overrides": {"kv_cache_memory_gb": INTERLEAVED_KV_GB, **work["overrides"]}}
+    llms = {d: _engine(plugins, work) for d, plugins in drafters.items()}
+    found: dict[tuple[str, int], dict] = {}
+    for batch in work["batches"]:
+        wl = _Workload(next(iter(llms.values())), batch, work)
+        m0 = {d: wl.warm_up(llm) for d, llm in llms.items()}
+        secs: dict[str, list[float]] = {d: [] for d in llms}
+        for r in range(work["repeats"]):
+            for d in (list(llms) if r % 2 == 0 else list(reversed(llms))):
+                secs[d].append(wl.run(llms[d]))
+        for d, llm in llms.items():
+            found[d, batch] = wl.row(d, secs[d], m0[d], llm.get_metrics())
+    return [found[d, b] for d in llms for b in work["batches"]]
 
 
 def report(args, rows: list[dict]) -> None:
     print(f"deepinfer bench spec: greedy, {args.input_len}-token prompts, {args.output_len} new tokens, "
-          f"at least {args.prompts} prompts a run (batches one after another), median of {args.repeats} runs")
+          f"at least {args.prompts} prompts a run (batches one after another), median of {args.repeats} runs"
+          + (" (each drafter in its own process)" if args.isolate else " (the drafters in turn, run by run)"))
     print(f"{'drafter':<13}{'batch':>6}{'seconds':>9}{'tok/s':>9}{'vs none':>9}{'tok/step':>10}"
           f"{'verified':>10}{'accepted':>10}")
     base = {r["batch"]: r["tok_s"] for r in rows if r["drafter"] == "none"}
