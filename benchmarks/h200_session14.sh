@@ -28,3 +28,17 @@ if [ "${1:-a}" = b ]; then
   done
   (cd benchmarks && timeout 100 python3 h200_step_trace.py llama-1b > "$OUT/trace_log.txt" 2>&1)
 fi
+if [ "${1:-a}" = c ]; then
+  # the final code: every gpu-marked test; the recorded issue-8 command, now interleaved (the
+  # drafters take turns run by run), and at 64 requests with 1,024 new tokens; the recorded issue-6
+  # command twice; a step traced with its copies (what the replay's first kernel waits for)
+  timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests --ignore=tests/serve > "$OUT/gpu_tests.txt" 2>&1
+  timeout 200 python3 -m deepinfer.cli bench spec --device sm90 --batch 1,64 --output-len 256 --repeats 5 \
+    2>&1 | filter > "$OUT/bench_spec.txt"
+  timeout 150 python3 -m deepinfer.cli bench spec --device sm90 --batch 64 --output-len 1024 --repeats 3 \
+    --drafters none,draft-model,deepspark 2>&1 | filter > "$OUT/bench_spec_1024.txt"
+  for r in 1 2; do
+    timeout 60 $LAT --repeats 3 2>&1 | filter | grep -e "tok/s" -e "first" >> "$OUT/latency.txt"
+  done
+  (cd benchmarks && timeout 80 python3 h200_step_trace.py llama-1b --copies > "$OUT/trace_log.txt" 2>&1)
+fi
