@@ -42,3 +42,11 @@ if [ "${1:-a}" = c ]; then
   done
   (cd benchmarks && timeout 80 python3 h200_step_trace.py llama-1b --copies > "$OUT/trace_log.txt" 2>&1)
 fi
+if [ "${1:-a}" = d ]; then
+  # deepspark's round choices and samples at 64 requests, without and with overlap_plain_rounds (call
+  # a: with it, speculative rounds were estimated cheaper than plain steps, 1,050 against 1,257 us a
+  # token, while no drafter ran 1.57x draft-model)
+  (cd benchmarks && timeout 150 python3 h200_spark_log.py --runs 5 2>&1 | filter > "$OUT/spark_log.txt")
+  (cd benchmarks && timeout 150 python3 h200_spark_log.py --runs 5 --options '{"overlap_plain_rounds": true}' \
+    2>&1 | filter > "$OUT/spark_log_overlap.txt")
+fi

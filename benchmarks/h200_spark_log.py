@@ -54,6 +54,15 @@ def main() -> None:
         return ok
 
     d.may_skip = may_skip
+    samples: list[tuple[bool, float]] = []  # (speculative, us a token a request) recorded at 64
+    original_record = d.rates.record
+
+    def record(speculative: bool, batch: int, seconds: float, tokens: int) -> None:
+        if d.rates.size_class(batch) == 64:
+            samples.append((speculative, seconds * 1e6 * batch / max(tokens, 1)))
+        original_record(speculative, batch, seconds, tokens)
+
+    d.rates.record = record
     prompts = stdlib_prompts(spark.get_tokenizer(), a.prompts, 64)
     params = SamplingParams(temperature=0, max_tokens=a.output_len, ignore_eos=True)
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
@@ -70,6 +79,7 @@ def main() -> None:
     for i in range(a.runs):
         log.clear()
         below.clear()
+        samples.clear()
         m0 = spark.get_metrics()
         secs = run(spark)
         m = {k: v - m0.get(k, 0) for k, v in spark.get_metrics().items()}
@@ -82,6 +92,9 @@ def main() -> None:
               f"rounds by (class, speculative): {dict(sorted(by_class.items()))}; "
               f"below skip_min_batch: {sum(below.values())} rounds", flush=True)
         print(f"  at 64: {runs}")
+        groups = [(k, [v for _, v in g]) for k, g in itertools.groupby(samples, key=lambda x: x[0])]
+        print("  samples at 64, run by run (us a token a request): " + " ".join(
+            f"{'S' if k else 'P'}{len(v)}:{sorted(v)[len(v) // 2]:.0f}" for k, v in groups))
         print("  estimate (us a token): " + ", ".join(
             f"{'spec' if s else 'plain'}@{c} {v * 1e6:.0f}" for (s, c), v in sorted(d.rates.seconds.items())))
 
