@@ -50,3 +50,11 @@ if [ "${1:-a}" = d ]; then
   (cd benchmarks && timeout 150 python3 h200_spark_log.py --runs 5 --options '{"overlap_plain_rounds": true}' \
     2>&1 | filter > "$OUT/spark_log_overlap.txt")
 fi
+if [ "${1:-a}" = e ]; then
+  # deepspark's skip_margin (how much faster a kind must be measured to take over) at 5% (the
+  # default so far), 15% and 30%, at 64 requests, interleaved, with 256 and 1,024 new tokens
+  (cd benchmarks && timeout 200 python3 h200_spec_ab.py --batch 64 --prompts 64 \
+    --drafters draft-model,deepspark,deepspark+margin15,deepspark+margin30,none --runs 5 2>&1 | filter > "$OUT/ab_b64.txt")
+  (cd benchmarks && timeout 200 python3 h200_spec_ab.py --batch 64 --prompts 64 --output-len 1024 \
+    --drafters draft-model,deepspark,deepspark+margin15,deepspark+margin30 --runs 3 2>&1 | filter > "$OUT/ab_b64_1024.txt")
+fi

@@ -8,7 +8,8 @@ A name ending in ``+host`` is that drafter with ``device_drafts`` off (its draft
 host before the verification is prepared); ``+sync``, with the scheduler's overlap off; ``+step``,
 with ``loop_graph`` off (a round's draft steps one by one, its depth from the drafter's rule);
 ``+always``, deepspark drafting every round (``skip_when_slower`` "never"); ``+overlap``, deepspark
-with ``overlap_plain_rounds`` (its plain rounds run only at batches of ``skip_min_batch``, 8, or more).
+with ``overlap_plain_rounds`` (its plain rounds run only at batches of ``skip_min_batch``, 8, or more);
+``+marginN``, deepspark with ``skip_margin`` N%.
 
 Each configuration is one LLM (all built first, each with a small KV pool); a run decodes
 ``bench spec``'s held-out prompts (--prompts of them, in batches of --batch); prints every run's
@@ -49,6 +50,9 @@ def main() -> None:
             mine["skip_when_slower"] = "never"
         if "overlap" in flags:  # deepspark's plain rounds with overlap scheduling
             mine["overlap_plain_rounds"] = True
+        for f in flags:  # marginN: deepspark's skip_margin N%
+            if f.startswith("margin"):
+                mine["skip_margin"] = int(f[6:]) / 100
         opts = {drafter: mine} if mine else {}
         if "sync" in flags:
             opts["fcfs"] = {"overlap": False}

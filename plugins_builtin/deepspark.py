@@ -89,6 +89,8 @@ class DeepSparkOptions(DraftModelOptions):
                               "all k whatever the batch), 'always' also in eager steps, 'never'")
     skip_min_batch: int = Field(8, ge=1, description="with skip_when_slower: only batches of at least this many "
                                                      "requests skip (smaller ones always speculate)")
+    skip_margin: float = Field(0.05, ge=0.0, lt=1.0, description="with skip_when_slower: how much faster a "
+                               "kind must be measured to take over from the other (speculating, also to start)")
     explore_every: int = Field(16, ge=2, description="with skip_when_slower: after this many rounds, four of "
                                                      "the slower kind, so that both stay measured (the gap "
                                                      "doubles with every look that finds the same kind faster, "
@@ -151,7 +153,7 @@ class DeepSparkDrafter(DraftModelDrafter):
         #: request -> buckets of its pending drafts (or its drafts, whose buckets are taken when observed)
         self._buckets: dict[str, list[int] | Draft] = {}
         self.costs = RoundCosts()
-        self.rates = RoundRates(options.explore_every)
+        self.rates = RoundRates(options.explore_every, margin=options.skip_margin)
         #: the round under way, if it is to be a sample (closed by the next proposal)
         self._round: _Round | None = None
         self._last_kind: bool | None = None  # whether the last round speculated (any batch size)
