@@ -58,3 +58,12 @@ if [ "${1:-a}" = e ]; then
   (cd benchmarks && timeout 200 python3 h200_spec_ab.py --batch 64 --prompts 64 --output-len 1024 \
     --drafters draft-model,deepspark,deepspark+margin15,deepspark+margin30 --runs 3 2>&1 | filter > "$OUT/ab_b64_1024.txt")
 fi
+if [ "${1:-a}" = f ]; then
+  # skip_margin one-sided (speculating must be measured the margin faster; plain steps take over
+  # as soon as they are measured faster) at 5% and 15%, against the margin both ways (+sym, as
+  # before), at 64 requests, interleaved, with 256 and 1,024 new tokens
+  (cd benchmarks && timeout 200 python3 h200_spec_ab.py --batch 64 --prompts 64 \
+    --drafters draft-model,deepspark+sym,deepspark,deepspark+margin15,none --runs 5 2>&1 | filter > "$OUT/ab_b64.txt")
+  (cd benchmarks && timeout 200 python3 h200_spec_ab.py --batch 64 --prompts 64 --output-len 1024 \
+    --drafters draft-model,deepspark+sym,deepspark,deepspark+margin15 --runs 3 2>&1 | filter > "$OUT/ab_b64_1024.txt")
+fi

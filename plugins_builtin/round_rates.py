@@ -47,6 +47,7 @@ class RoundRates:
         self.max_gap = max(max_gap, explore_every)
         self.look = min(look, self.explore_every)
         self.margin = margin
+        self.one_sided = True
         self.window = window
         #: (speculative, size class) -> the last rounds' (seconds, tokens a request)
         self.rounds: dict[tuple[bool, int], deque[tuple[float, float]]] = {}
@@ -95,8 +96,11 @@ class RoundRates:
             # speculating must win by the margin from the start: its samples leave out what it
             # costs besides (rounds that catch the draft up, the first rounds after a prompt)
             best, gap = self._best.get(size, (spec < plain * (1 - self.margin), self.explore_every))
-            mine, other = (spec, plain) if best else (plain, spec)
-            choice = best if other >= mine * (1 - self.margin) else not best
+            if self.one_sided:  # speculating must win by the margin; plain steps win when faster
+                choice = spec < plain * (1 - self.margin) if not best else not plain < spec
+            else:
+                mine, other = (spec, plain) if best else (plain, spec)
+                choice = best if other >= mine * (1 - self.margin) else not best
             if best != choice:
                 gap = self.explore_every
             if kind == choice and run >= gap - self.look:
