@@ -58,8 +58,6 @@ def main() -> None:
             opts["fcfs"] = {"overlap": False}
         llms[name] = LLM(None, progress=False, device=a.device, plugins=plugins, kv_cache_memory_gb=2,
                          plugin_options=opts)
-        if "sym" in flags:  # (session 14's A/B) the margin both ways, as before
-            llms[name].engine.drafter.rates.one_sided = False
     first = next(iter(llms.values()))
     groups = max(1, -(-a.prompts // a.batch))
     prompts = stdlib_prompts(first.get_tokenizer(), groups * a.batch, 64)

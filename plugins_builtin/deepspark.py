@@ -38,7 +38,7 @@ all k whatever the batch (loop graph, verification free), so nothing above adapt
 at large batches plain decode steps give more tokens a second (H200, demo pair: none 1.35-1.64x
 of draft-model at 64 requests). There (``"graphs"``, the default; ``"always"``: in eager steps
 too), batches of at least ``skip_min_batch`` requests draft nothing for a round (the engine then
-runs a plain decode step) while plain steps are measured to be the faster (RoundRates: rounds'
+runs a plain decode step) unless speculating is measured ``skip_margin`` faster (RoundRates: rounds'
 generated tokens a request, one plus the accepted drafts, against their time to the next
 proposal, per batch size class; only rounds whose step computed just their own tokens, with the
 same requests throughout, after a round of their kind, are samples: see docs/plugins.md). Now and
@@ -89,8 +89,9 @@ class DeepSparkOptions(DraftModelOptions):
                               "all k whatever the batch), 'always' also in eager steps, 'never'")
     skip_min_batch: int = Field(8, ge=1, description="with skip_when_slower: only batches of at least this many "
                                                      "requests skip (smaller ones always speculate)")
-    skip_margin: float = Field(0.05, ge=0.0, lt=1.0, description="with skip_when_slower: how much faster a "
-                               "kind must be measured to take over from the other (speculating, also to start)")
+    skip_margin: float = Field(0.15, ge=0.0, lt=1.0, description="with skip_when_slower: how much faster "
+                               "speculative rounds must be measured than plain steps to be chosen (to start or "
+                               "to take over); plain steps take over as soon as they are the faster")
     explore_every: int = Field(16, ge=2, description="with skip_when_slower: after this many rounds, four of "
                                                      "the slower kind, so that both stay measured (the gap "
                                                      "doubles with every look that finds the same kind faster, "

@@ -35,19 +35,18 @@ class RoundRates:
 
     Rounds of a kind run ``look`` in a row, of which all but the first are samples (the first
     speculative round after plain steps also feeds the draft the tokens it missed). Each kind is
-    measured first, then the faster runs (the other must be faster by ``margin`` to take over, and
-    speculating must be from the start); after ``gap - look`` rounds of it, ``look`` of the other.
+    measured first, then the faster runs (speculating only if faster by ``margin``, to start and
+    to take over; plain steps whenever faster); after ``gap - look`` rounds of it, ``look`` of the other.
     The gap starts at ``explore_every`` and doubles with every look that finds the same kind
     faster, up to ``max_gap``: a look costs, and the faster kind mostly stays the faster; when the
     other takes over, the gap starts over."""
 
     def __init__(self, explore_every: int, window: int = 12, max_gap: int = 1024, look: int = 4,
-                 margin: float = 0.05) -> None:
+                 margin: float = 0.15) -> None:
         self.explore_every = max(explore_every, 2)
         self.max_gap = max(max_gap, explore_every)
         self.look = min(look, self.explore_every)
         self.margin = margin
-        self.one_sided = True
         self.window = window
         #: (speculative, size class) -> the last rounds' (seconds, tokens a request)
         self.rounds: dict[tuple[bool, int], deque[tuple[float, float]]] = {}
@@ -93,14 +92,12 @@ class RoundRates:
             choice = spec is None
             plan.extend([choice] * (self.look - 1))
         else:
-            # speculating must win by the margin from the start: its samples leave out what it
-            # costs besides (rounds that catch the draft up, the first rounds after a prompt)
+            # speculating must win by the margin, to start and to take over: its samples leave out
+            # what it costs besides (rounds that catch the draft up, the first rounds after a
+            # prompt, requests that advance unevenly and so need rounds after the batch thins);
+            # plain steps take over as soon as they are the faster
             best, gap = self._best.get(size, (spec < plain * (1 - self.margin), self.explore_every))
-            if self.one_sided:  # speculating must win by the margin; plain steps win when faster
-                choice = spec < plain * (1 - self.margin) if not best else not plain < spec
-            else:
-                mine, other = (spec, plain) if best else (plain, spec)
-                choice = best if other >= mine * (1 - self.margin) else not best
+            choice = not plain < spec if best else spec < plain * (1 - self.margin)
             if best != choice:
                 gap = self.explore_every
             if kind == choice and run >= gap - self.look:

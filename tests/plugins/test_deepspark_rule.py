@@ -164,21 +164,26 @@ def test_round_rates_run_the_faster_kind_and_look_at_the_other_ever_less_often(s
     for _ in range(4):
         w.record(T, 1, 2.0, 2)
     assert w.seconds[(T, 1)] == 1.0  # (1.0, 1) and (1.0, 3) out of the window; (50.0, 1) and one (2.0, 2) cut
-    # a kind within the margin (5%) of the faster one does not take over; past it, it does
+    # speculating must be measured the margin (15%) faster than plain steps to start or to take
+    # over; plain steps take over from it as soon as they are measured faster at all
     h = RoundRates(16)
-    for spec, sec in [(T, 1.0)] * 4 + [(F, 0.97)] * 4:
+    for spec, sec in [(T, 1.0)] * 4 + [(F, 0.99)] * 4:
         h.speculate(1)
         h.record(spec, 1, sec, 1)
-    assert h.speculate(1) == (F, T)  # plain faster
-    even = RoundRates(16)  # speculating as fast as plain steps (within 5%) is not enough to start with
+    assert h.speculate(1) == (F, T)  # plain 1% faster
+    even = RoundRates(16)  # speculating 10% faster is not enough to start with
     for spec in [T] * 4 + [F] * 4:
         even.speculate(1)
-        even.record(spec, 1, 0.97 if spec else 1.0, 1)
+        even.record(spec, 1, 0.90 if spec else 1.0, 1)
     assert even.speculate(1)[0] == F
-    for sec, speculates in ((1.03, F), (1.10, T)):
+    for sec, speculates in ((1.10, F), (1.25, T)):
         for _ in range(12):
             h.record(F, 1, sec, 1)
-        assert h.speculate(1)[0] == speculates  # speculating 3% faster: plain stays; 9%: it goes
+        assert h.speculate(1)[0] == speculates  # speculating 9% faster: plain stays; 20%: it goes
+    for _ in range(12):
+        h.record(F, 1, 0.98, 1)
+    assert h.speculate(1)[0] == F  # plain steps 2% faster: back at once
+    assert RoundRates(16, margin=0.05).margin == 0.05 and h.margin == 0.15
 
 
 def test_deepspark_drafts_nothing_while_plain_steps_are_faster():
