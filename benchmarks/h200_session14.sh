@@ -67,3 +67,13 @@ if [ "${1:-a}" = f ]; then
   (cd benchmarks && timeout 200 python3 h200_spec_ab.py --batch 64 --prompts 64 --output-len 1024 \
     --drafters draft-model,deepspark+sym,deepspark,deepspark+margin15 --runs 3 2>&1 | filter > "$OUT/ab_b64_1024.txt")
 fi
+if [ "${1:-a}" = g ]; then
+  # the final code (skip_margin 15%, one-sided): the speculative graphs' gpu tests; the recorded
+  # issue-8 command (interleaved), and 64 requests with 1,024 new tokens
+  timeout 90 python3 -m pytest -q -p no:cacheprovider -m gpu tests/plugins/test_spec_decode.py tests/plugins/test_graphs.py \
+    > "$OUT/gpu_tests.txt" 2>&1
+  timeout 130 python3 -m deepinfer.cli bench spec --device sm90 --batch 1,64 --output-len 256 --repeats 5 \
+    2>&1 | filter > "$OUT/bench_spec.txt"
+  timeout 90 python3 -m deepinfer.cli bench spec --device sm90 --batch 64 --output-len 1024 --repeats 3 \
+    --drafters none,draft-model,deepspark 2>&1 | filter > "$OUT/bench_spec_1024.txt"
+fi
