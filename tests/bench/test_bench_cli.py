@@ -58,11 +58,12 @@ def test_bad_requests_say_what_is_wrong(args, message):
     assert res.returncode != 0 and message in res.stderr
 
 
-def test_spec_each_drafter_in_a_fresh_process():
-    """`bench spec --isolate` on the demo pair: one row per drafter and batch, each from its own
-    process; without a drafter a step makes one token, draft-model verifies all k = 5 drafts."""
+def _spec_rows(*args: str) -> str:
+    """`bench spec` on the demo pair (none and draft-model at batches 1 and 2, 8 new tokens): its
+    stdout, after checking the rows: one a drafter and batch; without a drafter a step makes one
+    token, draft-model verifies all k = 5 drafts."""
     res = subprocess.run([sys.executable, "-m", "deepinfer.cli", "bench", "spec", "--drafters", "none,draft-model",
-                          "--batch", "1,2", "--output-len", "8", "--repeats", "1", "--prompts", "2", "--isolate"],
+                          "--batch", "1,2", "--output-len", "8", "--prompts", "2", *args],
                          capture_output=True, text=True, timeout=600, check=False)
     assert res.returncode == 0, res.stderr[-2000:]
     rows = [line.split() for line in res.stdout.splitlines() if line.split()[:1] in (["none"], ["draft-model"])]
@@ -72,21 +73,16 @@ def test_spec_each_drafter_in_a_fresh_process():
             assert (ratio, float(per_step), float(verified)) == ("1.00x", 1.0, 0.0)
         else:
             assert float(verified) == 5.0 and float(per_step) >= 1.0
+    return res.stdout
+
+
+def test_spec_each_drafter_in_a_fresh_process():
+    """`bench spec --isolate`: each drafter's rows from its own process."""
+    assert "each drafter in its own process" in _spec_rows("--repeats", "1", "--isolate")
 
 
 def test_spec_drafters_take_turns_in_one_process():
     """`bench spec` by default builds every drafter's engine in one process and alternates them run
-    by run; each row still counts its own engine's steps only: none makes one token a step and
-    verifies nothing although draft-model ran between its runs, which verifies all k = 5 drafts."""
-    res = subprocess.run([sys.executable, "-m", "deepinfer.cli", "bench", "spec", "--drafters", "none,draft-model",
-                          "--batch", "1,2", "--output-len", "8", "--repeats", "2", "--prompts", "2"],
-                         capture_output=True, text=True, timeout=600, check=False)
-    assert res.returncode == 0, res.stderr[-2000:]
-    assert "the drafters in turn, run by run" in res.stdout
-    rows = [line.split() for line in res.stdout.splitlines() if line.split()[:1] in (["none"], ["draft-model"])]
-    assert [(r[0], r[1]) for r in rows] == [("none", "1"), ("none", "2"), ("draft-model", "1"), ("draft-model", "2")]
-    for name, _, _, _, ratio, per_step, verified, _ in rows:
-        if name == "none":
-            assert (ratio, float(per_step), float(verified)) == ("1.00x", 1.0, 0.0)
-        else:
-            assert float(verified) == 5.0 and float(per_step) >= 1.0
+    by run; each row still counts its own engine's steps only (none's rows verify nothing although
+    draft-model ran between its runs)."""
+    assert "the drafters in turn, run by run" in _spec_rows("--repeats", "2")
