@@ -40,7 +40,8 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_
                          stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ob, stride_oh,
                          MERGE: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                          BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
-                         CHUNK: tl.constexpr, WINDOWED: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr):
+                         CHUNK: tl.constexpr, EARLY_TABLE: tl.constexpr, WINDOWED: tl.constexpr, IEEE: tl.constexpr,
+                         PDL: tl.constexpr):
     if PDL:  # launched early (programmatic dependent launch): wait for the previous kernel first
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
@@ -52,12 +53,15 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_
     q_mask = (g[:, None] < GROUP) & (d[None, :] < HEAD_DIM)
     q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=q_mask, other=0.0)
     seq_len = tl.load(seq_lens_ptr + b)
-    # Without a window, the program's first tile starts at a position known before the length is:
-    # its block-table entries are asked for together with the length, not one round trip after it
-    # (entries past the sequence are read but never used: the keys' mask needs the length).
-    pos0 = tl.program_id(2) * SPLIT + tl.arange(0, BLOCK_N)
-    blk0 = tl.load(block_tables_ptr + b * stride_bt + pos0 // BLOCK_SIZE,
-                   mask=(pos0 // BLOCK_SIZE < table_cols) & (WINDOWED == 0), other=0)
+    if EARLY_TABLE:
+        # Without a window and with one tile a split, the program's first split (its only tile)
+        # starts at a position known before the length is: its block-table entries are asked for
+        # together with the length, not one round trip after it (entries past the sequence are
+        # read but never used: the keys' mask needs the length). Splits of several tiles keep the
+        # tile loop free of the branch below.
+        pos0 = tl.program_id(2) * SPLIT + tl.arange(0, BLOCK_N)
+        blk0 = tl.load(block_tables_ptr + b * stride_bt + pos0 // BLOCK_SIZE, mask=pos0 // BLOCK_SIZE < table_cols,
+                       other=0)
     lo = 0
     if WINDOWED:
         lo = tl.maximum(seq_len - window, 0)
@@ -78,8 +82,11 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_
         for n0 in range(first_tile, end, BLOCK_N):
             pos = n0 + tl.arange(0, BLOCK_N)
             valid = (pos >= lo) & (pos < end)
-            if (j == tl.program_id(2)) & (n0 == first_tile) & (WINDOWED == 0):
-                blk = blk0
+            if EARLY_TABLE:
+                if j == tl.program_id(2):  # (a later split of a capped grid reads its own)
+                    blk = blk0
+                else:
+                    blk = tl.load(block_tables_ptr + b * stride_bt + pos // BLOCK_SIZE, mask=valid, other=0)
             else:
                 blk = tl.load(block_tables_ptr + b * stride_bt + pos // BLOCK_SIZE, mask=valid, other=0)
             slot = blk.to(tl.int64) * BLOCK_SIZE + pos % BLOCK_SIZE
@@ -218,7 +225,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     ``max_programs`` caps pass 1's grid (at least one program per sequence and kv head remains);
     it changes the speed only, never the result. ``block_n`` (keys per tile, dividing split_size;
     default the largest of 128, 64, 32, 16 that does, at most 64 for float32 or head_dim > 128),
-    ``num_warps`` and ``num_stages`` (None: Triton's default) tune pass 1; the defaults were the
+    ``num_warps`` and ``num_stages`` (None: Triton's default) tune pass 1 (pass 2 takes the same, so
+    that its merge is pass 1's); the defaults were the
     fastest on an H200. The tiles fix the order of the sums, so they may change the last bits
     (never batch invariance: they do not depend on the batch). ``pdl``: launch both passes with
     programmatic dependent launch (each waits for the previous kernel before reading anything;
@@ -258,7 +266,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         part_out.stride(0), part_out.stride(1), part_out.stride(2), part_lse.stride(0), part_lse.stride(1),
         out.stride(0), out.stride(1), MERGE=merge_in_pass, GROUP=group, HEAD_DIM=d, BLOCK_SIZE=block_size,
         BLOCK_G=block_g, BLOCK_D=block_d, BLOCK_N=block_n, SPLIT=split_size, CHUNK=MERGE_CHUNK,
-        WINDOWED=sliding_window is not None, IEEE=k_cache.dtype == torch.float32, PDL=pdl, **tuning)
+        EARLY_TABLE=sliding_window is None and block_n == split_size, WINDOWED=sliding_window is not None,
+        IEEE=k_cache.dtype == torch.float32, PDL=pdl, **tuning)
     if merge_in_pass:
         return out
     _decode_reduce_kernel[(b, kvh)](  # pass 1's shapes and warps: its merge's bits (see the kernel)

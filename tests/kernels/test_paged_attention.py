@@ -14,6 +14,7 @@ CASES = {
     "gqa-window-not-multiple-of-block": (4, 1, 16, 4, 7, 16),
     "window-wider-than-one-split": (4, 2, 16, 8, 21, 16),
     "head-dim-24-block-16": (6, 3, 24, 16, 13, 32),
+    "head-dim-64-group-4-window-of-many-splits": (8, 2, 64, 4, 140, 16),
 }
 
 
@@ -90,7 +91,7 @@ def test_decode_rejects_heads_not_a_multiple_of_kv_heads(device):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("window", [None, 21])
+@pytest.mark.parametrize("window", [None, 21, 140])
 @pytest.mark.parametrize("cap", [4096, 8])
 def test_merge_in_pass_one_gives_the_bits_of_pass_two(dtype, window, cap, device):
     """The last pass-1 program of a sequence and kv head merges its splits (merge_in_pass, which
