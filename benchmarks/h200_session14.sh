@@ -51,6 +51,8 @@ if [ "${1:-a}" = d ]; then
     2>&1 | filter > "$OUT/spark_log_overlap.txt")
 fi
 if [ "${1:-a}" = e ]; then
+  # (ran at 281df9d, when the margin applied both ways and plain "deepspark" meant 5%; not
+  # reproducible on later commits as recorded)
   # deepspark's skip_margin (how much faster a kind must be measured to take over) at 5% (the
   # default so far), 15% and 30%, at 64 requests, interleaved, with 256 and 1,024 new tokens
   (cd benchmarks && timeout 200 python3 h200_spec_ab.py --batch 64 --prompts 64 \
@@ -59,6 +61,8 @@ if [ "${1:-a}" = e ]; then
     --drafters draft-model,deepspark,deepspark+margin15,deepspark+margin30 --runs 3 2>&1 | filter > "$OUT/ab_b64_1024.txt")
 fi
 if [ "${1:-a}" = f ]; then
+  # (ran at c5543fe, with the +sym switch removed after and plain "deepspark" then meaning 5%
+  # one-sided; not reproducible on later commits as recorded: h200_spec_ab.py now refuses +sym)
   # skip_margin one-sided (speculating must be measured the margin faster; plain steps take over
   # as soon as they are measured faster) at 5% and 15%, against the margin both ways (+sym, as
   # before), at 64 requests, interleaved, with 256 and 1,024 new tokens

@@ -42,6 +42,10 @@ def main() -> None:
     llms = {}
     for name in dict.fromkeys(names):
         drafter, *flags = name.split("+")
+        unknown = [f for f in flags if f not in ("host", "step", "always", "overlap", "sync")
+                   and not (f.startswith("margin") and f[6:].isdigit())]
+        if unknown:
+            ap.error(f"{name}: unknown flag(s) {unknown}; known: host, step, always, overlap, sync, marginN")
         plugins = [] if drafter == "none" else [drafter]
         mine = {"device_drafts": False} if "host" in flags else {}
         if "step" in flags:  # every round's draft steps one by one (no loop graph)

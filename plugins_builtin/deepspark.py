@@ -38,7 +38,8 @@ all k whatever the batch (loop graph, verification free), so nothing above adapt
 at large batches plain decode steps give more tokens a second (H200, demo pair: none 1.35-1.64x
 of draft-model at 64 requests). There (``"graphs"``, the default; ``"always"``: in eager steps
 too), batches of at least ``skip_min_batch`` requests draft nothing for a round (the engine then
-runs a plain decode step) unless speculating is measured ``skip_margin`` faster (RoundRates: rounds'
+runs a plain decode step) unless speculating is measured ``skip_margin`` faster, and once it
+speculates, it goes on while speculating is faster at all (RoundRates: rounds'
 generated tokens a request, one plus the accepted drafts, against their time to the next
 proposal, per batch size class; only rounds whose step computed just their own tokens, with the
 same requests throughout, after a round of their kind, are samples: see docs/plugins.md). Now and

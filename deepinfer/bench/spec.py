@@ -22,7 +22,9 @@ def add_spec_parser(bsub, add_engine_args, engine_overrides) -> None:
                         "(at least one batch): at batch 1 the figures are not one prompt's")
     b.add_argument("--isolate", action="store_true",
                    help="run each drafter in a fresh process, one after another (no state left over from the "
-                        "ones before); by default all are built in this process and take turns run by run")
+                        "ones before); by default all are built in this process and take turns run by run, "
+                        "each with a KV pool of 2 GiB on a GPU unless --kv-cache-memory-gb (or the config) "
+                        "sets another: give more for large models or long --max-model-len")
     b.set_defaults(func=lambda a, _ov=engine_overrides: run_spec(a, _ov(a)))
 
 
@@ -38,8 +40,9 @@ def stdlib_prompts(tokenizer, n: int, length: int) -> list[list[int]]:
     return prompts
 
 
-#: each drafter's KV pool when all are built in one process and --kv-cache-memory-gb is not given
-#: (on a GPU, each engine would otherwise size its pool from the memory the ones before it left)
+#: each drafter's KV pool when all are built in one process on an accelerator and no KV size is
+#: given (by flag, config file or environment): each engine would otherwise size its pool from the
+#: memory the ones before it left (on the CPU each takes a small share of what is free anyway)
 INTERLEAVED_KV_GB = 2.0
 
 
@@ -50,7 +53,11 @@ def run_spec(args, overrides: dict) -> int:
     work = {"model": model, "config_file": args.config_file, "overrides": overrides,
             "batches": [int(b) for b in args.batch.split(",")], "prompts": args.prompts,
             "input_len": args.input_len, "output_len": args.output_len, "repeats": args.repeats}
-    drafters = {d: base_plugins + ([] if d == "none" else [d]) for d in args.drafters.split(",")}
+    names = args.drafters.split(",")
+    twice = next((d for i, d in enumerate(names) if d in names[:i]), None)
+    if twice is not None:
+        raise ValueError(f"--drafters names {twice!r} twice; give each drafter once ({', '.join(DRAFTERS)})")
+    drafters = {d: base_plugins + ([] if d == "none" else [d]) for d in names}
     if not args.isolate:
         report(args, interleaved_rows(drafters, work))
         return 0
@@ -121,7 +128,14 @@ def interleaved_rows(drafters: dict[str, list[str]], work: dict) -> list[dict]:
     """Every drafter's engine in this process; at each batch size the drafters take turns, run by
     run, in alternating order, so that a host whose speed drifts slows them alike (one after
     another, a drift between drafters lands in their ratio)."""
-    work = {**work, "overrides": {"kv_cache_memory_gb": INTERLEAVED_KV_GB, **work["overrides"]}}
+    import torch
+
+    from deepinfer.core.config import build_config
+
+    given = build_config(work["config_file"], work["overrides"])
+    on_cpu = given.device == "cpu" or (given.device == "auto" and not torch.cuda.is_available())
+    if given.kv_cache_memory_gb is None and not on_cpu:
+        work = {**work, "overrides": {**work["overrides"], "kv_cache_memory_gb": INTERLEAVED_KV_GB}}
     llms = {d: _engine(plugins, work) for d, plugins in drafters.items()}
     found: dict[tuple[str, int], dict] = {}
     for batch in work["batches"]:

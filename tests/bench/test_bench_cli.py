@@ -86,3 +86,9 @@ def test_spec_drafters_take_turns_in_one_process():
     by run; each row still counts its own engine's steps only (none's rows verify nothing although
     draft-model ran between its runs)."""
     assert "the drafters in turn, run by run" in _spec_rows("--repeats", "2")
+
+
+def test_spec_refuses_a_drafter_named_twice():
+    res = subprocess.run([sys.executable, "-m", "deepinfer.cli", "bench", "spec", "--drafters", "none,ngram,none"],
+                         capture_output=True, text=True, timeout=600, check=False)
+    assert res.returncode == 2 and "--drafters names 'none' twice" in res.stderr and res.stdout == ""

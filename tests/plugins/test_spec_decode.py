@@ -170,8 +170,9 @@ def test_deepspark_mixing_plain_and_speculative_rounds_is_lossless(demo_referenc
     and a speculative round first takes them."""
     llm = LLM(progress=False, dtype="float32", plugins=["deepspark"],
               plugin_options={"deepspark": {"explore_every": 2, "skip_when_slower": "always", "skip_min_batch": 1,
-                                            "overlap_plain_rounds": overlap}})
+                                            "overlap_plain_rounds": overlap, "skip_margin": 0.3}})
     assert llm.engine.overlap is False and llm.engine.drafter.skips_rounds is overlap  # (a synchronous CPU)
+    assert llm.engine.drafter.rates.margin == 0.3
     llm.engine.overlap, deferred, begin = overlap, [], llm.engine._begin_deferred
     llm.engine._begin_deferred = lambda flight: (deferred.append(flight.sched.num_tokens), begin(flight))
     runner, propose = llm.engine.drafter.runner, llm.engine.drafter.runner.propose
