@@ -20,12 +20,8 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
-import torch
-
-from deepinfer.bench.spec import stdlib_prompts
-from deepinfer.core.sampling_params import SamplingParams
+from deepinfer.bench.spec import Workload, take_turns
 from deepinfer.llm import LLM
 
 
@@ -62,39 +58,18 @@ def main() -> None:
             opts["fcfs"] = {"overlap": False}
         llms[name] = LLM(None, progress=False, device=a.device, plugins=plugins, kv_cache_memory_gb=2,
                          plugin_options=opts)
-    first = next(iter(llms.values()))
-    groups = max(1, -(-a.prompts // a.batch))
-    prompts = stdlib_prompts(first.get_tokenizer(), groups * a.batch, 64)
-    params = SamplingParams(temperature=0, max_tokens=a.output_len, ignore_eos=True)
-
-    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
-
-    def run(llm: LLM) -> float:
-        sync()
-        t = time.perf_counter()
-        for g in range(groups):
-            llm.generate([{"prompt_token_ids": p} for p in prompts[g * a.batch:(g + 1) * a.batch]], params,
-                         use_tqdm=False)
-        sync()
-        return time.perf_counter() - t
-
+    wl = Workload(next(iter(llms.values())), a.batch, {"prompts": a.prompts, "input_len": 64,
+                                                        "output_len": a.output_len})
     for llm in llms.values():
-        run(llm)  # warm-up
+        wl.run(llm)  # warm-up: the whole workload once
     m0 = {n: llm.get_metrics() for n, llm in llms.items()}
-    secs: dict[str, list[float]] = {n: [] for n in llms}
-    for i in range(a.runs):
-        order = list(llms) if i % 2 == 0 else list(reversed(llms))  # alternate which goes first
-        for n in order:
-            secs[n].append(run(llms[n]))
-    tokens = groups * a.batch * a.output_len
-    base = tokens / statistics.median(secs[names[0]])
-    print(f"batch {a.batch}, {groups * a.batch} prompts, {a.output_len} new tokens, {a.runs} interleaved runs")
+    secs = take_turns(llms, wl.run, a.runs)
+    base = wl.tokens / statistics.median(secs[names[0]])
+    print(f"batch {a.batch}, {wl.groups * a.batch} prompts, {a.output_len} new tokens, {a.runs} interleaved runs")
     for n, s in secs.items():
-        rate = tokens / statistics.median(s)
-        m = {k: v - m0[n].get(k, 0) for k, v in llms[n].get_metrics().items()}
-        per_step = m["deepinfer:generation_tokens"] / max(1, m["deepinfer:request_sampling_steps"])
-        print(f"{n:12s} median {rate:10.1f} tok/s  {rate / base:5.2f}x  {per_step:.2f} tok/step  runs(s): "
-              + " ".join(f"{x:.3f}" for x in s))
+        row = wl.row(n, s, m0[n], llms[n].get_metrics())
+        print(f"{n:12s} median {row['tok_s']:10.1f} tok/s  {row['tok_s'] / base:5.2f}x  "
+              f"{row['tokens_per_step']:.2f} tok/step  runs(s): " + " ".join(f"{x:.3f}" for x in s))
     for n, llm in llms.items():  # deepspark's measured seconds a token, speculative and plain rounds
         rates = getattr(llm.engine.drafter, "rates", None)
         if rates is not None and rates.seconds:

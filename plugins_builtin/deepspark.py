@@ -84,8 +84,9 @@ class DeepSparkOptions(DraftModelOptions):
                                                         "request, computed whether verified or not), verify every "
                                                         "drafted token and leave the choice to the round depth")
     skip_when_slower: Literal["graphs", "always", "never"] = Field(
-        "graphs", description="draft nothing for a round (a plain decode step) while plain steps are measured to "
-                              "give more tokens a second than speculative rounds at this batch size: 'graphs' "
+        "graphs", description="draft nothing for a round (a plain decode step) unless speculative rounds are "
+                              "measured to give more tokens a second than plain steps at this batch size (by "
+                              "skip_margin to start): 'graphs' "
                               "where the engine verifies in device graphs (there a round drafts and verifies "
                               "all k whatever the batch), 'always' also in eager steps, 'never'")
     skip_min_batch: int = Field(8, ge=1, description="with skip_when_slower: only batches of at least this many "

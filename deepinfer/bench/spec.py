@@ -78,7 +78,7 @@ def _engine(plugins: list[str], work: dict):
     return LLM(work["model"], config_file=work["config_file"], progress=False, plugins=plugins, **work["overrides"])
 
 
-class _Workload:
+class Workload:
     """One batch size's runs: ``prompts`` distinct prompts (at least one batch), decoded in batches
     one after another."""
 
@@ -117,11 +117,21 @@ def drafter_rows(drafter: str, plugins: list[str], work: dict) -> list[dict]:
     llm = _engine(plugins, work)
     rows = []
     for batch in work["batches"]:
-        wl = _Workload(llm, batch, work)
+        wl = Workload(llm, batch, work)
         m0 = wl.warm_up(llm)
         secs = [wl.run(llm) for _ in range(work["repeats"])]
         rows.append(wl.row(drafter, secs, m0, llm.get_metrics()))
     return rows
+
+
+def take_turns(engines: dict, run, repeats: int) -> dict[str, list[float]]:
+    """``run(engine)``'s seconds for each engine over ``repeats`` rounds in which every engine runs
+    once, the order alternating round by round (so that none always runs first)."""
+    secs: dict[str, list[float]] = {name: [] for name in engines}
+    for r in range(repeats):
+        for name in (list(engines) if r % 2 == 0 else list(reversed(engines))):
+            secs[name].append(run(engines[name]))
+    return secs
 
 
 def interleaved_rows(drafters: dict[str, list[str]], work: dict) -> list[dict]:
@@ -139,12 +149,9 @@ def interleaved_rows(drafters: dict[str, list[str]], work: dict) -> list[dict]:
     llms = {d: _engine(plugins, work) for d, plugins in drafters.items()}
     found: dict[tuple[str, int], dict] = {}
     for batch in work["batches"]:
-        wl = _Workload(next(iter(llms.values())), batch, work)
+        wl = Workload(next(iter(llms.values())), batch, work)
         m0 = {d: wl.warm_up(llm) for d, llm in llms.items()}
-        secs: dict[str, list[float]] = {d: [] for d in llms}
-        for r in range(work["repeats"]):
-            for d in (list(llms) if r % 2 == 0 else list(reversed(llms))):
-                secs[d].append(wl.run(llms[d]))
+        secs = take_turns(llms, wl.run, work["repeats"])
         for d, llm in llms.items():
             found[d, batch] = wl.row(d, secs[d], m0[d], llm.get_metrics())
     return [found[d, b] for d in llms for b in work["batches"]]
