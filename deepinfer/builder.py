@@ -9,7 +9,7 @@ from deepinfer.core.block_pool import BlockPool
 from deepinfer.core.config import EngineConfig
 from deepinfer.core.context import EngineContext
 from deepinfer.core.engine import LLMEngine
-from deepinfer.core.graphs import default_batch_sizes
+from deepinfer.core.graphs import default_batch_sizes, default_prefill_sizes
 from deepinfer.core.kv_manager import KVCacheManager, SlidingKV
 from deepinfer.core.loader import load_model, resolve_dtype
 from deepinfer.core.metrics import Metrics
@@ -190,8 +190,14 @@ def build_engine(config: EngineConfig, progress: bool = True) -> LLMEngine:
         sizes = config.cuda_graph_sizes or default_batch_sizes(config.max_num_seqs)
         sizes = [s for s in sizes if s <= config.max_num_seqs] or [min(sizes)]
         max_len = min(config.max_seq_len_to_capture, max_model_len)
-        # the draft's, the target's decode and its verification graphs share one memory pool (their
-        # replays never overlap); each set is captured largest first
+        # the prefill, the draft's, the target's decode and its verification graphs share one
+        # memory pool (their replays never overlap); each set is captured largest first
+        prefill = config.cuda_graph_prefill_sizes
+        if prefill is None:
+            prefill = default_prefill_sizes(config.max_num_batched_tokens)
+        prefill = [s for s in prefill if s <= min(config.max_num_batched_tokens, max_len)]
+        if prefill:
+            runner.enable_prefill_graphs(graphs, prefill, max_len)
         if drafter is not None:
             drafter.enable_graphs(graphs, sizes, max_len)
         runner.enable_graphs(graphs, sizes, max_len)

@@ -30,6 +30,8 @@ def add_engine_args(p: argparse.ArgumentParser, model_positional: bool = True) -
     p.add_argument("--enforce-eager", action="store_const", const=True, default=None,
                    help="never capture device graphs (CUDA graphs)")
     p.add_argument("--cuda-graph-sizes", default=None, help="decode batch sizes to capture, e.g. 1,2,4,8")
+    p.add_argument("--cuda-graph-prefill-sizes", default=None,
+                   help="token counts of one-sequence prefill steps to capture, e.g. 64,128,256 (none: off)")
     p.add_argument("--max-seq-len-to-capture", type=int, default=None)
 
 

@@ -38,6 +38,11 @@ class EngineConfig(BaseModel):
     cuda_graph_sizes: list[int] | None = Field(
         None, description="decode batch sizes to capture (default 1, 2, 4, then multiples of 8 up to 256, "
                           "capped at max_num_seqs); a step pads to the next captured size")
+    cuda_graph_prefill_sizes: list[int] | None = Field(
+        None, description="token counts of the prefill graphs: a step of one sequence computing 2 to the largest "
+                          "count of tokens (a prompt, a chunk, the rest after a cached prefix) replays the "
+                          "smallest count >= its tokens, padded (default 16, 32, 64, 128, 256, 384, 512, 768, "
+                          "1,024, capped at max_num_batched_tokens; [] or 'none': no prefill graphs)")
     max_seq_len_to_capture: int = Field(8192, ge=1, description="longest sequence a captured decode step "
                                                                 "covers; steps with longer ones run eagerly")
 
@@ -60,6 +65,21 @@ class EngineConfig(BaseModel):
     def _positive_sizes(cls, v: list[int] | None) -> list[int] | None:
         if v is not None and (not v or min(v) < 1):
             raise ValueError(f"cuda_graph_sizes must be a non-empty list of positive batch sizes, got {v}")
+        return v
+
+    @field_validator("cuda_graph_prefill_sizes", mode="before")
+    @classmethod
+    def _split_prefill_sizes(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            return [] if v.strip().lower() in ("", "none") else [int(x) for x in v.split(",") if x.strip()]
+        return v
+
+    @field_validator("cuda_graph_prefill_sizes")
+    @classmethod
+    def _prefill_sizes(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None and v and min(v) < 2:
+            raise ValueError(f"cuda_graph_prefill_sizes must be token counts of at least 2 (a step of one token "
+                             f"is a decode step), got {v}; [] turns prefill graphs off")
         return v
 
     @field_validator("plugins")

@@ -13,6 +13,9 @@ token is flagged (``StepBatch.single_runs``), so that attention can give it the 
 an eager step would; graphs built with ``single_runs=False`` take only sequences of two tokens or
 more and leave that pass out (for the steps in which every sequence verifies drafts).
 
+``PrefillGraphs`` keeps sets of such graphs for steps of one sequence computing many tokens (a
+prompt at low load), one set a token count.
+
 A step's inputs go to the device in one copy: each batch size has its own layout of the input
 fields in one shared buffer (``PackedInputs``), so a replay copies exactly its size's bytes.
 """
@@ -34,6 +37,13 @@ def default_batch_sizes(max_num_seqs: int) -> list[int]:
     ladder = [1, 2, 4] + list(range(8, 257, 8))
     sizes = sorted({s for s in ladder if s < max_num_seqs} | {min(max_num_seqs, 256)})
     return sizes
+
+
+def default_prefill_sizes(max_tokens: int) -> list[int]:
+    """Token counts of the prefill graphs: 16, 32, 64, 128, 256, 384, 512, 768 and 1,024, at most
+    ``max_tokens``. A step pads to the next count, so past 128 tokens its rows grow by at most
+    half; each count costs start-up time (its first run, on the H200 about 0.25 s)."""
+    return [s for s in (16, 32, 64, 128, 256, 384, 512, 768, 1024) if s <= max_tokens]
 
 
 def resolve_placeholders(ids: torch.Tensor, prev_tokens: torch.Tensor, out: torch.Tensor | None = None,
@@ -289,3 +299,36 @@ class DecodeGraphs:
         replay, out = self._replays[size]
         replay()
         return out
+
+
+class PrefillGraphs:
+    """Steps of ONE sequence computing 2 to ``max(token_sizes)`` tokens from any position (a
+    prompt, a chunk of one, the rest of a prompt after a cached prefix) replayed from graphs: one
+    set a token count, each a ``DecodeGraphs`` of one sequence with that many query rows; a step of
+    n tokens runs the smallest count >= n, padded at its end with rows that write no KV and whose
+    outputs are ignored. What they save is the host's launch of each kernel of the forward, which
+    at these sizes takes longer than the device's work (a first token's wait at low load)."""
+
+    def __init__(self, model: CausalLM, attention: AttentionBackend, kv_caches: list[Any],
+                 graphs: DeviceGraphs, device: torch.device, block_size: int, token_sizes: Sequence[int],
+                 max_seq_len: int) -> None:
+        if not token_sizes or min(token_sizes) < 2:
+            raise ValueError(f"prefill graph token counts must be integers of at least 2, got {list(token_sizes)}")
+        self.sets = {q: DecodeGraphs(model, attention, kv_caches, graphs, device, block_size, [1], max_seq_len,
+                                     query_len=q, placeholders=False, single_runs=False)
+                     for q in sorted(set(token_sizes))}
+
+    def capture(self) -> None:
+        """Record every token count's forward, largest first (they share the memory pool)."""
+        for q in sorted(self.sets, reverse=True):
+            self.sets[q].capture()
+
+    def graphs_for(self, num_tokens: int, seq_len: int) -> DecodeGraphs | None:
+        """The graphs a step of one sequence computing ``num_tokens`` tokens, ``seq_len`` long
+        once they are in, replays (None: run it eagerly)."""
+        if num_tokens < 2:
+            return None
+        q = next((q for q in self.sets if q >= num_tokens), None)
+        if q is None or self.sets[q].size_for(1, seq_len) is None:
+            return None
+        return self.sets[q]

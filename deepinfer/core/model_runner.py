@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from deepinfer.core.graphs import DecodeGraphs, resolve_placeholders
+from deepinfer.core.graphs import DecodeGraphs, PrefillGraphs, resolve_placeholders
 from deepinfer.core.host_copy import HostCopy
 from deepinfer.core.interfaces import AttentionBackend, DeviceGraphs, SchedulerOutput
 from deepinfer.core.model_registry import CausalLM
@@ -150,6 +150,8 @@ class ModelRunner:
         self.verify_graphs: DecodeGraphs | None = None  # steps of up to query_len tokens a sequence
         #: the same for steps in which every sequence verifies drafts (2+ tokens): no decode pass
         self.verify_graphs_multi: DecodeGraphs | None = None
+        #: steps of one sequence computing several tokens (a prompt), one set a token count
+        self.prefill_graphs: PrefillGraphs | None = None
         #: (start, end, decode_only) of every launched step, when a benchmark sets it to a list:
         #: device events recorded just before the step's first device work and after its last
         self.timeline: list[tuple[Any, Any, bool]] | None = None
@@ -160,16 +162,28 @@ class ModelRunner:
 
     def enable_graphs(self, graphs: DeviceGraphs, batch_sizes: Sequence[int], max_seq_len: int) -> None:
         """Capture decode steps for these batch sizes (sequences up to ``max_seq_len`` tokens)."""
+        self._check_graphs()
+        g = DecodeGraphs(self.model, self.attention, self.kv_caches, graphs, self.device, self.block_size,
+                         batch_sizes, max_seq_len)
+        g.capture()
+        self.graphs = g
+
+    def _check_graphs(self) -> None:
         if self.kv_groups > 1:
             raise ValueError("device graphs replay steps with one KV group; sliding-window layers with a pool "
                              "of their own (swa-replay) run eagerly")
         if not self.attention.supports_graphs:
             raise ValueError(f"the attention plugin {self.attention.name!r} cannot run in device graphs; "
                              "use one that can (triton) or turn graphs off (enforce_eager)")
-        g = DecodeGraphs(self.model, self.attention, self.kv_caches, graphs, self.device, self.block_size,
-                         batch_sizes, max_seq_len)
+
+    def enable_prefill_graphs(self, graphs: DeviceGraphs, token_sizes: Sequence[int], max_seq_len: int) -> None:
+        """Capture steps of one sequence computing up to each of ``token_sizes`` tokens (see
+        ``PrefillGraphs``), for sequences up to ``max_seq_len`` tokens."""
+        self._check_graphs()
+        g = PrefillGraphs(self.model, self.attention, self.kv_caches, graphs, self.device, self.block_size,
+                          token_sizes, max_seq_len)
         g.capture()
-        self.graphs = g
+        self.prefill_graphs = g
 
     def enable_verify_graphs(self, graphs: DeviceGraphs, batch_sizes: Sequence[int], max_seq_len: int,
                              query_len: int) -> None:
@@ -232,27 +246,19 @@ class ModelRunner:
             timing = (torch.Event(self.device, enable_timing=True), torch.Event(self.device, enable_timing=True),
                       decode_only)
         mark = timing[0].record if timing is not None else None
-        graph_size = padded_size = None
+        graph_size = None
+        padded, padded_size = self._padded_graphs(seqs, bool(out.draft_tokens)), None
         if self.graphs is not None and decode_only:
             graph_size = self.graphs.size_for(len(seqs), max(start + 1 for _, start, _ in seqs))
-        elif self.verify_graphs is not None and out.draft_tokens:
-            # one-token runs (requests not speculating this step) are flagged in the graph's inputs,
-            # and attention gives them the decode kernel there, as in an eager step; a backend that
-            # cannot verifies such steps eagerly
-            q = self.verify_graphs.query_len
-            least = 1 if self.verify_graphs.takes_single_runs else 2
-            if all(least <= len(t) <= q for t, _, _ in seqs):
-                padded_size = self.verify_graphs.size_for(len(seqs), max(s + len(t) for t, s, _ in seqs))
+        elif padded is not None:
+            padded_size = padded.size_for(len(seqs), max(s + len(t) for t, s, _ in seqs))
         if graph_size is not None or padded_size is not None:
             tokens, starts, tables = zip(*seqs, strict=True)
         if graph_size is not None:
             hidden = self.graphs.run(graph_size, [t[0] for t in tokens], starts, tables, prev_tokens=prev,
                                      on_device=mark)
         elif padded_size is not None:  # sequence i's rows start at i * query_len
-            g = self.verify_graphs
-            if self.verify_graphs_multi is not None and all(len(t) > 1 for t in tokens):
-                g = self.verify_graphs_multi  # no one-token run: the graphs without the decode pass
-            hidden = g.run_padded(padded_size, tokens, starts, tables, on_device=mark, prev_tokens=prev)
+            hidden = padded.run_padded(padded_size, tokens, starts, tables, on_device=mark, prev_tokens=prev)
         else:
             if mark is not None:
                 mark()
@@ -268,7 +274,7 @@ class ModelRunner:
         for i, s in enumerate(out.scheduled):
             r, n = s.request, s.num_new_tokens
             if padded_size is not None:
-                start = i * self.verify_graphs.query_len
+                start = i * padded.query_len
             end = start + n
             drafts = out.draft_tokens.get(r.request_id, [])
             if r.params.prompt_logprobs is not None and r.num_computed_tokens < r.num_prompt_tokens:
@@ -310,6 +316,25 @@ class ModelRunner:
             timing[1].record()
             self.timeline.append(timing)
         return flight
+
+    def _padded_graphs(self, seqs: list[tuple[list[int], int, list[int]]], drafts: bool) -> DecodeGraphs | None:
+        """The graphs of several rows a sequence that a step of more than one token a sequence may
+        replay (if its sizes allow): verification graphs for a step with drafts, prefill graphs for
+        one sequence's tokens; None: none fit."""
+        if drafts and self.verify_graphs is not None:
+            # one-token runs (requests not speculating this step) are flagged in the graph's inputs,
+            # and attention gives them the decode kernel there, as in an eager step; a backend that
+            # cannot verifies such steps eagerly
+            g, q = self.verify_graphs, self.verify_graphs.query_len
+            if not all((1 if g.takes_single_runs else 2) <= len(t) <= q for t, _, _ in seqs):
+                return None
+            if self.verify_graphs_multi is not None and all(len(t) > 1 for t, _, _ in seqs):
+                return self.verify_graphs_multi  # no one-token run: the graphs without the decode pass
+            return g
+        if not drafts and self.prefill_graphs is not None and len(seqs) == 1:
+            tokens, start, _ = seqs[0]
+            return self.prefill_graphs.graphs_for(len(tokens), start + len(tokens))
+        return None
 
     def collect(self, flight: StepInFlight) -> RunnerOutput:
         """Wait for a launched step's samples and return its whole result."""
