@@ -42,16 +42,11 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_
                          BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
                          CHUNK: tl.constexpr, EARLY_TABLE: tl.constexpr, WINDOWED: tl.constexpr, IEEE: tl.constexpr,
                          PDL: tl.constexpr):
-    if PDL:  # launched early (programmatic dependent launch): wait for the previous kernel first
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
     b = tl.program_id(0)
     kvh = tl.program_id(1)
-    g = tl.arange(0, BLOCK_G)
-    d = tl.arange(0, BLOCK_D)
-    heads = kvh * GROUP + g
-    q_mask = (g[:, None] < GROUP) & (d[None, :] < HEAD_DIM)
-    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=q_mask, other=0.0)
+    # The lengths and block tables are the step's inputs, never a kernel's output: under PDL
+    # (launched while the previous kernel runs) they are read before the wait, so that after it
+    # only q and the keys and values are (the newest key is the previous kernel's).
     seq_len = tl.load(seq_lens_ptr + b)
     if EARLY_TABLE:
         # Without a window and with one tile a split, the program's first split (its only tile)
@@ -62,6 +57,14 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_
         pos0 = tl.program_id(2) * SPLIT + tl.arange(0, BLOCK_N)
         blk0 = tl.load(block_tables_ptr + b * stride_bt + pos0 // BLOCK_SIZE, mask=pos0 // BLOCK_SIZE < table_cols,
                        other=0)
+    if PDL:  # launched early (programmatic dependent launch): wait for the previous kernel
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    g = tl.arange(0, BLOCK_G)
+    d = tl.arange(0, BLOCK_D)
+    heads = kvh * GROUP + g
+    q_mask = (g[:, None] < GROUP) & (d[None, :] < HEAD_DIM)
+    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=q_mask, other=0.0)
     lo = 0
     if WINDOWED:
         lo = tl.maximum(seq_len - window, 0)
@@ -229,8 +232,9 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     that its merge is pass 1's); the defaults were the
     fastest on an H200. The tiles fix the order of the sums, so they may change the last bits
     (never batch invariance: they do not depend on the batch). ``pdl``: launch both passes with
-    programmatic dependent launch (each waits for the previous kernel before reading anything;
-    see deepinfer_kernels.pdl_supported). ``merge_in_pass``: the last pass-1 program of each
+    programmatic dependent launch (each waits for the previous kernel before reading anything but
+    ``seq_lens`` and ``block_tables``, which pass 1 reads before its wait: they must not be the
+    previous kernel's output; see deepinfer_kernels.pdl_supported). ``merge_in_pass``: the last pass-1 program of each
     sequence and kv head merges the splits (the same arithmetic as pass 2, so the same bits) and
     pass 2 is not launched: one launch fewer, worth it where launches are what costs (a single
     sequence); the merge then runs in as many programs as there are sequences and kv heads."""
