@@ -13,8 +13,9 @@ if [ "${1:-a}" = a ]; then
     --num-requests 256 --min-len 100 --max-len 1024 --repeats 2 2>&1 | filter > "$OUT/throughput.txt"
 fi
 if [ "${1:-a}" = b ]; then
-  # prefill graphs (steps of one sequence computing many tokens, replayed; default token counts
-  # 16, 32, 48, then multiples of 64 up to 1,024): every gpu-marked test; the first token by
+  # (ran before a7d5b49, with the prefill graphs' first default token counts: 16, 32, 48, then
+  # multiples of 64 up to 1,024)
+  # prefill graphs (steps of one sequence computing many tokens, replayed): every gpu-marked test; the first token by
   # prompt length with and without them; the recorded batch-1 command interleaved with
   # --cuda-graph-prefill-sizes none
   timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests --ignore=tests/serve > "$OUT/gpu_tests.txt" 2>&1
@@ -27,9 +28,11 @@ if [ "${1:-a}" = b ]; then
   done
 fi
 if [ "${1:-a}" = c ]; then
-  # graph captures after a set's first skip torch.cuda.graph's garbage collection and cache
-  # emptying: start-up time and memory; the graph tests; the first token by prompt length; the
-  # recorded batch-1 command twice; a step's device time by kernel
+  # (ran at a7d5b49 plus a change to CUDAGraphs.capture, removed after: captures after a set's
+  # first skipped torch.cuda.graph's garbage collection and cache emptying, which did not shorten
+  # the start-up; and with 19 default prefill token counts, now 9)
+  # start-up time and memory; the graph tests; the first token by prompt length; the recorded
+  # batch-1 command twice; a step's device time by kernel
   timeout 100 python3 -m pytest -q -p no:cacheprovider -m gpu tests/plugins/test_prefill_graphs.py \
     tests/plugins/test_graphs.py tests/plugins/test_spec_decode.py > "$OUT/gpu_tests.txt" 2>&1
   timeout 150 python3 benchmarks/h200_prefill_graphs.py 2>&1 | filter > "$OUT/prefill_graphs.txt"
@@ -37,4 +40,39 @@ if [ "${1:-a}" = c ]; then
     timeout 60 $LAT --repeats 3 2>&1 | filter | grep -e "tok/s" -e "first" >> "$OUT/latency.txt"
   done
   (cd benchmarks && timeout 100 python3 h200_step_trace.py llama-1b > "$OUT/trace_log.txt" 2>&1)
+fi
+if [ "${1:-a}" = d ]; then
+  # a batch-1 step's glue: timed without its input copy
+  timeout 120 python3 benchmarks/h200_step_glue.py 2>&1 | filter > "$OUT/glue.txt"
+fi
+if [ "${1:-a}" = e ]; then
+  # two changes for batch 1: decode attention reads the lengths and block tables before its PDL
+  # wait (they are the step's inputs); replays of small batches read their inputs from pinned host
+  # memory in their first kernel (stage_inputs) instead of a copy before the replay. The kernel
+  # tests compiled and every gpu-marked test; 16 attention launches and 16 layers against the
+  # kernel before (benchmarks/paged_attention_s14.py, a copy made for this call, not committed);
+  # the recorded batch-1 command, interleaved: both changes, without staging, without either
+  timeout 100 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_placeholders.py \
+    tests/kernels/test_paged_attention.py > "$OUT/tests.txt" 2>&1
+  timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests --ignore=tests/serve > "$OUT/gpu_tests.txt" 2>&1
+  (cd benchmarks && timeout 90 python3 h200_attn_ab.py --old paged_attention_s14.py --ctx 640 > "$OUT/attn_log.txt" 2>&1)
+  V="python3 benchmarks/h200_latency_variant.py"
+  for r in 1 2; do
+    echo "== both" >> "$OUT/latency.txt"
+    timeout 60 $LAT --repeats 2 2>&1 | filter | grep -e "tok/s" -e "first" >> "$OUT/latency.txt"
+    echo "== no staging" >> "$OUT/latency.txt"
+    timeout 60 $V --no-stage -- ${LAT#python3 -m deepinfer.cli} --repeats 2 2>&1 | filter | grep -e "tok/s" -e "first" >> "$OUT/latency.txt"
+    echo "== neither" >> "$OUT/latency.txt"
+    timeout 60 $V --no-stage --attention benchmarks/paged_attention_s14.py -- ${LAT#python3 -m deepinfer.cli} \
+      --repeats 2 2>&1 | filter | grep -e "tok/s" -e "first" >> "$OUT/latency.txt"
+  done
+fi
+if [ "${1:-a}" = f ]; then
+  # the final code: the nano-vllm throughput workload; the recorded issue-8 command (interleaved);
+  # the batch-1 LM head as cuBLAS after the norm kernel against the GEMV kernel with the norm folded
+  timeout 110 python3 -m deepinfer.cli bench throughput --random-model qwen3-0.6b --dtype bfloat16 --device sm90 \
+    --num-requests 256 --min-len 100 --max-len 1024 --repeats 2 2>&1 | filter > "$OUT/throughput.txt"
+  timeout 170 python3 -m deepinfer.cli bench spec --device sm90 --batch 1,64 --output-len 256 --repeats 5 \
+    2>&1 | filter > "$OUT/bench_spec.txt"
+  (cd benchmarks && timeout 80 python3 h200_lm_head.py > "$OUT/lm_head.txt" 2>&1)
 fi

@@ -16,7 +16,12 @@ from deepinfer_kernels.paged_attention import (
     paged_decode_attention,
     paged_decode_attention_ref,
 )
-from deepinfer_kernels.placeholders import resolve_placeholders, resolve_placeholders_ref
+from deepinfer_kernels.placeholders import (
+    resolve_placeholders,
+    resolve_placeholders_ref,
+    stage_inputs,
+    stage_inputs_ref,
+)
 from deepinfer_kernels.prefill_attention import paged_prefill_attention, paged_prefill_attention_ref
 from deepinfer_kernels.rms_norm import rms_norm, rms_norm_ref
 from deepinfer_kernels.rotary import apply_rotary, apply_rotary_ref
@@ -26,6 +31,7 @@ __all__ = [
     "argmax_prob_ref", "argmax_ref", "gemv",
     "gemv_qkv_rotary", "gemv_qkv_rotary_ref", "gemv_ref", "num_decode_splits", "paged_decode_attention",
     "paged_decode_attention_ref", "paged_prefill_attention", "paged_prefill_attention_ref", "pdl_supported",
-    "resolve_placeholders", "resolve_placeholders_ref", "rms_norm", "rms_norm_ref", "silu_and_mul", "silu_and_mul_ref", "triton_interpreted", "write_kv_cache",
+    "resolve_placeholders", "resolve_placeholders_ref", "rms_norm", "rms_norm_ref", "silu_and_mul", "silu_and_mul_ref", "stage_inputs",
+    "stage_inputs_ref", "triton_interpreted", "write_kv_cache",
     "write_kv_cache_ref",
 ]

@@ -16,7 +16,7 @@ class FusedOps:
     def __init__(self, single_token_gemv: bool = True, pdl: bool = True) -> None:
         from deepinfer_kernels.activation import silu_and_mul
         from deepinfer_kernels.argmax import argmax, argmax_prob
-        from deepinfer_kernels.placeholders import resolve_placeholders
+        from deepinfer_kernels.placeholders import STAGE_MAX_BYTES, resolve_placeholders, stage_inputs
         from deepinfer_kernels.rms_norm import rms_norm
         from deepinfer_kernels.rotary import apply_rotary
 
@@ -26,6 +26,8 @@ class FusedOps:
         self.argmax = argmax
         self.argmax_prob = argmax_prob
         self.resolve_placeholders = resolve_placeholders
+        self.stage_inputs = stage_inputs
+        self.stage_max_bytes = STAGE_MAX_BYTES  # the most a step's staged inputs may take
         self.pdl = pdl
         self.gemv = self._gemv if single_token_gemv else None
         self.gemv_qkv_rotary = self._gemv_qkv_rotary if single_token_gemv else None

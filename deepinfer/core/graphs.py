@@ -22,6 +22,7 @@ fields in one shared buffer (``PackedInputs``), so a replay copies exactly its s
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -66,7 +67,10 @@ class PackedInputs:
     turn: a step's copy may still be queued behind the step before it while the next is filled."""
 
     def __init__(self, fields: dict[str, tuple[torch.dtype, Callable[[int], tuple[int, ...]]]],
-                 sizes: Sequence[int], device: torch.device, pin: bool, sets: int = 2) -> None:
+                 sizes: Sequence[int], device: torch.device, pin: bool, sets: int = 2,
+                 staged_bytes: int = 0) -> None:
+        """``staged_bytes``: sizes whose layout takes at most this many bytes are staged: their
+        replays read the fields from host memory themselves (``stage_inputs``, see ``stage``)."""
         self.layouts: dict[int, tuple[dict[str, tuple[int, torch.dtype, tuple[int, ...]]], int]] = {}
         for b in sizes:
             at, fields_b = 0, {}
@@ -82,6 +86,16 @@ class PackedInputs:
         self._device = {b: self._views(self.device_buffer, b) for b in sizes}
         self._host = [{b: {k: v.numpy() for k, v in self._views(h, b).items()} for b in sizes}
                       for h in self.host_buffers]
+        #: staged sizes: two turns of their layouts in one host buffer [2, bytes] that the device
+        #: reads; each replay reads the turn ``stage_turn`` names and flips it, and the host fills
+        #: the turn its own count of replays names (so a replay still queued keeps its turn)
+        self.staged = {b for b in sizes if self.layouts[b][1] <= staged_bytes and self.layouts[b][0]["ids"][0] == 0}
+        width = max([16] + [self.layouts[b][1] for b in self.staged])
+        self.stage_host = torch.zeros(2, width, dtype=torch.uint8, pin_memory=pin and bool(self.staged))
+        self.stage_turn = torch.zeros(1, dtype=torch.int32, device=device)
+        self._stage_parity = 0
+        self._staged_views = [{b: {k: v.numpy() for k, v in self._views(self.stage_host[t], b).items()}
+                               for b in self.staged} for t in range(2)]
 
     def _views(self, buf: torch.Tensor, b: int) -> dict[str, torch.Tensor]:
         return {name: buf[at:at + int(np.prod(shp)) * dtype.itemsize].view(dtype).view(shp)
@@ -98,6 +112,31 @@ class PackedInputs:
     def upload(self, turn: int, b: int) -> None:
         n = self.layouts[b][1]
         self.device_buffer[:n].copy_(self.host_buffers[turn][:n], non_blocking=True)
+
+    def staged_host(self, b: int) -> dict[str, np.ndarray]:
+        """Staged size b's fields in the turn the next replay reads, as arrays to fill."""
+        return self._staged_views[self._stage_parity][b]
+
+    def stage(self, b: int, values: torch.Tensor, ops: Any) -> None:
+        """Staged size b's fields into the device buffer, in one kernel: what a replay runs first
+        (placeholder ids resolved from ``values`` on the way)."""
+        ops.stage_inputs(self.stage_host, self.stage_turn, self.device_buffer[:self.layouts[b][1]],
+                         int(np.prod(self.layouts[b][0]["ids"][2])), values)
+
+    def staged_replay(self) -> None:
+        """Count a replay of a staged size (its kernel flips the device's turn)."""
+        self._stage_parity ^= 1
+
+    def reset_turn(self) -> None:
+        """Both counts back to turn 0 (after captures, whose warm-ups ran the staging)."""
+        self.stage_turn.zero_()
+        self._stage_parity = 0
+
+    def blank(self, b: int) -> None:
+        """Size b's device fields, and its staged host fields, as padding (length 0, slot -1)."""
+        for views in [self._device[b]] + [v[b] for v in self._staged_views if b in v]:
+            for name, t in views.items():
+                t[...] = -1 if "slots" in name else 0
 
 
 class DecodeGraphs:
@@ -131,7 +170,10 @@ class DecodeGraphs:
         self._no_context = torch.zeros(n, dtype=torch.int32, device=dev)  # one-token steps never read it
         #: the values of this step's placeholders (tokens still on the device), resolved in the graph
         self.prev_tokens = torch.zeros(n * q if placeholders else 0, dtype=torch.long, device=dev)
-        self.inputs = PackedInputs(self._fields(), self.sizes, dev, pin=dev.type != "cpu")
+        # small sizes read their inputs from host memory in their first kernel, where the device's
+        # kernels offer it (graphs with placeholders: that kernel resolves them too)
+        staged = getattr(self.fused_ops, "stage_max_bytes", 0) if placeholders else 0
+        self.inputs = PackedInputs(self._fields(), self.sizes, dev, pin=dev.type != "cpu", staged_bytes=staged)
         self._turn = self._filled = 0  # the host buffer the next step fills; the one it filled
         self._replays: dict[int, tuple[Callable[[], None], torch.Tensor]] = {}
 
@@ -156,19 +198,23 @@ class DecodeGraphs:
             query_lens_cpu=(q,) * b, seq_lens_cpu=(self.max_seq_len,) * b, block_size=self.block_size,
             max_query_len=q, max_seq_len=self.max_seq_len, single_runs=ins.get("single"))
 
-    def _blank(self, b: int) -> None:
-        """Size b's device inputs as padding (length 0, slot -1): warm-up and capture write no KV."""
-        for name, t in self.inputs.device(b).items():
-            t.fill_(-1 if "slots" in name else 0)
-
     @torch.inference_mode()
     def capture(self) -> None:
         """Record the forward of every batch size, largest first (the captures share memory)."""
         for b in reversed(self.sizes):
-            self._blank(b)
+            self.inputs.blank(b)  # padding (length 0, slot -1): warm-up and capture write no KV
             batch = self._batch(b)
-            work = self._replayed if self.prev_tokens.numel() else self.captured_work
+            if b in self.inputs.staged:
+                work = partial(self._staged, b)
+            else:
+                work = self._replayed if self.prev_tokens.numel() else self.captured_work
             self._replays[b] = self.api.capture(lambda batch=batch, work=work: work(batch))
+        self.inputs.reset_turn()
+
+    def _staged(self, b: int, batch: StepBatch) -> torch.Tensor:
+        # the inputs from host memory, placeholders resolved: no copy and no launch before the replay
+        self.inputs.stage(b, self.prev_tokens, self.fused_ops)
+        return self.captured_work(batch)
 
     def _replayed(self, batch: StepBatch) -> torch.Tensor:
         # placeholders first, at every replay (a step without placeholders keeps its ids): no
@@ -278,25 +324,43 @@ class DecodeGraphs:
 
     def _next_host(self, size: int) -> dict[str, np.ndarray]:
         """The host fields of a step of this size to fill (the buffer the step before did not)."""
+        if size in self.inputs.staged:
+            return self.inputs.staged_host(size)
         self._filled = self._turn
         self._turn ^= 1
         return self.inputs.host(self._filled, size)
+
+    def _gather_values(self, size: int, prev_tokens: torch.Tensor) -> None:
+        """A staged step whose placeholders stand for rows past the graph's buffer of values: the
+        rows they name are gathered into it, and the ids renumbered to match."""
+        ids = self.inputs.staged_host(size)["ids"]
+        held = ids < 0
+        rows = np.unique(~ids[held])  # -(r+1) -> r
+        index = torch.from_numpy(rows).to(self.device)
+        self.prev_tokens[:rows.size].copy_(prev_tokens[index])
+        ids[held] = ~np.searchsorted(rows, ~ids[held])
 
     def _upload_and_replay(self, size: int, prev_tokens: torch.Tensor | None = None) -> torch.Tensor:
         """Copy the step's inputs (filled by ``_next_host``) to the device in one copy, and the
         placeholders' values to the graph's buffer (the replay resolves them first; values already
         there, as the runner's samples are, are not copied), replay that size's graph and return
         its whole output."""
-        self.inputs.upload(self._filled, size)
+        staged = size in self.inputs.staged
+        if not staged:
+            self.inputs.upload(self._filled, size)
         if prev_tokens is not None:
             mine = self.prev_tokens
             if prev_tokens.numel() <= mine.numel():  # the graph resolves them
                 if prev_tokens.data_ptr() != mine.data_ptr():
                     mine[:prev_tokens.numel()].copy_(prev_tokens)
+            elif staged:  # the rows they stand for, into the graph's buffer
+                self._gather_values(size, prev_tokens)
             else:  # more than the graph's buffer holds: resolved here, before the replay
                 ids = self.inputs.device(size)["ids"]
                 resolve_placeholders(ids, prev_tokens, out=ids, ops=self.fused_ops)
         replay, out = self._replays[size]
+        if staged:
+            self.inputs.staged_replay()
         replay()
         return out
 

@@ -77,7 +77,10 @@ class Device(Plugin, ABC):
         (the greedy token and its softmax probability, as ``logits.float().softmax(-1).max(-1)``),
         which a draft model's captured rounds use for their confidences, and
         ``resolve_placeholders(ids, values, out=None)`` (``ids`` with each -(r+1) replaced by
-        ``values[r]``), which graph replays and eager steps then use for placeholder tokens."""
+        ``values[r]``), which graph replays and eager steps then use for placeholder tokens, and
+        ``stage_inputs(src, turn, dst, n_ids, values)`` (deepinfer_kernels') with
+        ``stage_max_bytes``, with which replays of batches whose inputs take at most that many
+        bytes read them from host memory in their first kernel instead of a copy before it."""
         return None
 
     @property

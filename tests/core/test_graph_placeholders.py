@@ -127,3 +127,89 @@ def test_placeholders_go_through_the_devices_fused_op_in_replays_and_eager_steps
     assert ops.calls == captured + 1
     batch = build_step_batch([([5, -1], 2, [0, 1])], 4, torch.device("cpu"), prev_tokens=torch.tensor([9]), ops=ops)
     assert batch.input_ids.tolist() == [5, 9] and ops.calls == captured + 2
+
+
+class _StagingOps:
+    """Fused ops offering stage_inputs (the kernels' torch reference, counted)."""
+
+    stage_max_bytes = 256  # (a step of 2 sequences takes 96 bytes here, one of 64 more than 256)
+
+    def __init__(self):
+        self.staged = 0
+
+    def stage_inputs(self, src, turn, dst, n_ids, values):
+        from deepinfer_kernels import stage_inputs_ref
+
+        self.staged += 1
+        return stage_inputs_ref(src, turn, dst, n_ids, values)
+
+
+class _BatchAttention:
+    def build_metadata(self, batch):
+        return batch
+
+
+def _inputs_model(input_ids, positions, kv_caches, batch):
+    """Per row: its token, position and slot, and its sequence's length."""
+    return torch.stack([input_ids, positions, batch.slot_mapping, batch.seq_lens.long()], 1).float()
+
+
+@torch.inference_mode()
+def test_small_replays_read_their_inputs_from_host_memory_in_turns():
+    model = lambda *a: _inputs_model(*a)
+    model.fused_ops = ops = _StagingOps()
+    g = DecodeGraphs(model, _BatchAttention(), [], _Replays(), torch.device("cpu"), 4, [1, 2, 64], 16)
+    assert g.inputs.staged == {1, 2}  # size 64's inputs take more than the ops stage
+    g.capture()
+    assert g.inputs.stage_turn.tolist() == [0]  # the captures' staging undone
+    uploads = []
+    upload = g.inputs.upload
+    g.inputs.upload = lambda turn, b: (uploads.append(b), upload(turn, b))
+    tables = [[0, 1], [2, 3]]
+    prev = g.prev_tokens  # the runner's samples are written straight into the graph's buffer
+    prev[:2] = torch.tensor([11, 12])
+    seen = []
+    for step in range(5):  # turn after turn: each replay reads what its own step filled
+        out = g.run(2, [-2, 7 + step], [3 + step, 5], tables, prev)
+        seen.append(g.inputs.stage_turn.item())
+        assert out.tolist() == [[12, 3 + step, 4 * tables[0][(3 + step) // 4] + (3 + step) % 4, 4 + step],
+                                [7 + step, 5, 4 * 3 + 1, 6]]
+    assert seen == [1, 0, 1, 0, 1] and uploads == []
+    # a step padded to 2: the padding row has length 0 and slot -1
+    assert g.run(2, [-1], [6], tables[:1], prev).tolist() == [[11, 6, 4 * 1 + 2, 7]]
+    assert g.inputs.device(2)["lens"].tolist() == [7, 0] and g.inputs.device(2)["slots"].tolist() == [6, -1]
+    # more values than the graph's buffer holds: the rows named are gathered into it
+    many = torch.arange(100, 200)
+    assert g.run(2, [-90, -7], [1, 2], tables, many)[:, 0].tolist() == [189, 106]
+    # a size too large to stage is uploaded, its placeholders resolved in the replay
+    # (the buffer now holds the gathered 106, 189)
+    assert g.run(64, [-1] + [5] * 63, [i % 8 for i in range(64)], [[0, 1]] * 64, prev)[:2, 0].tolist() == [106, 5]
+    assert uploads == [64] and ops.staged == 2 + 5 + 2  # (the captures: one a staged size)
+
+
+@pytest.mark.gpu
+@torch.inference_mode()
+def test_cuda_graph_replays_read_their_inputs_from_pinned_memory_one_step_ahead():
+    """Real CUDA graphs and the compiled staging kernel; the host fills the next step while the one
+    before may still be queued (the engine's overlap: only the step before that is waited for)."""
+    from deepinfer_builtin.cuda import CUDAGraphs
+    from deepinfer_kernels import FusedOps
+
+    dev = torch.device("cuda")
+    model = lambda *a: _inputs_model(*a)
+    model.fused_ops = FusedOps()
+    g = DecodeGraphs(model, _BatchAttention(), [], CUDAGraphs(dev), dev, 4, [1, 2, 8], 16)
+    assert g.inputs.staged == {1, 2, 8} and g.inputs.stage_host.is_pinned()
+    g.capture()
+    tables = [[0, 1, 5, 6], [2, 3, 7, 8]]
+    g.prev_tokens[:2] = torch.tensor([11, 12], device=dev)
+    outs, done = [], []
+    for step in range(12):
+        if step >= 2:
+            done[step - 2].synchronize()
+        outs.append(g.run(2, [-2, 7 + step], [step, 3], tables, g.prev_tokens).clone())
+        done.append(torch.cuda.Event())
+        done[-1].record()
+    for step, out in enumerate(outs):
+        assert out.tolist() == [[12, step, 4 * tables[0][step // 4] + step % 4, step + 1],
+                                [7 + step, 3, 4 * 2 + 3, 4]], step

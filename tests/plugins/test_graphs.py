@@ -40,9 +40,10 @@ def _prompts(lengths: list[int]) -> list[list[int]]:
 
 
 def run_both(model_dir: str, prompts, max_tokens: list[int], graphs_factory, sizes, max_seq_len: int,
-             overlap: bool | None = None, **engine) -> dict:
+             overlap: bool | None = None, fused: bool = False, **engine) -> dict:
     """Greedy tokens with graphs off and on, and the captured sizes the graph steps replayed
-    (``overlap``: force the engine's overlapped path on or off; None: its own choice)."""
+    (``overlap``: force the engine's overlapped path on or off; None: its own choice; ``fused``:
+    give the model the CUDA devices' fused kernels, with which small replays stage their inputs)."""
     from deepinfer import LLM, SamplingParams
     from deepinfer.core.graphs import DecodeGraphs
 
@@ -59,6 +60,10 @@ def run_both(model_dir: str, prompts, max_tokens: list[int], graphs_factory, siz
     try:
         for name in ("eager", "graphs"):
             llm = LLM(model_dir, plugins=["triton"], progress=False, enforce_eager=True, **engine)
+            if fused:
+                from deepinfer_kernels import FusedOps
+
+                llm.engine.runner.model.use_fused_ops(FusedOps(single_token_gemv=False))
             if overlap is not None:
                 llm.engine.overlap = overlap
             if name == "graphs":
@@ -72,13 +77,14 @@ def run_both(model_dir: str, prompts, max_tokens: list[int], graphs_factory, siz
     return out
 
 
-def test_graph_steps_give_the_eager_tokens_in_the_interpreter(tmp_path):
+@pytest.mark.parametrize("fused", [False, True])
+def test_graph_steps_give_the_eager_tokens_in_the_interpreter(tmp_path, fused):
     from tests.tiny_models import hybrid, make_model
 
     make_model(tmp_path, "qwen3", **hybrid(12))
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    res = subprocess.run([sys.executable, "-m", "tests.plugins.test_graphs", str(tmp_path)], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=600, check=False)
+    res = subprocess.run([sys.executable, "-m", "tests.plugins.test_graphs", str(tmp_path)] + ["fused"] * fused,
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     got = json.loads(res.stdout.strip().splitlines()[-1])
     assert got["graphs"] == got["eager"]
@@ -88,6 +94,8 @@ def test_graph_steps_give_the_eager_tokens_in_the_interpreter(tmp_path):
     assert sum(got["replayed"].values()) < got["decode_steps"]
     assert got["captured"] == 3
     assert got["in_place"].get("True", 0) > 0 and "False" not in got["in_place"]  # no copy of the samples
+    # with the fused kernels the replays read their inputs from host memory in their first kernel
+    assert (got["staged"] > 0) == fused and (got["uploads"] > 0) != fused
 
 
 @pytest.mark.parametrize(("drafter", "loop"), [("draft-model", True), ("draft-model", False), ("deepspark", True),
@@ -141,7 +149,7 @@ def test_cuda_graphs_of_speculative_steps_give_the_eager_drafts_and_tokens(tmp_p
                                       max_model_len=96), "draft-model", loop)
 
 
-def _main(model_dir: str) -> None:
+def _main(model_dir: str, fused: bool) -> None:
     factory = EagerGraphs()
     # decodes: 3 sequences (until the first ends), then 2, then the long one alone past 36 tokens
     max_tokens = [4, 14, 9]
@@ -158,10 +166,16 @@ def _main(model_dir: str) -> None:
         return upload(self, size, prev_tokens)
 
     DecodeGraphs._upload_and_replay = watching
+    from deepinfer.core.graphs import PackedInputs
+
+    counts = Counter()
+    staged, copy = PackedInputs.staged_replay, PackedInputs.upload
+    PackedInputs.staged_replay = lambda self: (counts.update(["staged"]), staged(self))[1]
+    PackedInputs.upload = lambda self, *a: (counts.update(["uploads"]), copy(self, *a))[1]
     got = run_both(model_dir, _prompts([3, 30, 9]), max_tokens, lambda: factory, [1, 2, 4], 36, overlap=True,
-                   device="cpu",
-                   dtype="float32", block_size=4, num_kv_blocks=64, max_model_len=64,
+                   fused=fused, device="cpu", dtype="float32", block_size=4, num_kv_blocks=64, max_model_len=64,
                    plugin_options={"triton": {"split_size": 16}})
+    got["staged"], got["uploads"] = counts["staged"], counts["uploads"]
     got["in_place"] = {str(k): v for k, v in in_place.items()}
     got["captured"] = factory.captured
     got["decode_steps"] = max(max_tokens) - 1
@@ -306,4 +320,4 @@ if __name__ == "__main__":
     if sys.argv[2:3] == ["draft"]:
         _main_draft(sys.argv[1], sys.argv[3], sys.argv[4] == "1")
     else:
-        _main(sys.argv[1])
+        _main(sys.argv[1], sys.argv[2:3] == ["fused"])
