@@ -76,3 +76,28 @@ if [ "${1:-a}" = f ]; then
     2>&1 | filter > "$OUT/bench_spec.txt"
   (cd benchmarks && timeout 80 python3 h200_lm_head.py > "$OUT/lm_head.txt" 2>&1)
 fi
+if [ "${1:-a}" = g ]; then
+  # call f's no drafter ran 2,383 tok/s at batch 1 and 41,149 at 64 on the demo pair (session 14
+  # call g: 3,742 and 63,039): bench spec without a drafter, interleaved, with this session's
+  # changes, without staging, without prefill graphs, without either
+  V="python3 benchmarks/h200_latency_variant.py"
+  S="bench spec --device sm90 --batch 1,64 --output-len 256 --repeats 3 --drafters none"
+  for r in 1 2; do
+    echo "== as is" >> "$OUT/spec_none.txt"
+    timeout 45 python3 -m deepinfer.cli $S 2>&1 | filter | grep -e "^none" >> "$OUT/spec_none.txt"
+    echo "== no staging" >> "$OUT/spec_none.txt"
+    timeout 45 $V --no-stage -- $S 2>&1 | filter | grep -e "^none" >> "$OUT/spec_none.txt"
+    echo "== no prefill graphs" >> "$OUT/spec_none.txt"
+    timeout 45 python3 -m deepinfer.cli $S --cuda-graph-prefill-sizes none 2>&1 | filter | grep -e "^none" >> "$OUT/spec_none.txt"
+    echo "== neither" >> "$OUT/spec_none.txt"
+    timeout 45 $V --no-stage -- $S --cuda-graph-prefill-sizes none 2>&1 | filter | grep -e "^none" >> "$OUT/spec_none.txt"
+  done
+fi
+if [ "${1:-a}" = h ]; then
+  # the LM head of a one-row step through the single-token GEMV (call f: 120.6 against cuBLAS's
+  # 127.7 us): the recorded batch-1 command twice, then every gpu-marked test
+  for r in 1 2; do
+    timeout 50 $LAT --repeats 3 2>&1 | filter | grep -e "tok/s" -e "first" >> "$OUT/latency.txt"
+  done
+  timeout 95 python3 -m pytest -q -p no:cacheprovider -m gpu tests --ignore=tests/serve > "$OUT/gpu_tests.txt" 2>&1
+fi
