@@ -94,6 +94,7 @@ if [ "${1:-a}" = g ]; then
   done
 fi
 if [ "${1:-a}" = h ]; then
+  # (not run: too little of the session's GPU time was left to start a machine)
   # the LM head of a one-row step through the single-token GEMV (call f: 120.6 against cuBLAS's
   # 127.7 us): the recorded batch-1 command twice, then every gpu-marked test
   for r in 1 2; do
