@@ -2,7 +2,8 @@
 new tokens). Decode tok/s after the first token, interleaved run by run, for the engine as it is
 and with each step's host-to-device copy of its inputs skipped (the graph then replays on the
 previous step's inputs: wrong tokens, the same device work, so only its time is read). Median of
-5 runs each.
+5 runs each. (Ran in session 15 before inputs were staged: a staged size's replay reads its
+inputs itself, so at batch 1 both variants are now the same.)
 
     python3 benchmarks/h200_step_glue.py"""
 import statistics

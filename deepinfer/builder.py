@@ -9,7 +9,7 @@ from deepinfer.core.block_pool import BlockPool
 from deepinfer.core.config import EngineConfig
 from deepinfer.core.context import EngineContext
 from deepinfer.core.engine import LLMEngine
-from deepinfer.core.graphs import default_batch_sizes, default_prefill_sizes
+from deepinfer.core.graphs import default_batch_sizes, default_prefill_sizes, usable_prefill_sizes
 from deepinfer.core.kv_manager import KVCacheManager, SlidingKV
 from deepinfer.core.loader import load_model, resolve_dtype
 from deepinfer.core.metrics import Metrics
@@ -192,10 +192,9 @@ def build_engine(config: EngineConfig, progress: bool = True) -> LLMEngine:
         max_len = min(config.max_seq_len_to_capture, max_model_len)
         # the prefill, the draft's, the target's decode and its verification graphs share one
         # memory pool (their replays never overlap); each set is captured largest first
+        most = min(config.max_num_batched_tokens, max_len)  # a prefill step's most tokens
         prefill = config.cuda_graph_prefill_sizes
-        if prefill is None:
-            prefill = default_prefill_sizes(config.max_num_batched_tokens)
-        prefill = [s for s in prefill if s <= min(config.max_num_batched_tokens, max_len)]
+        prefill = default_prefill_sizes(most) if prefill is None else usable_prefill_sizes(prefill, most)
         if prefill:
             runner.enable_prefill_graphs(graphs, prefill, max_len)
         if drafter is not None:

@@ -76,6 +76,7 @@ def _stage_kernel(src32_ptr, src64_ptr, turn_ptr, dst32_ptr, dst64_ptr, values_p
     value = tl.load(values_ptr + (-ids - 1), mask=held & (-ids - 1 < n_values), other=0)
     tl.store(dst64_ptr + i, tl.where(held, value.to(ids.dtype), ids), mask=ids_in)
     tl.store(dst32_ptr + w, words, mask=words_in)
+    tl.debug_barrier()  # every warp has read the turn before it flips
     tl.store(turn_ptr, 1 - turn)
 
 

@@ -71,7 +71,8 @@ class EngineConfig(BaseModel):
     @classmethod
     def _split_prefill_sizes(cls, v: Any) -> Any:
         if isinstance(v, str):
-            return [] if v.strip().lower() in ("", "none") else [int(x) for x in v.split(",") if x.strip()]
+            v = v.strip().strip("[]")
+            return [] if v.lower() in ("", "none") else [int(x) for x in v.split(",") if x.strip()]
         return v
 
     @field_validator("cuda_graph_prefill_sizes")

@@ -17,7 +17,9 @@ more and leave that pass out (for the steps in which every sequence verifies dra
 prompt at low load), one set a token count.
 
 A step's inputs go to the device in one copy: each batch size has its own layout of the input
-fields in one shared buffer (``PackedInputs``), so a replay copies exactly its size's bytes.
+fields in one shared buffer (``PackedInputs``), so a replay copies exactly its size's bytes. Small
+sizes need no copy where the device's fused ops offer ``stage_inputs``: their replay's first
+kernel reads the fields from pinned host memory (``PackedInputs.staged``).
 """
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ import torch
 
 from deepinfer.core.interfaces import AttentionBackend, DeviceGraphs
 from deepinfer.core.model_registry import CausalLM
+from deepinfer.core.packed_inputs import PackedInputs
 from deepinfer.core.step import StepBatch
 
 
@@ -41,10 +44,18 @@ def default_batch_sizes(max_num_seqs: int) -> list[int]:
 
 
 def default_prefill_sizes(max_tokens: int) -> list[int]:
-    """Token counts of the prefill graphs: 16, 32, 64, 128, 256, 384, 512, 768 and 1,024, at most
-    ``max_tokens``. A step pads to the next count, so past 128 tokens its rows grow by at most
-    half; each count costs start-up time (its first run, on the H200 about 0.25 s)."""
-    return [s for s in (16, 32, 64, 128, 256, 384, 512, 768, 1024) if s <= max_tokens]
+    """Token counts of the prefill graphs: 16, 32, 64, 128, 256, 384, 512, 768 and 1,024, up to
+    the first at or above ``max_tokens`` (see ``usable_prefill_sizes``). A step pads to the next
+    count, so past 256 tokens its rows grow by at most half; each count costs start-up time (its
+    first run, on the H200 about 0.25 s)."""
+    return usable_prefill_sizes([16, 32, 64, 128, 256, 384, 512, 768, 1024], max_tokens)
+
+
+def usable_prefill_sizes(sizes: Sequence[int], max_tokens: int) -> list[int]:
+    """The token counts a step of at most ``max_tokens`` tokens (the step budget, or the longest
+    sequence captured) may replay: those below it and the first at or above it."""
+    ordered = sorted(set(sizes))
+    return [s for s in ordered if s < max_tokens] + [s for s in ordered if s >= max_tokens][:1]
 
 
 def resolve_placeholders(ids: torch.Tensor, prev_tokens: torch.Tensor, out: torch.Tensor | None = None,
@@ -59,86 +70,6 @@ def resolve_placeholders(ids: torch.Tensor, prev_tokens: torch.Tensor, out: torc
     return torch.where(ids < 0, prev_tokens[rows], ids, out=out)
 
 
-class PackedInputs:
-    """The static inputs of a set of graphs in one device buffer, refilled from a pinned host
-    buffer by one copy a step. Each batch size lays the fields out back to back for that size
-    (field name -> dtype and shape for a batch size), so a step copies its size's bytes and no
-    more; the layouts share the buffer (one replay at a time). ``sets`` host buffers are used in
-    turn: a step's copy may still be queued behind the step before it while the next is filled."""
-
-    def __init__(self, fields: dict[str, tuple[torch.dtype, Callable[[int], tuple[int, ...]]]],
-                 sizes: Sequence[int], device: torch.device, pin: bool, sets: int = 2,
-                 staged_bytes: int = 0) -> None:
-        """``staged_bytes``: sizes whose layout takes at most this many bytes are staged: their
-        replays read the fields from host memory themselves (``stage_inputs``, see ``stage``)."""
-        self.layouts: dict[int, tuple[dict[str, tuple[int, torch.dtype, tuple[int, ...]]], int]] = {}
-        for b in sizes:
-            at, fields_b = 0, {}
-            for name, (dtype, shape) in fields.items():
-                shp = tuple(shape(b))
-                fields_b[name] = (at, dtype, shp)
-                at += -(-int(np.prod(shp)) * dtype.itemsize // 16) * 16  # 16-byte aligned fields
-            self.layouts[b] = (fields_b, at)
-        total = max(n for _, n in self.layouts.values())
-        self.device_buffer = torch.zeros(total, dtype=torch.uint8, device=device)
-        self.host_buffers = [torch.zeros(total, dtype=torch.uint8, pin_memory=pin) for _ in range(sets)]
-        # the views, made once (a step's host work is on the critical path at small batches)
-        self._device = {b: self._views(self.device_buffer, b) for b in sizes}
-        self._host = [{b: {k: v.numpy() for k, v in self._views(h, b).items()} for b in sizes}
-                      for h in self.host_buffers]
-        #: staged sizes: two turns of their layouts in one host buffer [2, bytes] that the device
-        #: reads; each replay reads the turn ``stage_turn`` names and flips it, and the host fills
-        #: the turn its own count of replays names (so a replay still queued keeps its turn)
-        self.staged = {b for b in sizes if self.layouts[b][1] <= staged_bytes and self.layouts[b][0]["ids"][0] == 0}
-        width = max([16] + [self.layouts[b][1] for b in self.staged])
-        self.stage_host = torch.zeros(2, width, dtype=torch.uint8, pin_memory=pin and bool(self.staged))
-        self.stage_turn = torch.zeros(1, dtype=torch.int32, device=device)
-        self._stage_parity = 0
-        self._staged_views = [{b: {k: v.numpy() for k, v in self._views(self.stage_host[t], b).items()}
-                               for b in self.staged} for t in range(2)]
-
-    def _views(self, buf: torch.Tensor, b: int) -> dict[str, torch.Tensor]:
-        return {name: buf[at:at + int(np.prod(shp)) * dtype.itemsize].view(dtype).view(shp)
-                for name, (at, dtype, shp) in self.layouts[b][0].items()}
-
-    def device(self, b: int) -> dict[str, torch.Tensor]:
-        """Size b's fields in the device buffer (what its graph reads)."""
-        return self._device[b]
-
-    def host(self, turn: int, b: int) -> dict[str, np.ndarray]:
-        """Size b's fields in host buffer ``turn``, as arrays to fill."""
-        return self._host[turn][b]
-
-    def upload(self, turn: int, b: int) -> None:
-        n = self.layouts[b][1]
-        self.device_buffer[:n].copy_(self.host_buffers[turn][:n], non_blocking=True)
-
-    def staged_host(self, b: int) -> dict[str, np.ndarray]:
-        """Staged size b's fields in the turn the next replay reads, as arrays to fill."""
-        return self._staged_views[self._stage_parity][b]
-
-    def stage(self, b: int, values: torch.Tensor, ops: Any) -> None:
-        """Staged size b's fields into the device buffer, in one kernel: what a replay runs first
-        (placeholder ids resolved from ``values`` on the way)."""
-        ops.stage_inputs(self.stage_host, self.stage_turn, self.device_buffer[:self.layouts[b][1]],
-                         int(np.prod(self.layouts[b][0]["ids"][2])), values)
-
-    def staged_replay(self) -> None:
-        """Count a replay of a staged size (its kernel flips the device's turn)."""
-        self._stage_parity ^= 1
-
-    def reset_turn(self) -> None:
-        """Both counts back to turn 0 (after captures, whose warm-ups ran the staging)."""
-        self.stage_turn.zero_()
-        self._stage_parity = 0
-
-    def blank(self, b: int) -> None:
-        """Size b's device fields, and its staged host fields, as padding (length 0, slot -1)."""
-        for views in [self._device[b]] + [v[b] for v in self._staged_views if b in v]:
-            for name, t in views.items():
-                t[...] = -1 if "slots" in name else 0
-
-
 class DecodeGraphs:
     """Static input tensors, one captured forward per batch size, and the code that fills them."""
 
@@ -146,9 +77,10 @@ class DecodeGraphs:
                  graphs: DeviceGraphs, device: torch.device, block_size: int, batch_sizes: Sequence[int],
                  max_seq_len: int, query_len: int = 1, placeholders: bool = True,
                  single_runs: bool = True) -> None:
-        """``placeholders``: the replays resolve placeholder tokens themselves (a few small kernels
-        each); False for graphs that are never given any (a drafter's), which then resolve any
-        that come before the replay. ``single_runs`` (query_len > 1): sequences of one token may
+        """``placeholders``: the replays resolve placeholder tokens themselves (one kernel, which
+        for small sizes also stages the inputs: see the module's docstring); False for graphs
+        that are never given any (a drafter's, the prefill graphs), which then resolve any that
+        come before the replay and always copy their inputs. ``single_runs`` (query_len > 1): sequences of one token may
         come, flagged for attention's decode pass; False: every sequence brings 2 to query_len
         tokens, and the graphs hold no such pass."""
         if not batch_sizes or min(batch_sizes) < 1:
@@ -323,7 +255,8 @@ class DecodeGraphs:
                              f"but {have} were given")
 
     def _next_host(self, size: int) -> dict[str, np.ndarray]:
-        """The host fields of a step of this size to fill (the buffer the step before did not)."""
+        """The host fields of a step of this size to fill: a staged size's turn that its next
+        replay reads; else the copy buffer the step before did not fill."""
         if size in self.inputs.staged:
             return self.inputs.staged_host(size)
         self._filled = self._turn
@@ -336,15 +269,16 @@ class DecodeGraphs:
         ids = self.inputs.staged_host(size)["ids"]
         held = ids < 0
         rows = np.unique(~ids[held])  # -(r+1) -> r
-        index = torch.from_numpy(rows).to(self.device)
+        index = torch.from_numpy(rows).pin_memory() if self.device.type != "cpu" else torch.from_numpy(rows)
+        index = index.to(self.device, non_blocking=True)  # (no wait for the step in flight)
         self.prev_tokens[:rows.size].copy_(prev_tokens[index])
         ids[held] = ~np.searchsorted(rows, ~ids[held])
 
     def _upload_and_replay(self, size: int, prev_tokens: torch.Tensor | None = None) -> torch.Tensor:
-        """Copy the step's inputs (filled by ``_next_host``) to the device in one copy, and the
-        placeholders' values to the graph's buffer (the replay resolves them first; values already
-        there, as the runner's samples are, are not copied), replay that size's graph and return
-        its whole output."""
+        """Copy the step's inputs (filled by ``_next_host``) to the device in one copy (a staged
+        size's replay reads them itself), and the placeholders' values to the graph's buffer (the
+        replay resolves them first; values already there, as the runner's samples are, are not
+        copied), replay that size's graph and return its whole output."""
         staged = size in self.inputs.staged
         if not staged:
             self.inputs.upload(self._filled, size)

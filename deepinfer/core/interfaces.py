@@ -69,7 +69,8 @@ class Device(Plugin, ABC):
         eps=1e-6)`` (with per-head RMSNorm weights, q and k are normalised first) and
         ``silu_and_mul(x)`` (deepinfer_kernels' signatures), or None for plain torch. Optionally
         also ``gemv(x, weight, norm_weight=, eps=, residual=, silu_mul=)`` and ``gemv_qkv_rotary``:
-        with them, the models run steps of a single token through those (see deepinfer_kernels.gemv;
+        with them, the models run steps of a single token through those, and the LM head of one
+        row (see deepinfer_kernels.gemv;
         ``gemv_qkv_rotary(..., kv_cache=)`` is given what the attention backend's ``fused_kv_write``
         offers, and must then write the key and value there);
         and ``argmax(logits)``, which greedy sampling then uses (one that also takes ``out=``, an

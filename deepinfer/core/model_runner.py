@@ -133,6 +133,11 @@ class StepInFlight:
     host: HostCopy | None = None         # their copy to host memory
     #: the engine must collect this step before planning the next (drafts, logprobs, penalties)
     must_sync: bool = False
+    #: recorded after the step's device work when no samples of it go to the host (a prefill
+    #: chunk that samples nothing): ``collect`` waits for it, so that a collected step is always
+    #: finished and at most one is in flight (graph replays refill their host buffers two steps
+    #: apart)
+    done: Any = None
 
 
 class ModelRunner:
@@ -315,6 +320,9 @@ class ModelRunner:
         if timing is not None:
             timing[1].record()
             self.timeline.append(timing)
+        if flight.tokens is None and self.device.type != "cpu":
+            flight.done = torch.Event(self.device)
+            flight.done.record()
         return flight
 
     def _padded_graphs(self, seqs: list[tuple[list[int], int, list[int]]], drafts: bool) -> DecodeGraphs | None:
@@ -337,8 +345,10 @@ class ModelRunner:
         return None
 
     def collect(self, flight: StepInFlight) -> RunnerOutput:
-        """Wait for a launched step's samples and return its whole result."""
+        """Wait for a launched step (its samples) and return its whole result."""
         result = flight.result
+        if flight.done is not None:
+            flight.done.synchronize()
         if flight.tokens is not None:
             for r, t in zip(flight.sampling, flight.host.wait().tolist(), strict=True):
                 result.sampled[r.request_id] = [t]

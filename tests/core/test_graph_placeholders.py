@@ -191,7 +191,8 @@ def test_small_replays_read_their_inputs_from_host_memory_in_turns():
 @torch.inference_mode()
 def test_cuda_graph_replays_read_their_inputs_from_pinned_memory_one_step_ahead():
     """Real CUDA graphs and the compiled staging kernel; the host fills the next step while the one
-    before may still be queued (the engine's overlap: only the step before that is waited for)."""
+    before is still queued (the engine's overlap: only the step before that is waited for): the
+    device sleeps before each replay, so it stays behind the host."""
     from deepinfer_builtin.cuda import CUDAGraphs
     from deepinfer_kernels import FusedOps
 
@@ -207,6 +208,7 @@ def test_cuda_graph_replays_read_their_inputs_from_pinned_memory_one_step_ahead(
     for step in range(12):
         if step >= 2:
             done[step - 2].synchronize()
+        torch.cuda._sleep(2_000_000)  # (cycles: about a millisecond)
         outs.append(g.run(2, [-2, 7 + step], [step, 3], tables, g.prev_tokens).clone())
         done.append(torch.cuda.Event())
         done[-1].record()

@@ -101,6 +101,8 @@ def _all_calls(dtype: torch.dtype, attention_only: bool) -> None:
     K.argmax(torch.zeros(2, 5000, dtype=dtype), chunk=4096)  # (without a chunk, 5,000 goes to torch's)
     K.argmax_prob(torch.zeros(2, 5000, dtype=dtype))  # with the softmax probability
     K.resolve_placeholders(torch.tensor([-1, 3]), torch.tensor([7]))
+    K.stage_inputs(torch.zeros(2, 64, dtype=torch.uint8), torch.zeros(1, dtype=torch.int32),
+                   torch.zeros(32, dtype=torch.uint8), 1, torch.tensor([7]))
 
 
 def main() -> int:

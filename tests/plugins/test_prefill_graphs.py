@@ -16,6 +16,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 # prompt lengths: 5 (pads to 8), 13 (16), 32 (32), 41 (more than the largest, 32: eager); then a
@@ -82,6 +83,55 @@ def prefill_both(model_dir: str, graphs_factory, sizes: list[int] | None, **engi
     return out
 
 
+def chunked_both(model_dir: str, graphs_factory, sleep: bool = False, **engine) -> dict:
+    """One 41-token prompt in chunks of 8 (steps of 8 tokens, one after another, that sample
+    nothing until the last): greedy tokens and logprobs every step eager and with prefill graphs
+    of 8 tokens, and the replays. ``graphs_factory`` None: the engine's own graphs (a GPU), whose
+    device then sleeps before each replay, so that it stays behind the host (``sleep``)."""
+    from deepinfer import LLM, SamplingParams
+    from deepinfer.core.graphs import DecodeGraphs
+
+    prompt = [{"prompt_token_ids": [6 + (j * 13) % 300 for j in range(41)]}]
+    params = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True, logprobs=3)
+    replayed: Counter[int] = Counter()
+    run_padded = DecodeGraphs.run_padded
+
+    def counting(self, size, *args, **kwargs):
+        replayed[self.query_len] += 1
+        if sleep:
+            torch.cuda._sleep(5_000_000)  # (cycles: a few milliseconds)
+        return run_padded(self, size, *args, **kwargs)
+
+    out = {}
+    DecodeGraphs.run_padded = counting
+    try:
+        for name in ("eager", "graphs"):
+            replayed.clear()
+            own = name == "graphs" and graphs_factory is None
+            llm = LLM(model_dir, plugins=["triton"], progress=False, enforce_eager=not own, max_num_batched_tokens=8,
+                      cuda_graph_prefill_sizes=[8], **engine)
+            if name == "graphs" and graphs_factory is not None:
+                graphs = graphs_factory()
+                llm.engine.runner.enable_prefill_graphs(graphs, [8], 64)
+                llm.engine.runner.enable_graphs(graphs, [1], 64)
+            o = llm.generate(prompt, params, use_tqdm=False)[0].outputs[0]
+            out[name] = {"tokens": o.token_ids, "logprobs": [{str(t): v for t, v in lp.items()} for lp in o.logprobs],
+                         "replayed": {str(k): v for k, v in replayed.items()}}
+            llm.engine.kv.pool.check_all_free()
+            del llm
+    finally:
+        DecodeGraphs.run_padded = run_padded
+    return out
+
+
+def check_chunked(got: dict, tol: float) -> None:
+    eager, graphs = got["eager"], got["graphs"]
+    assert graphs["tokens"] == eager["tokens"] and eager["replayed"] == {}
+    for a, b in zip(eager["logprobs"], graphs["logprobs"], strict=True):
+        assert a.keys() == b.keys() and max(abs(a[t] - b[t]) for t in a) <= tol
+    assert graphs["replayed"] == {"8": 5}  # five chunks of 8 (the 41st token is a one-token step)
+
+
 def check(got: dict, sizes: list[int], tol: float) -> None:
     """Graphs give the eager tokens, logprobs within ``tol``, and replayed where they fit."""
     eager, graphs = got["eager"], got["graphs"]
@@ -108,21 +158,26 @@ def test_prefill_steps_from_graphs_give_the_eager_tokens_in_the_interpreter(tmp_
     res = subprocess.run([sys.executable, "-m", "tests.plugins.test_prefill_graphs", str(tmp_path)], cwd=ROOT,
                          env=env, capture_output=True, text=True, timeout=600, check=False)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    check(json.loads(res.stdout.strip().splitlines()[-1]), [8, 16, 32], 1e-4)
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    check(got["single"], [8, 16, 32], 1e-4)
+    check_chunked(got["chunked"], 1e-4)
 
 
 def test_prefill_graph_sizes_are_checked():
     from pydantic import ValidationError
 
     from deepinfer.core.config import EngineConfig
-    from deepinfer.core.graphs import default_prefill_sizes
+    from deepinfer.core.graphs import default_prefill_sizes, usable_prefill_sizes
 
     assert EngineConfig(cuda_graph_prefill_sizes="none").cuda_graph_prefill_sizes == []
+    assert EngineConfig(cuda_graph_prefill_sizes="[]").cuda_graph_prefill_sizes == []  # (the environment's form)
     assert EngineConfig(cuda_graph_prefill_sizes="16,64").cuda_graph_prefill_sizes == [16, 64]
     with pytest.raises(ValidationError, match="at least 2"):
         EngineConfig(cuda_graph_prefill_sizes=[1, 8])
     assert default_prefill_sizes(8192) == [16, 32, 64, 128, 256, 384, 512, 768, 1024]
-    assert default_prefill_sizes(300) == [16, 32, 64, 128, 256]
+    # a budget between two counts keeps the one above it (a full chunk pads to it)
+    assert default_prefill_sizes(300) == [16, 32, 64, 128, 256, 384]
+    assert usable_prefill_sizes([64, 8, 16, 8], 16) == [8, 16] and usable_prefill_sizes([8], 4) == [8]
 
 
 @pytest.mark.gpu
@@ -136,7 +191,21 @@ def test_cuda_prefill_graphs_give_the_eager_tokens(tmp_path):
     check(got, [8, 16, 32], 1e-4)
 
 
+@pytest.mark.gpu
+def test_cuda_prefill_graphs_of_chunks_behind_the_host_give_the_eager_tokens(tmp_path):
+    """Chunks that sample nothing replay the same graphs one after another while the device lags
+    behind the host: each step is finished before the host fills the one two after it."""
+    from tests.tiny_models import make_model
+
+    make_model(tmp_path, "llama")
+    check_chunked(chunked_both(str(tmp_path), None, sleep=True, device="sm90", dtype="float32", block_size=4,
+                               num_kv_blocks=96, max_model_len=96), 1e-4)
+
+
 if __name__ == "__main__":
-    print(json.dumps(prefill_both(sys.argv[1], lambda: __import__("tests.plugins.test_graphs", fromlist=["x"])
-                                  .EagerGraphs(), [8, 16, 32], device="cpu", dtype="float32", block_size=4,
-                                  num_kv_blocks=96, max_model_len=96, plugin_options={"triton": {"split_size": 16}})))
+    from tests.plugins.test_graphs import EagerGraphs
+
+    cpu = {"device": "cpu", "dtype": "float32", "block_size": 4, "num_kv_blocks": 96, "max_model_len": 96,
+           "plugin_options": {"triton": {"split_size": 16}}}
+    print(json.dumps({"single": prefill_both(sys.argv[1], EagerGraphs, [8, 16, 32], **cpu),
+                      "chunked": chunked_both(sys.argv[1], EagerGraphs, **cpu)}))
