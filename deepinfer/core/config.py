@@ -42,7 +42,8 @@ class EngineConfig(BaseModel):
         None, description="token counts of the prefill graphs: a step of one sequence computing 2 to the largest "
                           "count of tokens (a prompt, a chunk, the rest after a cached prefix) replays the "
                           "smallest count >= its tokens, padded (default 16, 32, 64, 128, 256, 384, 512, 768, "
-                          "1,024, capped at max_num_batched_tokens; [] or 'none': no prefill graphs)")
+                          "1,024; counts past the first at or above max_num_batched_tokens and "
+                          "max_seq_len_to_capture are left out; [] or 'none': no prefill graphs)")
     max_seq_len_to_capture: int = Field(8192, ge=1, description="longest sequence a captured decode step "
                                                                 "covers; steps with longer ones run eagerly")
 

@@ -264,9 +264,10 @@ class DecodeGraphs:
         return self.inputs.host(self._filled, size)
 
     def _gather_values(self, size: int, prev_tokens: torch.Tensor) -> None:
-        """A staged step whose placeholders stand for rows past the graph's buffer of values: the
-        rows they name are gathered into it, and the ids renumbered to match."""
-        ids = self.inputs.staged_host(size)["ids"]
+        """A step whose placeholders stand for rows past the graph's buffer of values: the rows
+        they name are gathered into it, and the filled ids renumbered to match."""
+        ids = self.inputs.staged_host(size)["ids"] if size in self.inputs.staged \
+            else self.inputs.host(self._filled, size)["ids"]
         held = ids < 0
         rows = np.unique(~ids[held])  # -(r+1) -> r
         index = torch.from_numpy(rows).pin_memory() if self.device.type != "cpu" else torch.from_numpy(rows)
@@ -278,20 +279,21 @@ class DecodeGraphs:
         """Copy the step's inputs (filled by ``_next_host``) to the device in one copy (a staged
         size's replay reads them itself), and the placeholders' values to the graph's buffer (the
         replay resolves them first; values already there, as the runner's samples are, are not
-        copied), replay that size's graph and return its whole output."""
+        copied; of more values than it holds, the rows named), replay that size's graph and return
+        its whole output."""
         staged = size in self.inputs.staged
+        mine = self.prev_tokens
+        resolve_here = prev_tokens is not None and not mine.numel()
+        if prev_tokens is not None and mine.numel():  # the graph resolves them
+            if prev_tokens.numel() > mine.numel():  # the rows they stand for, into the graph's buffer
+                self._gather_values(size, prev_tokens)
+            elif prev_tokens.data_ptr() != mine.data_ptr():
+                mine[:prev_tokens.numel()].copy_(prev_tokens)
         if not staged:
             self.inputs.upload(self._filled, size)
-        if prev_tokens is not None:
-            mine = self.prev_tokens
-            if prev_tokens.numel() <= mine.numel():  # the graph resolves them
-                if prev_tokens.data_ptr() != mine.data_ptr():
-                    mine[:prev_tokens.numel()].copy_(prev_tokens)
-            elif staged:  # the rows they stand for, into the graph's buffer
-                self._gather_values(size, prev_tokens)
-            else:  # more than the graph's buffer holds: resolved here, before the replay
-                ids = self.inputs.device(size)["ids"]
-                resolve_placeholders(ids, prev_tokens, out=ids, ops=self.fused_ops)
+        if resolve_here:  # graphs without a buffer of values: resolved here, before the replay
+            ids = self.inputs.device(size)["ids"]
+            resolve_placeholders(ids, prev_tokens, out=ids, ops=self.fused_ops)
         replay, out = self._replays[size]
         if staged:
             self.inputs.staged_replay()

@@ -251,11 +251,10 @@ class ModelRunner:
             timing = (torch.Event(self.device, enable_timing=True), torch.Event(self.device, enable_timing=True),
                       decode_only)
         mark = timing[0].record if timing is not None else None
-        graph_size = None
-        padded, padded_size = self._padded_graphs(seqs, bool(out.draft_tokens)), None
+        graph_size = padded = padded_size = None
         if self.graphs is not None and decode_only:
             graph_size = self.graphs.size_for(len(seqs), max(start + 1 for _, start, _ in seqs))
-        elif padded is not None:
+        elif (padded := self._padded_graphs(seqs, bool(out.draft_tokens))) is not None:
             padded_size = padded.size_for(len(seqs), max(s + len(t) for t, s, _ in seqs))
         if graph_size is not None or padded_size is not None:
             tokens, starts, tables = zip(*seqs, strict=True)

@@ -44,7 +44,7 @@ def test_placeholders_become_the_device_tokens_they_stand_for(placeholders):
     tables = [[0, 1], [2, 3]]
     prev = torch.tensor([11, 12])
     assert g.run(2, [-2, 7], [3, 5], tables, prev)[:, 0].tolist() == [12, 7]
-    # more values than the graph's buffer holds: resolved before the replay
+    # more values than the graph's buffer holds: the rows named are gathered into it before the replay
     many = torch.arange(100, 109)
     assert g.run(2, [5, -9], [3, 5], tables, many)[:, 0].tolist() == [5, 108]
     # none: the tokens as given (the buffer's stale values are never read)

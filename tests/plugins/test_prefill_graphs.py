@@ -8,6 +8,7 @@ the engine's own defaults.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -33,6 +34,28 @@ def _prompts() -> list[list[int]]:
 PAIR = [[200 + j for j in range(7)], [100 + 3 * j for j in range(11)]]
 
 
+@contextlib.contextmanager
+def counted_replays(sleep: bool = False):
+    """Counts the replays of graphs of several rows a sequence, by rows (a Counter, cleared by the
+    caller between runs); ``sleep``: the device sleeps a few milliseconds before each (a GPU)."""
+    from deepinfer.core.graphs import DecodeGraphs
+
+    replayed: Counter[int] = Counter()
+    run_padded = DecodeGraphs.run_padded
+
+    def counting(self, size, *args, **kwargs):
+        replayed[self.query_len] += 1
+        if sleep:
+            torch.cuda._sleep(5_000_000)  # (cycles)
+        return run_padded(self, size, *args, **kwargs)
+
+    DecodeGraphs.run_padded = counting
+    try:
+        yield replayed
+    finally:
+        DecodeGraphs.run_padded = run_padded
+
+
 def prefill_both(model_dir: str, graphs_factory, sizes: list[int] | None, **engine) -> dict:
     """Greedy tokens and their logprobs (and the prompts', but for the cached prefix's), every
     step eager and with prefill (and decode) graphs: the prompts one request at a time (each
@@ -40,7 +63,6 @@ def prefill_both(model_dir: str, graphs_factory, sizes: list[int] | None, **engi
     replayed and the cached tokens of the last single request.
     ``sizes`` None: the engine's own graphs (a GPU); else graphs_factory's, enabled here."""
     from deepinfer import LLM, SamplingParams
-    from deepinfer.core.graphs import DecodeGraphs
 
     def params(n: int, prompt_logprobs: int | None = 1):  # (prompt logprobs turn prefix-cache hits off)
         return SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, logprobs=3,
@@ -48,15 +70,7 @@ def prefill_both(model_dir: str, graphs_factory, sizes: list[int] | None, **engi
 
     prompts = _prompts()
     out: dict = {}
-    replayed: Counter[int] = Counter()
-    run_padded = DecodeGraphs.run_padded
-
-    def counting(self, size, *args, **kwargs):
-        replayed[self.query_len] += 1
-        return run_padded(self, size, *args, **kwargs)
-
-    DecodeGraphs.run_padded = counting
-    try:
+    with counted_replays() as replayed:
         for name in ("eager", "graphs"):
             replayed.clear()
             eager = name == "eager" or sizes is not None
@@ -78,8 +92,6 @@ def prefill_both(model_dir: str, graphs_factory, sizes: list[int] | None, **engi
                 "sets": sorted(llm.engine.runner.prefill_graphs.sets) if llm.engine.runner.prefill_graphs else []}
             llm.engine.kv.pool.check_all_free()
             del llm
-    finally:
-        DecodeGraphs.run_padded = run_padded
     return out
 
 
@@ -89,22 +101,11 @@ def chunked_both(model_dir: str, graphs_factory, sleep: bool = False, **engine) 
     of 8 tokens, and the replays. ``graphs_factory`` None: the engine's own graphs (a GPU), whose
     device then sleeps before each replay, so that it stays behind the host (``sleep``)."""
     from deepinfer import LLM, SamplingParams
-    from deepinfer.core.graphs import DecodeGraphs
 
     prompt = [{"prompt_token_ids": [6 + (j * 13) % 300 for j in range(41)]}]
     params = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True, logprobs=3)
-    replayed: Counter[int] = Counter()
-    run_padded = DecodeGraphs.run_padded
-
-    def counting(self, size, *args, **kwargs):
-        replayed[self.query_len] += 1
-        if sleep:
-            torch.cuda._sleep(5_000_000)  # (cycles: a few milliseconds)
-        return run_padded(self, size, *args, **kwargs)
-
     out = {}
-    DecodeGraphs.run_padded = counting
-    try:
+    with counted_replays(sleep) as replayed:
         for name in ("eager", "graphs"):
             replayed.clear()
             own = name == "graphs" and graphs_factory is None
@@ -119,8 +120,6 @@ def chunked_both(model_dir: str, graphs_factory, sleep: bool = False, **engine) 
                          "replayed": {str(k): v for k, v in replayed.items()}}
             llm.engine.kv.pool.check_all_free()
             del llm
-    finally:
-        DecodeGraphs.run_padded = run_padded
     return out
 
 
