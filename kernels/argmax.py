@@ -25,9 +25,13 @@ from deepinfer_kernels._launch import counters, kernel, next_pow2
 
 @kernel
 def _argmax_kernel(x_ptr, val_ptr, idx_ptr, sum_ptr, count_ptr, out_ptr, prob_ptr, stride_x, V,
-                   CHUNK: tl.constexpr, CHUNKS: tl.constexpr, CHUNKS_P: tl.constexpr, PROB: tl.constexpr):
+                   CHUNK: tl.constexpr, CHUNKS: tl.constexpr, CHUNKS_P: tl.constexpr, PROB: tl.constexpr,
+                   PDL: tl.constexpr):
     row = tl.program_id(0)
     c = tl.program_id(1)
+    if PDL:
+        tl.extra.cuda.gdc_wait()  # the logits (and the counters' reset) are the previous kernels'
+        tl.extra.cuda.gdc_launch_dependents()
     offs = c * CHUNK + tl.arange(0, CHUNK)
     x = tl.load(x_ptr + row.to(tl.int64) * stride_x + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
     m = tl.max(x, 0)
@@ -64,10 +68,12 @@ def _argmax_kernel(x_ptr, val_ptr, idx_ptr, sum_ptr, count_ptr, out_ptr, prob_pt
 TORCH_UP_TO = 16384
 
 
-def argmax(logits: torch.Tensor, chunk: int | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+def argmax(logits: torch.Tensor, chunk: int | None = None, out: torch.Tensor | None = None,
+           pdl: bool = False) -> torch.Tensor:
     """``logits.argmax(-1)`` for logits [B, V] (last dimension contiguous): int64 [B], written into
     ``out`` when given. ``chunk``: entries a program (default 4,096); without it, V up to
-    ``TORCH_UP_TO`` takes torch's argmax."""
+    ``TORCH_UP_TO`` takes torch's argmax. ``pdl``: launch the kernel with programmatic dependent
+    launch (``pdl_supported``)."""
     _check(logits)
     if out is not None and (out.shape != logits.shape[:1] or out.dtype != torch.int64 or out.device != logits.device
                             or not out.is_contiguous()):
@@ -75,15 +81,16 @@ def argmax(logits: torch.Tensor, chunk: int | None = None, out: torch.Tensor | N
                          f"{out.dtype} {tuple(out.shape)} on {out.device}")
     if chunk is None and 0 < logits.shape[1] <= TORCH_UP_TO:
         return logits.argmax(-1) if out is None else torch.argmax(logits, -1, out=out)
-    return _launch(logits, chunk, False, out)[1]
+    return _launch(logits, chunk, False, out, pdl)[1]
 
 
-def argmax_prob(logits: torch.Tensor, chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def argmax_prob(logits: torch.Tensor, chunk: int | None = None,
+                pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """``logits.float().softmax(-1).max(-1)`` in one launch, as (probability float32 [B], index
     int64 [B]); the index is the first of the maximum, as :func:`argmax`'s. Any vocabulary size
     takes the kernel (this replaces three or four launches, not one)."""
     _check(logits)
-    return _launch(logits, chunk, True)
+    return _launch(logits, chunk, True, pdl=pdl)
 
 
 def _check(logits: torch.Tensor) -> None:
@@ -95,7 +102,7 @@ def _check(logits: torch.Tensor) -> None:
 
 
 def _launch(logits: torch.Tensor, chunk: int | None, prob: bool,
-            out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+            out: torch.Tensor | None = None, pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     b, v = logits.shape
     if out is None:
         out = torch.empty(b, dtype=torch.int64, device=logits.device)
@@ -109,15 +116,17 @@ def _launch(logits: torch.Tensor, chunk: int | None, prob: bool,
     sums = torch.empty(b * chunks if prob else 1, dtype=torch.float32, device=logits.device)
     cnt = counters(logits.device, b + next_pow2(chunks), "argmax")
     _argmax_kernel[(b, chunks)](logits, vals, idxs, sums, cnt, out, probs if prob else vals, logits.stride(0), v,
-                                CHUNK=chunk, CHUNKS=chunks, CHUNKS_P=next_pow2(chunks), PROB=prob, num_warps=4)
+                                CHUNK=chunk, CHUNKS=chunks, CHUNKS_P=next_pow2(chunks), PROB=prob, PDL=pdl, num_warps=4)
     return probs, out
 
 
-def argmax_ref(logits: torch.Tensor, chunk: int | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+def argmax_ref(logits: torch.Tensor, chunk: int | None = None, out: torch.Tensor | None = None,
+               pdl: bool = False) -> torch.Tensor:
     """Torch reference of :func:`argmax`."""
     return logits.argmax(-1) if out is None else torch.argmax(logits, -1, out=out)
 
 
-def argmax_prob_ref(logits: torch.Tensor, chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def argmax_prob_ref(logits: torch.Tensor, chunk: int | None = None,
+                    pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Torch reference of :func:`argmax_prob`."""
     return logits.float().softmax(-1).max(-1)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from deepinfer_kernels._launch import pdl_supported
+from deepinfer_kernels.embedding import embedding
 from deepinfer_kernels.gemv import gemv, gemv_qkv_rotary
 
 
@@ -10,10 +11,15 @@ class FusedOps:
 
     ``single_token_gemv``: offer ``gemv`` and ``gemv_qkv_rotary`` (the models then run steps of a
     single token through them; None otherwise). ``pdl``: launch those with programmatic dependent
-    launch where the GPU supports it.
+    launch where the GPU supports it, and with them the embedding and the argmax that precede and
+    follow a step's GEMVs. ``l2_keep_bytes``: the GEMVs' weights that stay in the L2
+    from one step to the next (loads marked evict_last), given to the weights in the order the GEMVs
+    first read them (a step's first layers) until the bytes are spent; every other weight is
+    streamed (evict_first), so that it does not push the kept ones out. 0 leaves every load at the
+    default policy. The hints change no result, only what the L2 holds.
     """
 
-    def __init__(self, single_token_gemv: bool = True, pdl: bool = True) -> None:
+    def __init__(self, single_token_gemv: bool = True, pdl: bool = True, l2_keep_bytes: int = 0) -> None:
         from deepinfer_kernels.activation import silu_and_mul
         from deepinfer_kernels.argmax import argmax, argmax_prob
         from deepinfer_kernels.placeholders import STAGE_MAX_BYTES, resolve_placeholders, stage_inputs
@@ -23,17 +29,48 @@ class FusedOps:
         self.rms_norm = rms_norm
         self.apply_rotary = apply_rotary
         self.silu_and_mul = silu_and_mul
-        self.argmax = argmax
-        self.argmax_prob = argmax_prob
         self.resolve_placeholders = resolve_placeholders
-        self.stage_inputs = stage_inputs
+        self._stage_inputs = stage_inputs
         self.stage_max_bytes = STAGE_MAX_BYTES  # the most a step's staged inputs may take
         self.pdl = pdl
+        self.l2_keep_bytes = l2_keep_bytes
+        self._kept = 0
+        self._evict: dict[int, str] = {}  # a weight's data pointer: its loads' policy
+        self._argmax, self._argmax_prob = argmax, argmax_prob
         self.gemv = self._gemv if single_token_gemv else None
         self.gemv_qkv_rotary = self._gemv_qkv_rotary if single_token_gemv else None
 
+    def _pdl(self, x) -> bool:
+        return self.pdl and pdl_supported(x.device)
+
+    def embedding(self, ids, weight):
+        return embedding(ids, weight, pdl=self._pdl(weight))
+
+    def stage_inputs(self, src, turn, dst, n_ids, values):
+        return self._stage_inputs(src, turn, dst, n_ids, values, pdl=self._pdl(dst))
+
+    def argmax(self, logits, chunk=None, out=None):
+        return self._argmax(logits, chunk, out, pdl=self._pdl(logits))
+
+    def argmax_prob(self, logits, chunk=None):
+        return self._argmax_prob(logits, chunk, pdl=self._pdl(logits))
+
+    def evict_policy(self, weight) -> str:
+        """The L2 policy of ``weight``'s loads (see ``l2_keep_bytes``), fixed when first asked."""
+        if not self.l2_keep_bytes:
+            return ""
+        key = weight.data_ptr()
+        if key not in self._evict:
+            size = weight.numel() * weight.element_size()
+            keep = self._kept + size <= self.l2_keep_bytes
+            self._kept += size if keep else 0
+            self._evict[key] = "evict_last" if keep else "evict_first"
+        return self._evict[key]
+
     def _gemv(self, x, weight, **kwargs):
-        return gemv(x, weight, pdl=self.pdl and pdl_supported(x.device), **kwargs)
+        kwargs.setdefault("evict", self.evict_policy(weight))
+        return gemv(x, weight, pdl=self._pdl(x), **kwargs)
 
     def _gemv_qkv_rotary(self, x, weight, *args, **kwargs):
-        return gemv_qkv_rotary(x, weight, *args, pdl=self.pdl and pdl_supported(x.device), **kwargs)
+        kwargs.setdefault("evict", self.evict_policy(weight))
+        return gemv_qkv_rotary(x, weight, *args, pdl=self._pdl(x), **kwargs)

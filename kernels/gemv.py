@@ -43,7 +43,7 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, nw_ptr, res_ptr, part_ptr, count_ptr,
                  HALF: tl.constexpr, ROT_ROWS: tl.constexpr, Q_ROWS: tl.constexpr,
                  NORM: tl.constexpr, RESIDUAL: tl.constexpr, QK_NORM: tl.constexpr, KV_WRITE: tl.constexpr,
                  D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-                 K_SLICE: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr):
+                 K_SLICE: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr, EVICT: tl.constexpr):
     b = tl.program_id(0)
     s = tl.program_id(1)
     ty = x_ptr.dtype.element_ty
@@ -65,8 +65,8 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, nw_ptr, res_ptr, part_ptr, count_ptr,
     if PREFETCH:
         kk = k_lo + kr
         m2 = rmask[:, None] & ((kk < K) & (kr < K_SLICE))[None, :]
-        w1 = tl.load(w1_rows + kk[None, :], mask=m2, other=0.0)
-        w2 = tl.load(w2_rows + kk[None, :], mask=m2 & (MODE != 0), other=0.0)
+        w1 = tl.load(w1_rows + kk[None, :], mask=m2, other=0.0, eviction_policy=EVICT)
+        w2 = tl.load(w2_rows + kk[None, :], mask=m2 & (MODE != 0), other=0.0, eviction_policy=EVICT)
     if PDL:
         tl.extra.cuda.gdc_wait()  # x, the residual and the counters are the previous kernel's
         tl.extra.cuda.gdc_launch_dependents()
@@ -94,12 +94,13 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, nw_ptr, res_ptr, part_ptr, count_ptr,
         if PREFETCH:
             nk = kk + BLOCK_K  # the next tile's columns
             nm2 = rmask[:, None] & ((nk < K) & (k0 + BLOCK_K + kr < K_SLICE))[None, :]
-            w1_next = tl.load(w1_rows + nk[None, :], mask=nm2, other=0.0)
-            w2_next = tl.load(w2_rows + nk[None, :], mask=nm2 & (MODE != 0), other=0.0)
+            w1_next = tl.load(w1_rows + nk[None, :], mask=nm2, other=0.0, eviction_policy=EVICT)
+            w2_next = tl.load(w2_rows + nk[None, :], mask=nm2 & (MODE != 0), other=0.0,
+                              eviction_policy=EVICT)
         else:
             m2 = rmask[:, None] & kmask[None, :]
-            w1 = tl.load(w1_rows + kk[None, :], mask=m2, other=0.0)
-            w2 = tl.load(w2_rows + kk[None, :], mask=m2 & (MODE != 0), other=0.0)
+            w1 = tl.load(w1_rows + kk[None, :], mask=m2, other=0.0, eviction_policy=EVICT)
+            w2 = tl.load(w2_rows + kk[None, :], mask=m2 & (MODE != 0), other=0.0, eviction_policy=EVICT)
         xk = tl.load(x_ptr + kk, mask=kmask, other=0.0).to(tl.float32)
         if NORM:
             wn = tl.load(nw_ptr + kk, mask=kmask, other=0.0).to(tl.float32)
@@ -180,6 +181,7 @@ class GemvConfig:
 
 
 _SM_COUNT: dict[int, int] = {}
+EVICTION_POLICIES = ("", "evict_first", "evict_last")  # the weights' L2 policy ("": the default)
 PREFETCH = True  # default_config's choice (H200: see docs/benchmarks.md)
 
 
@@ -239,10 +241,12 @@ def _check(x: torch.Tensor, weight: torch.Tensor, name: str) -> None:
 
 
 def _launch(x, weight, out, rows, cfg: GemvConfig, mode, pair, *, norm_weight=None, eps=1e-6, residual=None,
-            rotary=None, kv_write=None, pdl=False):
+            rotary=None, kv_write=None, pdl=False, evict=""):
     k = x.shape[1]
     if cfg.split_k < 1 or cfg.block_n < 1 or cfg.block_k < 1:
         raise ValueError(f"a GEMV tile needs positive sizes; got {cfg}")
+    if evict not in EVICTION_POLICIES:
+        raise ValueError(f"a GEMV's evict must be one of {EVICTION_POLICIES}; got {evict!r}")
     blocks = triton.cdiv(rows, cfg.block_n)
     k_slice = triton.cdiv(k, cfg.split_k)
     if cfg.split_k > 1:
@@ -261,12 +265,12 @@ def _launch(x, weight, out, rows, cfg: GemvConfig, mode, pair, *, norm_weight=No
         ROT_ROWS=rot_rows, Q_ROWS=q_rows, NORM=norm_weight is not None, RESIDUAL=residual is not None,
         QK_NORM=qn is not None, KV_WRITE=kv_write is not None, D=2 * half, BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k, K_SLICE=k_slice, PDL=pdl, PREFETCH=cfg.prefetch,
-        num_warps=cfg.num_warps)
+        EVICT=evict, num_warps=cfg.num_warps)
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: torch.Tensor | None = None, eps: float = 1e-6,
          residual: torch.Tensor | None = None, silu_mul: bool = False,
-         config: GemvConfig | None = None, pdl: bool = False) -> torch.Tensor:
+         config: GemvConfig | None = None, pdl: bool = False, evict: str = "") -> torch.Tensor:
     """``x @ weight.T`` for one row x [1, K], weight [N, K].
 
     ``norm_weight`` [K]: RMS-normalise x first (eps). ``residual`` [1, N]: add the product into it
@@ -289,7 +293,8 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: torch.Tensor | N
                          f"{tuple(residual.shape)} {residual.dtype}")
     cfg = config or default_config(rows, k, x.device, paired=silu_mul)
     out = residual if residual is not None else torch.empty(1, rows, dtype=x.dtype, device=x.device)
-    _launch(x, weight, out, rows, cfg, mode, pair, norm_weight=norm_weight, eps=eps, residual=residual, pdl=pdl)
+    _launch(x, weight, out, rows, cfg, mode, pair, norm_weight=norm_weight, eps=eps, residual=residual, pdl=pdl,
+            evict=evict)
     return out
 
 
@@ -297,7 +302,8 @@ def gemv_qkv_rotary(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Te
                     cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor, num_heads: int,
                     num_kv_heads: int, q_norm: torch.Tensor | None = None, k_norm: torch.Tensor | None = None,
                     qk_eps: float = 1e-6, config: GemvConfig | None = None, pdl: bool = False,
-                    kv_cache: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                    kv_cache: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+                    evict: str = "") -> torch.Tensor:
     """The fused q | k | v projection of one token: ``rotary(qk_norm(rms_norm(x) @ weight.T))``.
 
     weight [(H + 2 * KV) * D, K]; cos/sin tables [max_positions, D]; positions [1]. ``q_norm`` and
@@ -343,7 +349,7 @@ def gemv_qkv_rotary(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Te
     out = torch.empty(1, weight.shape[0], dtype=x.dtype, device=x.device)
     rotary = (cos, sin, positions, q_norm, k_norm, qk_eps, half, (num_heads + num_kv_heads) * d, num_heads * d)
     _launch(x, weight, out, weight.shape[0] // 2, cfg, _ROTARY, half, norm_weight=norm_weight, eps=eps,
-            rotary=rotary, kv_write=kv_cache, pdl=pdl)
+            rotary=rotary, kv_write=kv_cache, pdl=pdl, evict=evict)
     return out
 
 
@@ -352,7 +358,8 @@ def _rms_ref(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return w * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
-def gemv_ref(x, weight, *, norm_weight=None, eps=1e-6, residual=None, silu_mul=False, config=None, pdl=False):
+def gemv_ref(x, weight, *, norm_weight=None, eps=1e-6, residual=None, silu_mul=False, config=None, pdl=False,
+             evict=""):
     """Torch reference of :func:`gemv` (the eager layers' arithmetic)."""
     h = _rms_ref(x, norm_weight, eps) if norm_weight is not None else x
     y = F.linear(h, weight)
@@ -366,7 +373,7 @@ def gemv_ref(x, weight, *, norm_weight=None, eps=1e-6, residual=None, silu_mul=F
 
 
 def gemv_qkv_rotary_ref(x, weight, norm_weight, eps, cos, sin, positions, num_heads, num_kv_heads,
-                        q_norm=None, k_norm=None, qk_eps=1e-6, config=None, pdl=False, kv_cache=None):
+                        q_norm=None, k_norm=None, qk_eps=1e-6, config=None, pdl=False, kv_cache=None, evict=""):
     """Torch reference of :func:`gemv_qkv_rotary`."""
     from deepinfer_kernels.kv_cache import write_kv_cache_ref
     from deepinfer_kernels.rotary import apply_rotary_ref

@@ -62,7 +62,9 @@ def resolve_placeholders_ref(ids: torch.Tensor, values: torch.Tensor,
 
 @kernel
 def _stage_kernel(src32_ptr, src64_ptr, turn_ptr, dst32_ptr, dst64_ptr, values_ptr, stride32, stride64,
-                  n_ids, n_words, n_values, BLOCK_IDS: tl.constexpr, BLOCK: tl.constexpr):
+                  n_ids, n_words, n_values, BLOCK_IDS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    if PDL:  # the step's next kernel may launch now: it waits for this one (gdc_wait) before its reads
+        tl.extra.cuda.gdc_launch_dependents()
     # one program: every load is asked for before any store, so the host buffer (read over the
     # bus where it is pinned host memory) costs one round trip
     turn = tl.load(turn_ptr)
@@ -85,14 +87,16 @@ STAGE_MAX_BYTES = 32768
 
 
 def stage_inputs(src: torch.Tensor, turn: torch.Tensor, dst: torch.Tensor, n_ids: int,
-                 values: torch.Tensor) -> torch.Tensor:
+                 values: torch.Tensor, pdl: bool = False) -> torch.Tensor:
     """Copy a step's inputs from ``src[turn]`` into ``dst`` in one launch and flip ``turn``
     (0 <-> 1) on the device, as the first work of a replayed step: ``src`` [2, N] uint8 is host
     memory the device reads directly (pinned; the same memory seen as the device's on the CPU),
     so the step needs no copy of its own. ``dst`` [n] uint8 (n a multiple of 8, at most
     STAGE_MAX_BYTES and N) starts with ``n_ids`` int64 token ids, written with each placeholder
     -(r+1) replaced by ``values[r]`` (as :func:`resolve_placeholders`); the other bytes are
-    copied as they are. ``turn``: int32 [1] on dst's device. Returns ``dst``."""
+    copied as they are. ``turn``: int32 [1] on dst's device. ``pdl``: let a next kernel launched
+    with programmatic dependent launch start at once (this one is launched plainly: it reads what
+    the kernels before it wrote). Returns ``dst``."""
     n = dst.numel()
     if src.dim() != 2 or src.shape[0] != 2 or src.dtype != torch.uint8 or not src.is_contiguous() \
             or src.shape[1] % 8 or dst.dtype != torch.uint8 or not dst.is_contiguous() or n % 8 \
@@ -109,12 +113,12 @@ def stage_inputs(src: torch.Tensor, turn: torch.Tensor, dst: torch.Tensor, n_ids
         _stage_kernel[(1,)](src.view(torch.int32), src.view(torch.int64), turn, dst.view(torch.int32),
                             dst.view(torch.int64), values if values.numel() else turn, src.shape[1] // 4,
                             src.shape[1] // 8, n_ids, n // 4, values.numel(), BLOCK_IDS=next_pow2(max(n_ids, 1)),
-                            BLOCK=next_pow2(n // 4), num_warps=8)
+                            BLOCK=next_pow2(n // 4), PDL=pdl, num_warps=8)
     return dst
 
 
 def stage_inputs_ref(src: torch.Tensor, turn: torch.Tensor, dst: torch.Tensor, n_ids: int,
-                     values: torch.Tensor) -> torch.Tensor:
+                     values: torch.Tensor, pdl: bool = False) -> torch.Tensor:
     """Torch reference of :func:`stage_inputs`."""
     t = int(turn.item())
     dst.copy_(src[t, :dst.numel()].to(dst.device))

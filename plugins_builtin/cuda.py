@@ -23,6 +23,9 @@ class CUDAOptions(BaseModel):
     programmatic_launch: bool = Field(True, description="launch the single-token GEMVs with programmatic "
                                       "dependent launch (compute capability 9.0+): each starts reading its "
                                       "weights while the previous kernel finishes")
+    l2_keep_mb: float = Field(24.0, ge=0, description="MB of the single-token GEMVs' weights kept in the L2 "
+                              "cache from one decode step to the next (the first layers' weights, loaded "
+                              "evict_last; the rest streamed evict_first); 0: the default cache policy")
 
 
 class CUDAGraphs(DeviceGraphs):
@@ -117,7 +120,8 @@ class CUDADevice(Device):
         except ImportError:  # no triton: plain torch layers
             return None
         return deepinfer_kernels.FusedOps(single_token_gemv=self.options.single_token_gemv,
-                                          pdl=self.options.programmatic_launch)
+                                          pdl=self.options.programmatic_launch,
+                                          l2_keep_bytes=int(self.options.l2_keep_mb * 1e6))
 
     @property
     def supports_batch_invariance(self) -> bool:

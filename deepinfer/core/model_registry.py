@@ -28,10 +28,12 @@ class CausalLM(nn.Module, ABC):
     @abstractmethod
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[Any], attn_metadata: Any) -> torch.Tensor:
-        """Hidden states [T, hidden] for the step's flattened tokens."""
+        """Hidden states [T, hidden] for the step's flattened tokens, before the final norm."""
 
     @abstractmethod
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor: ...
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits [R, vocab] of R rows of ``forward``'s hidden states: the final norm, then the LM
+        head (so that a step normalises only the rows it samples from)."""
 
     def use_fused_ops(self, ops: Any) -> None:
         """Route norms, rotary embedding and activations through a device's fused kernels."""

@@ -100,9 +100,15 @@ def _all_calls(dtype: torch.dtype, attention_only: bool) -> None:
                       pdl=True, kv_cache=(kv, kv, torch.zeros(1, dtype=torch.int64)))
     K.argmax(torch.zeros(2, 5000, dtype=dtype), chunk=4096)  # (without a chunk, 5,000 goes to torch's)
     K.argmax_prob(torch.zeros(2, 5000, dtype=dtype))  # with the softmax probability
+    K.argmax(torch.zeros(1, 5000, dtype=dtype), chunk=4096, pdl=True)
+    K.embedding(torch.zeros(2, dtype=torch.int64), torch.zeros(10, 256, dtype=dtype), pdl=True)
+    K.gemv(x, w, evict="evict_last")  # the L2 hints on the weights' loads
+    K.gemv(x, w, evict="evict_first")
     K.resolve_placeholders(torch.tensor([-1, 3]), torch.tensor([7]))
     K.stage_inputs(torch.zeros(2, 64, dtype=torch.uint8), torch.zeros(1, dtype=torch.int32),
                    torch.zeros(32, dtype=torch.uint8), 1, torch.tensor([7]))
+    K.stage_inputs(torch.zeros(2, 64, dtype=torch.uint8), torch.zeros(1, dtype=torch.int32),
+                   torch.zeros(32, dtype=torch.uint8), 1, torch.tensor([7]), pdl=True)
 
 
 def main() -> int:

@@ -90,3 +90,18 @@ def test_argmax_prob_of_no_rows_and_bad_input(device):
         argmax_prob(torch.zeros(2, 0, device=device))
     with pytest.raises(ValueError, match=r"logits \[B, V\]"):
         argmax_prob(torch.zeros(2, 8, device=device)[:, ::2])
+
+
+@pytest.mark.gpu
+def test_programmatic_launch_gives_the_same_index(device):
+    from deepinfer_kernels import pdl_supported
+
+    if not pdl_supported(torch.device(device)):
+        pytest.skip("programmatic dependent launch needs compute capability 9.0+ and Triton 3.4+")
+    x = randn(2, 128256, dtype=torch.bfloat16, device=device)
+    x[1, 70000] = x[1, 90000] = 40.0  # a tie across chunks: the first wins
+    assert argmax(x, pdl=True).tolist() == argmax_ref(x).tolist()
+    prob, idx = argmax_prob(x, pdl=True)
+    ref_prob, ref_idx = argmax_prob_ref(x)
+    assert idx.tolist() == ref_idx.tolist() and torch.allclose(prob, ref_prob, rtol=1e-4)
+    assert all(int(c.abs().sum()) == 0 for c in _COUNTERS.values())

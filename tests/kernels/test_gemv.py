@@ -141,6 +141,32 @@ def test_fused_ops_offer_the_gemvs_only_when_asked(device):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_l2_hints_change_no_result(dtype, device):
+    x = randn(1, 48, dtype=dtype, device=device)
+    w = randn(40, 48, dtype=dtype, device=device, seed=1)
+    plain = gemv(x, w, norm_weight=torch.ones(48, dtype=dtype, device=device), config=GemvConfig(4, 16, 2))
+    for evict in ("evict_first", "evict_last"):
+        got = gemv(x, w, norm_weight=torch.ones(48, dtype=dtype, device=device), config=GemvConfig(4, 16, 2),
+                   evict=evict)
+        assert torch.equal(got, plain), evict
+    with pytest.raises(ValueError, match="evict must be one of"):
+        gemv(x, w, evict="evict_normal")
+
+
+def test_fused_ops_keep_the_first_weights_in_the_l2_until_the_bytes_are_spent(device):
+    from deepinfer_kernels import FusedOps
+
+    ws = [torch.zeros(n, 8, device=device) for n in (10, 20, 40, 1)]  # 320, 640, 1,280, 32 bytes
+    assert [FusedOps().evict_policy(w) for w in ws] == [""] * 4  # no budget: the default policy
+    ops = FusedOps(l2_keep_bytes=1000)
+    asked = [ops.evict_policy(w) for w in ws]
+    # the first two fit (960 bytes); the third does not; the fourth still would, but the weights
+    # first read are those of a step's first layers, and each keeps the policy it was first given
+    assert asked == ["evict_last", "evict_last", "evict_first", "evict_last"]
+    assert [ops.evict_policy(w) for w in reversed(ws)] == asked[::-1]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("cfg", [GemvConfig(2, 16, 1), GemvConfig(2, 8, 3)], ids=str)
 @pytest.mark.parametrize("qk_norm", [False, True])
 def test_epilogue_inputs_read_before_the_loop(dtype, cfg, qk_norm, device):

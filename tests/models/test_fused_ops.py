@@ -65,21 +65,22 @@ def test_fused_kernels_match_plain_layers(tmp_path, arch):
     assert res.returncode == 0, res.stderr[-3000:]
     out = json.loads(res.stdout.strip().splitlines()[-1])
     # two sequences: the multi-token kernels in every step, prompts and decode alike (T >= 2)
-    assert set(out["batchcalls"]) == {"rms_norm", "apply_rotary", "silu_and_mul", "argmax"}
+    assert set(out["batchcalls"]) == {"embedding", "rms_norm", "apply_rotary", "silu_and_mul", "argmax"}
     # one sequence from a one-token prompt: every step is single-token, so the GEMV path runs
-    # (3 GEMVs a layer and one qkv GEMV a layer, every step) and only the final norm besides; the
-    # LM head of one row is a GEMV too (each step's, and the prompt logprobs' of the first)
+    # (3 GEMVs a layer and one qkv GEMV a layer, every step); the LM head of one row is a GEMV too,
+    # with the final norm folded in (each step's, and the prompt logprobs' of the first): no
+    # separate norm kernel
     layers, steps = 2, 6
     heads = steps + 1
     if arch == "qwen2":  # a qkv bias: single-token steps keep the multi-token kernels (not the LM head)
-        assert set(out["onecalls"]) == {"rms_norm", "apply_rotary", "silu_and_mul", "argmax", "gemv"}
+        assert set(out["onecalls"]) == {"embedding", "rms_norm", "apply_rotary", "silu_and_mul", "argmax", "gemv"}
         assert out["onecalls"]["gemv"] == heads
     else:
         assert out["onecalls"] == {"gemv_qkv_rotary": layers * steps, "gemv": 3 * layers * steps + heads,
-                                   "rms_norm": steps, "argmax": steps}
+                                   "embedding": steps, "argmax": steps}
     if arch != "qwen2":  # the triton backend lets the qkv GEMV write the cache: no separate KV write
         assert out["tricalls"] == {"gemv_qkv_rotary+kv_cache": layers * steps, "gemv": 3 * layers * steps + heads,
-                                   "rms_norm": steps, "argmax": steps}
+                                   "embedding": steps, "argmax": steps}
         assert out["trioffcalls"] == out["onecalls"]  # fusion off: the cache is the backend's to write
     for name in ("batch", "one", "tri", "trioff"):
         plain = out[("one" if name.startswith("tri") else name) + "False"]

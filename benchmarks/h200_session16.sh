@@ -1,0 +1,32 @@
+# H200, session 16, one call each:
+#   run(command="bash benchmarks/h200_session16.sh a", carry=[".whl"], timeout_s=600)
+# after ../shared/gpu/wheels.sh.
+. benchmarks/h200_common.sh
+keep() { echo "{\"sm90\": {\"l2_keep_mb\": $1}}"; }
+if [ "${1:-a}" = a ]; then
+  # L2 eviction hints on the single-token GEMVs' weights: the 16-layer chain with the LM head,
+  # kept sets of several sizes; then the recorded batch-1 command with l2_keep_mb 0, 24 and 40,
+  # interleaved
+  nvidia-smi --query-gpu=name,memory.total --format=csv > "$OUT/gpu.txt" 2>&1
+  python3 -c "import torch; print('L2 bytes', torch.cuda.get_device_properties(0).L2_cache_size)" >> "$OUT/gpu.txt" 2>&1
+  (cd benchmarks && timeout 170 python3 h200_l2_evict.py > "$OUT/l2_log.txt" 2>&1)
+  for r in 1 2; do
+    for mb in 0 24 40; do
+      echo "== l2_keep_mb $mb" >> "$OUT/latency.txt"
+      timeout 60 $LAT --repeats 2 --plugin-options "$(keep $mb)" 2>&1 | filter | grep -e "tok/s" -e "first" -e rror >> "$OUT/latency.txt"
+    done
+  done
+fi
+if [ "${1:-a}" = b ]; then
+  # l2_keep_mb 24 by default; the final norm folded into the one-row LM head's GEMV (models return
+  # the stream before the final norm); a Triton embedding and the argmax launched with PDL; the
+  # staging kernel lets the next kernel launch at once. The recorded batch-1 command twice; every
+  # gpu-marked test; the nano-vllm throughput workload (deepinfer only); a step's device time by kernel
+  for r in 1 2; do
+    timeout 45 $LAT --repeats 3 2>&1 | filter | grep -e "tok/s" -e "first" -e rror >> "$OUT/latency.txt"
+  done
+  timeout 250 python3 -m pytest -q -p no:cacheprovider -m gpu tests --ignore=tests/serve > "$OUT/gpu_tests.txt" 2>&1
+  timeout 90 python3 -m deepinfer.cli bench throughput --random-model qwen3-0.6b --dtype bfloat16 --device sm90 \
+    --num-requests 256 --min-len 100 --max-len 1024 --repeats 1 2>&1 | filter > "$OUT/throughput.txt"
+  (cd benchmarks && timeout 80 python3 h200_step_trace.py llama-1b > "$OUT/trace_log.txt" 2>&1)
+fi
