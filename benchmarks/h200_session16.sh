@@ -30,9 +30,3 @@ if [ "${1:-a}" = b ]; then
     --num-requests 256 --min-len 100 --max-len 1024 --repeats 1 2>&1 | filter > "$OUT/throughput.txt"
   (cd benchmarks && timeout 80 python3 h200_step_trace.py llama-1b > "$OUT/trace_log.txt" 2>&1)
 fi
-if [ "${1:-a}" = c ]; then
-  # decode attention and o_proj in one launch (kernels/attn_o.py, new): its tests compiled, then
-  # against the split attention + o GEMV at 640, 1,024 and 2,048 keys, 16 layers, several tiles
-  timeout 120 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_attn_o.py > "$OUT/tests.txt" 2>&1
-  (cd benchmarks && timeout 300 python3 h200_attn_o.py > "$OUT/attn_o_log.txt" 2>&1)
-fi
