@@ -30,3 +30,23 @@ if [ "${1:-a}" = b ]; then
     --num-requests 256 --min-len 100 --max-len 1024 --repeats 1 2>&1 | filter > "$OUT/throughput.txt"
   (cd benchmarks && timeout 80 python3 h200_step_trace.py llama-1b > "$OUT/trace_log.txt" 2>&1)
 fi
+if [ "${1:-a}" = c ]; then
+  # (ran at 3adffe3, which held kernels/attn_o.py and benchmarks/h200_attn_o.py; both were removed
+  # after) decode attention and o_proj in one launch: its tests compiled, then against the split
+  # attention + o GEMV at 640, 1,024 and 2,048 keys, 16 layers, several tiles
+  timeout 120 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_attn_o.py > "$OUT/tests.txt" 2>&1
+  (cd benchmarks && timeout 300 python3 h200_attn_o.py > "$OUT/attn_o_log.txt" 2>&1)
+fi
+if [ "${1:-a}" = d ]; then
+  # an upper bound for decode attention without its merge (h200_merge_bound.py); the recorded
+  # batch-1 command with l2_keep_mb 0, 16, 24 and 32, interleaved; the recorded issue-8 command
+  (cd benchmarks && timeout 100 python3 h200_merge_bound.py > "$OUT/merge_log.txt" 2>&1)
+  for r in 1 2; do
+    for mb in 0 16 24 32; do
+      echo "== l2_keep_mb $mb" >> "$OUT/latency.txt"
+      timeout 45 $LAT --repeats 2 --plugin-options "$(keep $mb)" 2>&1 | filter | grep -e "tok/s" -e "first" -e rror >> "$OUT/latency.txt"
+    done
+  done
+  timeout 200 python3 -m deepinfer.cli bench spec --device sm90 --batch 1,64 --output-len 256 --repeats 5 \
+    2>&1 | filter > "$OUT/bench_spec.txt"
+fi
