@@ -50,3 +50,11 @@ if [ "${1:-a}" = d ]; then
   timeout 200 python3 -m deepinfer.cli bench spec --device sm90 --batch 1,64 --output-len 256 --repeats 5 \
     2>&1 | filter > "$OUT/bench_spec.txt"
 fi
+if [ "${1:-a}" = e ]; then
+  # o's default tile now 16 rows a program (about one program an SM, each reading its whole tile
+  # while attention runs) and l2_keep_mb 16: test_gemv.py compiled; every gpu-marked test; the
+  # recorded batch-1 command interleaved with o's tile before (4 rows, o_tile_before_s16.json)
+  timeout 100 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_gemv.py > "$OUT/tests.txt" 2>&1
+  timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests --ignore=tests/serve > "$OUT/gpu_tests.txt" 2>&1
+  latency_ab "o 4 rows (before)" benchmarks/o_tile_before_s16.json
+fi

@@ -201,17 +201,25 @@ def default_config(rows: int, k: int, device: torch.device, paired: bool = False
     From the H200 sweeps (benchmarks/h200_gemv_sweep.py, then h200_gemv_tiles.py, which times
     each projection as 16 launches with PDL, as a decode step runs them; docs/benchmarks.md):
     plain rows 4 a program by 2,048 columns a step (8 warps; 4 when K is longer), or 8 by 1,024
-    with 8 warps when K is over 2,048 and at least twice N (down); pairs 2 a program by 512
+    with 8 warps when K is over 2,048 and at least twice N (down); a plain projection small enough
+    for one program an SM at up to 16 rows (o, which follows attention) takes that many rows, so
+    that every program reads its whole tile while attention runs (16 Llama-3.2-1B layers: 21.6 us
+    less than 4 rows, h200_merge_bound.py); pairs 2 a program by 512
     columns, or 8 by 256 with 4 warps when there are many (gate/up). K is split only when there
     are fewer row blocks than SMs.
     ``row_quantum``: block_n must divide it (a rotary half-head). ``block_n``: fixed by the caller
     (whole heads for the q/k norm); the step then keeps the tile at 4,096 weights or fewer.
     """
+    one_wave = False
     if paired:
         bn, block_k, warps = (8, 256, 4) if rows >= 4096 else (2, 512, 4)
     else:
         # down (K several times N): 8 by 1,024; the others (o, and any plain projection) 4 by 2,048
         bn, block_k, warps = (8, 1024, 8) if k > 2048 and k >= 2 * rows else (4, 2048, 8 if k <= 2048 else 4)
+        sm = _sm_count(device)
+        one_wave = k <= 2048 and 4 * sm < rows <= 16 * sm and block_n is None  # o: about one program an SM
+        if one_wave:
+            bn = next_pow2(triton.cdiv(rows, sm))
     if block_n is not None:
         block_k = max(16, min(block_k, 4096 // next_pow2(block_n)))
     else:
@@ -223,7 +231,7 @@ def default_config(rows: int, k: int, device: torch.device, paired: bool = False
     block_k = min(block_k, next_pow2(k))
     blocks = triton.cdiv(rows, block_n)
     split = 1
-    while blocks * split < _sm_count(device) and k // (split * 2) >= min(block_k, 256) and split < 16:
+    while not one_wave and blocks * split < _sm_count(device) and k // (split * 2) >= min(block_k, 256) and split < 16:
         split *= 2
     block_k = min(block_k, next_pow2(triton.cdiv(k, split)))
     return GemvConfig(block_n, block_k, split, warps, PREFETCH)

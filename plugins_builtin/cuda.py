@@ -23,7 +23,7 @@ class CUDAOptions(BaseModel):
     programmatic_launch: bool = Field(True, description="launch the single-token GEMVs with programmatic "
                                       "dependent launch (compute capability 9.0+): each starts reading its "
                                       "weights while the previous kernel finishes")
-    l2_keep_mb: float = Field(24.0, ge=0, description="MB of the single-token GEMVs' weights kept in the L2 "
+    l2_keep_mb: float = Field(16.0, ge=0, description="MB of the single-token GEMVs' weights kept in the L2 "
                               "cache from one decode step to the next (the first layers' weights, loaded "
                               "evict_last; the rest streamed evict_first); 0: the default cache policy")
 
