@@ -58,3 +58,18 @@ if [ "${1:-a}" = e ]; then
   timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests --ignore=tests/serve > "$OUT/gpu_tests.txt" 2>&1
   latency_ab "o 4 rows (before)" benchmarks/o_tile_before_s16.json
 fi
+if [ "${1:-a}" = f ]; then
+  # decode attention merging in pass 1: only the programs that computed a split take the counter
+  # (a batch-1 graph's grid is sized for 8,192 keys: 64 programs a kv head, 5 with work at 640);
+  # the kernel tests compiled; every gpu-marked test; the recorded batch-1 command interleaved with
+  # the kernel before (benchmarks/paged_attention_s16.py, a copy made for this call, not committed)
+  timeout 90 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_paged_attention.py > "$OUT/tests.txt" 2>&1
+  timeout 160 python3 -m pytest -q -p no:cacheprovider -m gpu tests --ignore=tests/serve > "$OUT/gpu_tests.txt" 2>&1
+  for r in 1 2; do
+    echo "== new" >> "$OUT/latency.txt"
+    timeout 40 $LAT --repeats 2 2>&1 | filter | grep -e "tok/s" -e "first" -e rror >> "$OUT/latency.txt"
+    echo "== before" >> "$OUT/latency.txt"
+    timeout 40 python3 benchmarks/h200_latency_attn_from.py benchmarks/paged_attention_s16.py -- \
+      ${LAT#python3 -m deepinfer.cli} --repeats 2 2>&1 | filter | grep -e "tok/s" -e "first" -e rror >> "$OUT/latency.txt"
+  done
+fi

@@ -121,10 +121,15 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_
                  out, mask=q_mask)
         tl.store(part_lse_ptr + b * stride_lb + heads * stride_lh + j, lse, mask=g < GROUP)
 
-    if MERGE:  # the last program of this sequence and kv head merges the splits, exactly as pass 2 does
+    # the last program of this sequence and kv head merges the splits, exactly as pass 2 does. Only
+    # programs that computed a split take part (a graph's grid is sized for its longest sequence: at
+    # batch 1 most of it has nothing to do, and those programs end here, with no atomic); with no
+    # split at all, program 0 writes the empty result.
+    active = tl.maximum(tl.minimum(num_splits, tl.num_programs(2)), 1)
+    if MERGE and tl.program_id(2) < active:
         tl.debug_barrier()  # every warp's partials are stored before the release below
         at = b * tl.num_programs(1) + kvh
-        if tl.atomic_add(count_ptr + at, 1, sem="acq_rel") == tl.num_programs(2) - 1:
+        if tl.atomic_add(count_ptr + at, 1, sem="acq_rel") == active - 1:
             # the same code as _decode_reduce_kernel's, so the same bits (see there)
             c = tl.arange(0, CHUNK)
             g_mask = g[:, None] < GROUP
