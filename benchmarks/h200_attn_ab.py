@@ -10,14 +10,12 @@ Writes $OUT/attn_ab.txt.
 """
 import argparse
 import importlib.util
-import os
 
 import torch
 from graph_timing import graph_time
-from llama_gemv_layers import HID, INTER, KV, LAYERS, D, H, llama_layers
+from llama_gemv_layers import KV, LAYERS, D, H, layer_tiles, llama_layers, paged_context, per_length
 
 import deepinfer_kernels as dk
-from deepinfer_kernels.gemv import default_config
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--old", required=True)
@@ -31,21 +29,12 @@ spec.loader.exec_module(old)
 dev, dt, PAGE = torch.device("cuda"), torch.bfloat16, 16
 inputs = llama_layers(dev, dt)
 layers, cos, sin, res0 = (inputs[k] for k in ("layers", "cos", "sin", "res0"))
-CFG = {"qkv": default_config(H * D // 2 + KV * D, HID, dev, paired=True, row_quantum=D // 2),
-       "o": default_config(HID, H * D, dev), "gu": default_config(INTER, HID, dev, paired=True),
-       "down": default_config(HID, INTER, dev)}
+CFG = layer_tiles(dev)
 KERNELS = {"new": dk.paged_decode_attention, "old": old.paged_decode_attention}
 VARIANTS = {"old split 128": ("old", 128), "new split 128": ("new", 128), "new split 64": ("new", 64),
             "new split 256": ("new", 256)}
 def one_length(ctx: int, lines: list[str]) -> None:
-    pages = -(-ctx // PAGE) + 1
-    tables = torch.randperm(pages * 2, generator=torch.Generator().manual_seed(0))[:pages].to(torch.int32)
-    tables = tables.reshape(1, -1).to(dev)
-    lens = torch.tensor([ctx], dtype=torch.int32, device=dev)
-    pos = torch.tensor([ctx - 1], device=dev)
-    slot = (tables[0, (ctx - 1) // PAGE].long() * PAGE + (ctx - 1) % PAGE).reshape(1)
-    caches = [(torch.randn(pages * 2 * PAGE, KV, D, device=dev, dtype=dt),
-               torch.randn(pages * 2 * PAGE, KV, D, device=dev, dtype=dt)) for _ in range(LAYERS)]
+    tables, lens, pos, slot, caches = paged_context(ctx, dev, dt, PAGE)
     qs = [torch.randn(1, H, D, device=dev, dtype=dt) for _ in range(LAYERS)]
 
     def attn_only(v):
@@ -83,8 +72,4 @@ def one_length(ctx: int, lines: list[str]) -> None:
         lines.append(f"ctx {ctx}: {v:16s} 16 attention launches {t:7.1f} us ({t / 16:.2f} a layer);"
                      f" 16 layers {c:7.1f} us  (trials {', '.join(f'{x:.1f}' for x in chains[v])})")
         print(lines[-1], flush=True)
-lines: list[str] = []
-for n in [int(c) for c in a.ctx.split(",")]:
-    one_length(n, lines)
-with open(os.path.join(os.environ.get("OUT", "."), "attn_ab.txt"), "w") as f:
-    f.write("\n".join(lines) + "\n")
+per_length(one_length, a.ctx, "attn_ab.txt")

@@ -2,22 +2,20 @@
 shape, bf16, PDL, 16 whole layers in one CUDA graph (qkv writing the cache, attention, o, gate/up,
 down), median of interleaved trials: attention as now (pass 1 merges its splits: a counter, then
 the partials' reads) against pass 1 writing its partials only (no counter, no merge; o then reads
-a stale output, so only the times mean anything), each with the o GEMV's default tile and with 16
-rows a program (what an o kernel reading the partials itself would need). Writes
-$OUT/merge_bound.txt.
+a stale output, so only the times mean anything), each with the o GEMV's tile of 4 rows a program
+(the default when this ran) and with 16 rows (the default since). Writes $OUT/merge_bound.txt.
 
     python3 h200_merge_bound.py [--ctx 640,1024] [--trials 5]
 """
 import argparse
-import os
 import sys
 
 import torch
 from graph_timing import graph_time
-from llama_gemv_layers import HID, INTER, KV, LAYERS, D, H, llama_layers
+from llama_gemv_layers import KV, D, H, layer_tiles, llama_layers, paged_context, per_length
 
 import deepinfer_kernels as dk
-from deepinfer_kernels.gemv import GemvConfig, default_config
+from deepinfer_kernels.gemv import GemvConfig
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--ctx", default="640,1024")
@@ -43,23 +41,14 @@ class NoMerge:
 dev, dt, PAGE = torch.device("cuda"), torch.bfloat16, 16
 inputs = llama_layers(dev, dt)
 layers, cos, sin, res0 = (inputs[k] for k in ("layers", "cos", "sin", "res0"))
-CFG = {"qkv": default_config(H * D // 2 + KV * D, HID, dev, paired=True, row_quantum=D // 2),
-       "o": default_config(HID, H * D, dev), "gu": default_config(INTER, HID, dev, paired=True),
-       "down": default_config(HID, INTER, dev)}
-O16 = GemvConfig(16, 2048, 1, 8)
-VARIANTS = {"merge in pass 1, o default": (True, CFG["o"]), "no merge, o default": (False, CFG["o"]),
+CFG = layer_tiles(dev)
+O4, O16 = GemvConfig(4, 2048, 1, 8), GemvConfig(16, 2048, 1, 8)  # o: the default before session 16, after
+VARIANTS = {"merge in pass 1, o 4 rows": (True, O4), "no merge, o 4 rows": (False, O4),
             "merge in pass 1, o 16 rows": (True, O16), "no merge, o 16 rows": (False, O16)}
 
 
 def one_length(ctx: int, lines: list[str]) -> None:
-    pages = -(-ctx // PAGE) + 1
-    tables = torch.randperm(pages * 2, generator=torch.Generator().manual_seed(0))[:pages].to(torch.int32)
-    tables = tables.reshape(1, -1).to(dev)
-    lens = torch.tensor([ctx], dtype=torch.int32, device=dev)
-    pos = torch.tensor([ctx - 1], device=dev)
-    slot = (tables[0, (ctx - 1) // PAGE].long() * PAGE + (ctx - 1) % PAGE).reshape(1)
-    caches = [(torch.randn(pages * 2 * PAGE, KV, D, device=dev, dtype=dt),
-               torch.randn(pages * 2 * PAGE, KV, D, device=dev, dtype=dt)) for _ in range(LAYERS)]
+    tables, lens, pos, slot, caches = paged_context(ctx, dev, dt, PAGE)
 
     def layers_chain(v, res, cs):
         merge, ocfg = VARIANTS[v]
@@ -89,8 +78,4 @@ def one_length(ctx: int, lines: list[str]) -> None:
         print(lines[-1], flush=True)
 
 
-lines: list[str] = []
-for n in [int(c) for c in a.ctx.split(",")]:
-    one_length(n, lines)
-with open(os.path.join(os.environ.get("OUT", "."), "merge_bound.txt"), "w") as f:
-    f.write("\n".join(lines) + "\n")
+per_length(one_length, a.ctx, "merge_bound.txt")

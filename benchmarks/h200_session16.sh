@@ -73,3 +73,18 @@ if [ "${1:-a}" = f ]; then
       ${LAT#python3 -m deepinfer.cli} --repeats 2 2>&1 | filter | grep -e "tok/s" -e "first" -e rror >> "$OUT/latency.txt"
   done
 fi
+if [ "${1:-a}" = g ]; then
+  # (run as this command line at 1c598c2) batch 1 with the single-token split at 64, 256 and 128
+  for s in 64 256 128; do
+    echo "== split $s" >> "$OUT/lat.txt"
+    timeout 35 $LAT --repeats 2 --plugin-options "{\"triton\": {\"single_token_split\": $s}}" 2>&1 \
+      | grep -e "measured" -e "first" >> "$OUT/lat.txt"
+  done
+fi
+if [ "${1:-a}" = h ]; then
+  # (run as this command line at 1c598c2) batch 1 with l2_keep_mb 8 and 16
+  for mb in 8 16; do
+    echo "== l2 $mb" >> "$OUT/lat.txt"
+    timeout 30 $LAT --repeats 2 --plugin-options "$(keep $mb)" 2>&1 | grep -e "measured" -e "first" >> "$OUT/lat.txt"
+  done
+fi
