@@ -62,8 +62,10 @@ def resolve_placeholders_ref(ids: torch.Tensor, values: torch.Tensor,
 
 @kernel
 def _stage_kernel(src32_ptr, src64_ptr, turn_ptr, dst32_ptr, dst64_ptr, values_ptr, stride32, stride64,
-                  n_ids, n_words, n_values, BLOCK_IDS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
-    if PDL:  # the step's next kernel may launch now: it waits for this one (gdc_wait) before its reads
+                  n_ids, n_words, n_values, BLOCK_IDS: tl.constexpr, BLOCK: tl.constexpr, TRIGGER: tl.constexpr):
+    # (launched plainly: a constexpr named PDL would make the launch a programmatic one, and this
+    # kernel reads what the kernels before it wrote)
+    if TRIGGER:  # the step's next kernel may launch now: it waits for this one (gdc_wait) before its reads
         tl.extra.cuda.gdc_launch_dependents()
     # one program: every load is asked for before any store, so the host buffer (read over the
     # bus where it is pinned host memory) costs one round trip
@@ -113,7 +115,7 @@ def stage_inputs(src: torch.Tensor, turn: torch.Tensor, dst: torch.Tensor, n_ids
         _stage_kernel[(1,)](src.view(torch.int32), src.view(torch.int64), turn, dst.view(torch.int32),
                             dst.view(torch.int64), values if values.numel() else turn, src.shape[1] // 4,
                             src.shape[1] // 8, n_ids, n // 4, values.numel(), BLOCK_IDS=next_pow2(max(n_ids, 1)),
-                            BLOCK=next_pow2(n // 4), PDL=pdl, num_warps=8)
+                            BLOCK=next_pow2(n // 4), TRIGGER=pdl, num_warps=8)
     return dst
 
 
