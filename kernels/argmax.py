@@ -88,7 +88,7 @@ def argmax_prob(logits: torch.Tensor, chunk: int | None = None,
                 pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """``logits.float().softmax(-1).max(-1)`` in one launch, as (probability float32 [B], index
     int64 [B]); the index is the first of the maximum, as :func:`argmax`'s. Any vocabulary size
-    takes the kernel (this replaces three or four launches, not one)."""
+    takes the kernel (this replaces three or four launches, not one). ``pdl`` as in :func:`argmax`."""
     _check(logits)
     return _launch(logits, chunk, True, pdl=pdl)
 

@@ -38,6 +38,7 @@ def embedding(ids: torch.Tensor, weight: torch.Tensor, pdl: bool = False) -> tor
                          f"got ids {ids.dtype} {tuple(ids.shape)} on {ids.device}, table {tuple(weight.shape)} with "
                          f"strides {weight.stride()} on {weight.device}")
     h = weight.shape[1]
+    ids = ids.contiguous()  # the kernel reads id t at t
     out = torch.empty(ids.shape[0], h, dtype=weight.dtype, device=weight.device)
     if ids.numel() and h:
         block = min(4096, next_pow2(h))

@@ -14,7 +14,8 @@ class FusedOps:
     launch where the GPU supports it, and with them the embedding and the argmax that precede and
     follow a step's GEMVs. ``l2_keep_bytes``: the GEMVs' weights that stay in the L2
     from one step to the next (loads marked evict_last), given to the weights in the order the GEMVs
-    first read them (a step's first layers) until the bytes are spent; every other weight is
+    first read them (a step's first layers; a draft model's first, where its graphs are captured
+    before the target's) to each that still fits; every other weight is
     streamed (evict_first), so that it does not push the kept ones out. 0 leaves every load at the
     default policy. The hints change no result, only what the L2 holds.
     """

@@ -205,7 +205,7 @@ def default_config(rows: int, k: int, device: torch.device, paired: bool = False
     for one program an SM at up to 16 rows (o, which follows attention) takes that many rows, so
     that every program reads its whole tile while attention runs (16 Llama-3.2-1B layers: 21.6 us
     less than 4 rows, h200_merge_bound.py); pairs 2 a program by 512
-    columns, or 8 by 256 with 4 warps when there are many (gate/up). K is split only when there
+    columns, or 8 by 256 with 4 warps when there are many (gate/up). Otherwise K is split when there
     are fewer row blocks than SMs.
     ``row_quantum``: block_n must divide it (a rotary half-head). ``block_n``: fixed by the caller
     (whole heads for the q/k norm); the step then keeps the tile at 4,096 weights or fewer.
@@ -284,7 +284,8 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: torch.Tensor | N
     ``norm_weight`` [K]: RMS-normalise x first (eps). ``residual`` [1, N]: add the product into it
     in place and return it. ``silu_mul``: weight is gate | up [2I, K]; returns silu(gate) * up [1, I].
     ``pdl``: launch with programmatic dependent launch (see ``_launch.pdl_supported``): the kernel may
-    start while the previous one finishes, reads its weights, then waits for that kernel.
+    start while the previous one finishes, reads its weights, then waits for that kernel. ``evict``:
+    the L2 policy of the weights' loads ("", "evict_first" or "evict_last"); it changes no result.
     """
     _check(x, weight, "gemv")
     n, k = weight.shape

@@ -44,9 +44,11 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_
                          PDL: tl.constexpr):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
-    # The lengths and block tables are the step's inputs, never a kernel's output: under PDL
-    # (launched while the previous kernel runs) they are read before the wait, so that after it
-    # only q and the keys and values are (the newest key is the previous kernel's).
+    # The lengths and block tables are the step's inputs: under PDL (launched while the previous
+    # kernel runs) they are read before the wait, so that after it only q and the keys and values
+    # are (the newest key is the previous kernel's). In a staged replay they are the staging
+    # kernel's output, which is finished by then: at least one kernel that waits before it lets the
+    # next one launch (the embedding, the qkv GEMV) runs between the two.
     seq_len = tl.load(seq_lens_ptr + b)
     if EARLY_TABLE:
         # Without a window and with one tile a split, the program's first split (its only tile)

@@ -15,17 +15,21 @@ class CUDAOptions(BaseModel):
 
     device_index: int = Field(0, ge=0)
     activation_reserve_gb: float = Field(2.0, ge=0, description="memory kept free for activations")
-    fused_kernels: bool = Field(True, description="use deepinfer's Triton RMSNorm, rotary, SiLU-mul and greedy "
-                                "argmax kernels")
+    fused_kernels: bool = Field(True, description="use deepinfer's Triton RMSNorm, rotary, SiLU-mul, embedding "
+                                "and greedy argmax kernels")
     single_token_gemv: bool = Field(True, description="single-token steps (batch-1 decode) run each projection "
                                     "as one Triton GEMV with its norm, rotary, SiLU-mul or residual add "
                                     "folded in (needs fused_kernels)")
-    programmatic_launch: bool = Field(True, description="launch the single-token GEMVs with programmatic "
-                                      "dependent launch (compute capability 9.0+): each starts reading its "
-                                      "weights while the previous kernel finishes")
+    programmatic_launch: bool = Field(True, description="launch the single-token GEMVs, the embedding and the "
+                                      "argmax with programmatic dependent launch (compute capability 9.0+), "
+                                      "each starting while the previous kernel finishes (a GEMV reads its "
+                                      "first weights meanwhile), and let the staging kernel of a replay "
+                                      "start the next kernel at once")
     l2_keep_mb: float = Field(16.0, ge=0, description="MB of the single-token GEMVs' weights kept in the L2 "
-                              "cache from one decode step to the next (the first layers' weights, loaded "
-                              "evict_last; the rest streamed evict_first); 0: the default cache policy")
+                              "cache from one decode step to the next (the weights first read, loaded "
+                              "evict_last: a draft model's when there is one, since its graphs are "
+                              "captured first, then the target's first layers; the rest streamed "
+                              "evict_first); 0: the default cache policy")
 
 
 class CUDAGraphs(DeviceGraphs):

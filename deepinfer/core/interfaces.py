@@ -81,7 +81,9 @@ class Device(Plugin, ABC):
         ``values[r]``), which graph replays and eager steps then use for placeholder tokens, and
         ``stage_inputs(src, turn, dst, n_ids, values)`` (deepinfer_kernels') with
         ``stage_max_bytes``, with which replays of batches whose inputs take at most that many
-        bytes read them from host memory in their first kernel instead of a copy before it."""
+        bytes read them from host memory in their first kernel instead of a copy before it;
+        optionally ``embedding(ids, weight)`` (``weight[ids]``), which the models then use for
+        their token embedding."""
         return None
 
     @property

@@ -26,6 +26,8 @@ def test_embedding_of_a_table_view_and_no_ids(device):
     x = torch.tensor([9, 1], device=device)
     assert torch.equal(embedding(x, table), embedding_ref(x, table))
     assert embedding(x[:0], table).shape == (0, 32)
+    ids = torch.tensor([4, 0, 7, 1, 2], device=device)[::2]  # strided ids
+    assert torch.equal(embedding(ids, table), embedding_ref(ids, table))
 
 
 def test_embedding_rejects_bad_inputs(device):

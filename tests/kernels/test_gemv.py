@@ -160,8 +160,8 @@ def test_fused_ops_keep_the_first_weights_in_the_l2_until_the_bytes_are_spent(de
     assert [FusedOps().evict_policy(w) for w in ws] == [""] * 4  # no budget: the default policy
     ops = FusedOps(l2_keep_bytes=1000)
     asked = [ops.evict_policy(w) for w in ws]
-    # the first two fit (960 bytes); the third does not; the fourth still would, but the weights
-    # first read are those of a step's first layers, and each keeps the policy it was first given
+    # the first two fit (960 bytes); the third does not; the fourth still fits what is left; each
+    # weight keeps the policy it was first given
     assert asked == ["evict_last", "evict_last", "evict_first", "evict_last"]
     assert [ops.evict_policy(w) for w in reversed(ws)] == asked[::-1]
 
