@@ -83,7 +83,7 @@ class Device(Plugin, ABC):
         ``stage_max_bytes``, with which replays of batches whose inputs take at most that many
         bytes read them from host memory in their first kernel instead of a copy before it;
         optionally ``embedding(ids, weight)`` (``weight[ids]``), which the models then use for
-        their token embedding."""
+        the token embedding of steps of a single token."""
         return None
 
     @property

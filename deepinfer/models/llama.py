@@ -136,7 +136,9 @@ class LlamaForCausalLM(CausalLM):
         return [layer.self_attn.spec for layer in self.model.layers]
 
     def forward(self, input_ids, positions, kv_caches: list[Any], attn_metadata: Any) -> torch.Tensor:
-        fused = getattr(self.fused_ops, "embedding", None)
+        # a step of one token takes the device's embedding kernel where it offers one (launched
+        # with PDL, it starts while the step's first kernel finishes); others take torch's
+        fused = getattr(self.fused_ops, "embedding", None) if input_ids.shape[0] == 1 else None
         table = self.model.embed_tokens
         x = table(input_ids) if fused is None else fused(input_ids, table.weight)
         residual = None
