@@ -210,13 +210,12 @@ def default_config(rows: int, k: int, device: torch.device, paired: bool = False
     ``row_quantum``: block_n must divide it (a rotary half-head). ``block_n``: fixed by the caller
     (whole heads for the q/k norm); the step then keeps the tile at 4,096 weights or fewer.
     """
-    one_wave = False
+    sm, one_wave = _sm_count(device), False
     if paired:
         bn, block_k, warps = (8, 256, 4) if rows >= 4096 else (2, 512, 4)
     else:
         # down (K several times N): 8 by 1,024; the others (o, and any plain projection) 4 by 2,048
         bn, block_k, warps = (8, 1024, 8) if k > 2048 and k >= 2 * rows else (4, 2048, 8 if k <= 2048 else 4)
-        sm = _sm_count(device)
         one_wave = k <= 2048 and 4 * sm < rows <= 16 * sm and block_n is None  # o: about one program an SM
         if one_wave:
             bn = next_pow2(triton.cdiv(rows, sm))
@@ -231,7 +230,7 @@ def default_config(rows: int, k: int, device: torch.device, paired: bool = False
     block_k = min(block_k, next_pow2(k))
     blocks = triton.cdiv(rows, block_n)
     split = 1
-    while not one_wave and blocks * split < _sm_count(device) and k // (split * 2) >= min(block_k, 256) and split < 16:
+    while not one_wave and blocks * split < sm and k // (split * 2) >= min(block_k, 256) and split < 16:
         split *= 2
     block_k = min(block_k, next_pow2(triton.cdiv(k, split)))
     return GemvConfig(block_n, block_k, split, warps, PREFETCH)
