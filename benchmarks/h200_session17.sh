@@ -1,0 +1,19 @@
+# H200, session 17, one call each:
+#   run(command="bash benchmarks/h200_session17.sh a", carry=[".whl"], timeout_s=600)
+# after ../shared/gpu/wheels.sh.
+. benchmarks/h200_common.sh
+if [ "${1:-a}" = a ]; then
+  # o_proj's GEMV merges decode attention's splits as it reads them (paged_decode_attention_partials,
+  # the triton option merge_in_projection): the kernel tests compiled; 16 layers against pass 1's
+  # merge (h200_merge_in_o.py); the recorded batch-1 command interleaved with the option off
+  timeout 150 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_gemv_partials.py \
+    tests/kernels/test_paged_attention.py tests/kernels/test_gemv.py > "$OUT/tests.txt" 2>&1
+  (cd benchmarks && timeout 120 python3 h200_merge_in_o.py > "$OUT/merge_in_o_log.txt" 2>&1)
+  for r in 1 2; do
+    echo "== merged by o" >> "$OUT/latency.txt"
+    timeout 40 $LAT --repeats 2 2>&1 | filter | grep -e "tok/s" -e "first" -e rror >> "$OUT/latency.txt"
+    echo "== merge in pass 1" >> "$OUT/latency.txt"
+    timeout 40 $LAT --repeats 2 --plugin-options '{"triton": {"merge_in_projection": false}}' 2>&1 | filter \
+      | grep -e "tok/s" -e "first" -e rror >> "$OUT/latency.txt"
+  done
+fi
