@@ -1,4 +1,5 @@
-"""H200: decode attention's splits merged by o_proj's GEMV as it reads them, against pass 1's merge.
+"""(Ran at dcc3ce0, which held paged_decode_attention_partials; reverted after.) H200: decode
+attention's splits merged by o_proj's GEMV as it reads them, against pass 1's merge.
 Batch 1, Llama-3.2-1B shape, bf16, PDL, 16 whole layers in one CUDA graph (qkv writing the cache,
 attention, o, gate/up, down) with the default tiles, the partials' buffer sized for 8,192 keys as a
 captured step's is; median of interleaved trials. At 2,048 keys (16 splits of 128) pass 1 still

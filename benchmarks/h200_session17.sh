@@ -3,7 +3,7 @@
 # after ../shared/gpu/wheels.sh.
 . benchmarks/h200_common.sh
 if [ "${1:-a}" = a ]; then
-  # o_proj's GEMV merges decode attention's splits as it reads them (paged_decode_attention_partials,
+  # (ran at dcc3ce0, reverted after) o_proj's GEMV merges decode attention's splits as it reads them (paged_decode_attention_partials,
   # the triton option merge_in_projection): the kernel tests compiled; 16 layers against pass 1's
   # merge (h200_merge_in_o.py); the recorded batch-1 command interleaved with the option off
   timeout 150 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_gemv_partials.py \

@@ -13,10 +13,8 @@ from deepinfer_kernels.gemv import GemvConfig, gemv, gemv_qkv_rotary, gemv_qkv_r
 from deepinfer_kernels.kv_cache import write_kv_cache, write_kv_cache_ref
 from deepinfer_kernels.paged_attention import (
     DEFAULT_SPLIT,
-    DecodePartials,
     num_decode_splits,
     paged_decode_attention,
-    paged_decode_attention_partials,
     paged_decode_attention_ref,
 )
 from deepinfer_kernels.placeholders import (
@@ -30,9 +28,9 @@ from deepinfer_kernels.rms_norm import rms_norm, rms_norm_ref
 from deepinfer_kernels.rotary import apply_rotary, apply_rotary_ref
 
 __all__ = [
-    "DEFAULT_SPLIT", "DecodePartials", "FusedOps", "GemvConfig", "apply_rotary", "apply_rotary_ref", "argmax", "argmax_prob",
+    "DEFAULT_SPLIT", "FusedOps", "GemvConfig", "apply_rotary", "apply_rotary_ref", "argmax", "argmax_prob",
     "argmax_prob_ref", "argmax_ref", "embedding", "embedding_ref", "gemv",
-    "gemv_qkv_rotary", "gemv_qkv_rotary_ref", "gemv_ref", "num_decode_splits", "paged_decode_attention", "paged_decode_attention_partials",
+    "gemv_qkv_rotary", "gemv_qkv_rotary_ref", "gemv_ref", "num_decode_splits", "paged_decode_attention",
     "paged_decode_attention_ref", "paged_prefill_attention", "paged_prefill_attention_ref", "pdl_supported",
     "resolve_placeholders", "resolve_placeholders_ref", "rms_norm", "rms_norm_ref", "silu_and_mul", "silu_and_mul_ref", "stage_inputs",
     "stage_inputs_ref", "triton_interpreted", "write_kv_cache",

@@ -4,7 +4,6 @@ from __future__ import annotations
 from deepinfer_kernels._launch import pdl_supported
 from deepinfer_kernels.embedding import embedding
 from deepinfer_kernels.gemv import gemv, gemv_qkv_rotary
-from deepinfer_kernels.paged_attention import DecodePartials
 
 
 class FusedOps:
@@ -40,7 +39,6 @@ class FusedOps:
         self._evict: dict[int, str] = {}  # a weight's data pointer: its loads' policy
         self._argmax, self._argmax_prob = argmax, argmax_prob
         self.gemv = self._gemv if single_token_gemv else None
-        self.gemv_accepts = (DecodePartials,) if single_token_gemv else ()
         self.gemv_qkv_rotary = self._gemv_qkv_rotary if single_token_gemv else None
 
     def _pdl(self, x) -> bool:
@@ -72,7 +70,7 @@ class FusedOps:
 
     def _gemv(self, x, weight, **kwargs):
         kwargs.setdefault("evict", self.evict_policy(weight))
-        return gemv(x, weight, pdl=self._pdl(weight), **kwargs)
+        return gemv(x, weight, pdl=self._pdl(x), **kwargs)
 
     def _gemv_qkv_rotary(self, x, weight, *args, **kwargs):
         kwargs.setdefault("evict", self.evict_policy(weight))

@@ -31,22 +31,19 @@ import triton
 import triton.language as tl
 
 from deepinfer_kernels._launch import counters, kernel, next_pow2
-from deepinfer_kernels.paged_attention import MERGE_CHUNK, DecodePartials
 
 _PLAIN, _SILU_MUL, _ROTARY = 0, 1, 2
 
 
 @kernel
 def _gemv_kernel(x_ptr, w_ptr, out_ptr, nw_ptr, res_ptr, part_ptr, count_ptr,
-                 cos_ptr, sin_ptr, pos_ptr, qn_ptr, kn_ptr, kc_ptr, vc_ptr, slot_ptr, xp_ptr, xl_ptr, xn_ptr,
-                 eps, qk_eps, stride_w, stride_cp, stride_cs, stride_ch, x_window, x_splits, stride_xph, stride_xlh,
+                 cos_ptr, sin_ptr, pos_ptr, qn_ptr, kn_ptr, kc_ptr, vc_ptr, slot_ptr,
+                 eps, qk_eps, stride_w, stride_cp, stride_cs, stride_ch,
                  N: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, MODE: tl.constexpr, PAIR: tl.constexpr,
                  HALF: tl.constexpr, ROT_ROWS: tl.constexpr, Q_ROWS: tl.constexpr,
                  NORM: tl.constexpr, RESIDUAL: tl.constexpr, QK_NORM: tl.constexpr, KV_WRITE: tl.constexpr,
                  D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-                 K_SLICE: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr, EVICT: tl.constexpr,
-                 XMERGE: tl.constexpr, X_HD: tl.constexpr, X_SPLIT: tl.constexpr, X_WINDOWED: tl.constexpr,
-                 X_ALIGNED: tl.constexpr):
+                 K_SLICE: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr, EVICT: tl.constexpr):
     b = tl.program_id(0)
     s = tl.program_id(1)
     ty = x_ptr.dtype.element_ty
@@ -70,13 +67,6 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, nw_ptr, res_ptr, part_ptr, count_ptr,
         m2 = rmask[:, None] & ((kk < K) & (kr < K_SLICE))[None, :]
         w1 = tl.load(w1_rows + kk[None, :], mask=m2, other=0.0, eviction_policy=EVICT)
         w2 = tl.load(w2_rows + kk[None, :], mask=m2 & (MODE != 0), other=0.0, eviction_policy=EVICT)
-    if XMERGE:  # x is decode attention's unmerged splits (DecodePartials): how many, from the length
-        # (a step's input, read before the wait as attention reads it)
-        x_len = tl.load(xn_ptr)
-        x_lo = 0
-        if X_WINDOWED:
-            x_lo = tl.maximum(x_len - x_window, 0)
-        x_ns = tl.minimum(tl.where(x_len > 0, (x_len - 1) // X_SPLIT - x_lo // X_SPLIT + 1, 0), x_splits)
     if PDL:
         tl.extra.cuda.gdc_wait()  # x, the residual and the counters are the previous kernel's
         tl.extra.cuda.gdc_launch_dependents()
@@ -111,29 +101,7 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, nw_ptr, res_ptr, part_ptr, count_ptr,
             m2 = rmask[:, None] & kmask[None, :]
             w1 = tl.load(w1_rows + kk[None, :], mask=m2, other=0.0, eviction_policy=EVICT)
             w2 = tl.load(w2_rows + kk[None, :], mask=m2 & (MODE != 0), other=0.0, eviction_policy=EVICT)
-        if XMERGE:  # up to XMERGE splits merged here, as pass 2 would (more: pass 1 merged them into x)
-            c = tl.arange(0, XMERGE)
-            few = ((c * 0 + x_ns) <= XMERGE) & (c < x_ns)
-            cm = few[:, None] & kmask[None, :]
-            if X_ALIGNED:  # the tile holds whole heads: each split's weight computed once a head
-                hh = (k_lo + k0) // X_HD + tl.arange(0, BLOCK_K // X_HD)
-                lse = tl.load(xl_ptr + hh[None, :] * stride_xlh + c[:, None],
-                              mask=few[:, None] & (hh[None, :] * X_HD < K), other=float("-inf"))
-            else:
-                lse = tl.load(xl_ptr + (kk // X_HD)[None, :] * stride_xlh + c[:, None], mask=cm, other=float("-inf"))
-            mx = tl.max(lse, 0)
-            wt = tl.exp2(lse - tl.where(mx == float("-inf"), 0.0, mx)[None, :])
-            total = tl.sum(wt, 0)
-            wt = wt / tl.where(total > 0.0, total, 1.0)[None, :]
-            if X_ALIGNED:  # (broadcast to the head's columns: fewer registers than loads of every column)
-                wt = tl.reshape(tl.broadcast_to(wt[:, :, None], (XMERGE, BLOCK_K // X_HD, X_HD)), (XMERGE, BLOCK_K))
-            po = tl.load(xp_ptr + (kk // X_HD)[None, :] * stride_xph + c[:, None] * X_HD + (kk % X_HD)[None, :],
-                         mask=cm, other=0.0)
-            many = kmask & ((kr * 0 + x_ns) > XMERGE)
-            xk = tl.load(x_ptr + kk, mask=many, other=0.0).to(tl.float32)
-            xk = tl.where(many, xk, tl.sum(wt * po, 0).to(ty).to(tl.float32))
-        else:
-            xk = tl.load(x_ptr + kk, mask=kmask, other=0.0).to(tl.float32)
+        xk = tl.load(x_ptr + kk, mask=kmask, other=0.0).to(tl.float32)
         if NORM:
             wn = tl.load(nw_ptr + kk, mask=kmask, other=0.0).to(tl.float32)
             xk = ((xk * inv).to(ty).to(tl.float32) * wn).to(ty).to(tl.float32)
@@ -280,7 +248,7 @@ def _check(x: torch.Tensor, weight: torch.Tensor, name: str) -> None:
 
 
 def _launch(x, weight, out, rows, cfg: GemvConfig, mode, pair, *, norm_weight=None, eps=1e-6, residual=None,
-            rotary=None, kv_write=None, pdl=False, evict="", merge: DecodePartials | None = None):
+            rotary=None, kv_write=None, pdl=False, evict=""):
     k = x.shape[1]
     if cfg.split_k < 1 or cfg.block_n < 1 or cfg.block_k < 1:
         raise ValueError(f"a GEMV tile needs positive sizes; got {cfg}")
@@ -295,32 +263,22 @@ def _launch(x, weight, out, rows, cfg: GemvConfig, mode, pair, *, norm_weight=No
         part = count = out
     cos, sin, pos, qn, kn, qk_eps, half, rot_rows, q_rows = rotary or (x, x, x, x, x, 0.0, 1, 0, 0)
     kc, vc, slot = kv_write or (x, x, x)
-    m = merge
     _gemv_kernel[(blocks, cfg.split_k)](
         x, weight, out, norm_weight if norm_weight is not None else x, residual if residual is not None else x,
         part, count, cos, sin, pos, qn if qn is not None else x, kn if kn is not None else x, kc, vc, slot,
-        *((m.part_out, m.part_lse, m.seq_lens) if m else (x, x, x)),
         eps, qk_eps, weight.stride(0), cos.stride(0) if rotary else 0, kc.stride(0) if kv_write else 0,
-        kc.stride(1) if kv_write else 0, *((m.window, m.splits, m.part_out.stride(1), m.part_lse.stride(1)) if m
-                                           else (0, 0, 0, 0)),
+        kc.stride(1) if kv_write else 0,
         N=(rows if mode != _ROTARY else weight.shape[0]), K=k, KP=next_pow2(k), MODE=mode, PAIR=pair, HALF=half,
         ROT_ROWS=rot_rows, Q_ROWS=q_rows, NORM=norm_weight is not None, RESIDUAL=residual is not None,
         QK_NORM=qn is not None, KV_WRITE=kv_write is not None, D=2 * half, BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k, K_SLICE=k_slice, PDL=pdl, PREFETCH=cfg.prefetch,
-        EVICT=evict, XMERGE=MERGE_CHUNK if m else 0, X_HD=m.part_out.shape[3] if m else 1,
-        X_SPLIT=m.split_size if m else 1, X_WINDOWED=bool(m and m.windowed),
-        X_ALIGNED=bool(m) and cfg.block_k % m.part_out.shape[3] == 0 and k_slice % m.part_out.shape[3] == 0,
-        num_warps=cfg.num_warps)
+        EVICT=evict, num_warps=cfg.num_warps)
 
 
-def gemv(x: torch.Tensor | DecodePartials, weight: torch.Tensor, *, norm_weight: torch.Tensor | None = None,
-         eps: float = 1e-6, residual: torch.Tensor | None = None, silu_mul: bool = False,
+def gemv(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: torch.Tensor | None = None, eps: float = 1e-6,
+         residual: torch.Tensor | None = None, silu_mul: bool = False,
          config: GemvConfig | None = None, pdl: bool = False, evict: str = "") -> torch.Tensor:
     """``x @ weight.T`` for one row x [1, K], weight [N, K].
-
-    x may be decode attention's output with its splits left unmerged
-    (``paged_decode_attention_partials``, K = H * D): each program merges them as it loads x, so
-    that no merge with its counter and round trips sits between attention and this kernel.
 
     ``norm_weight`` [K]: RMS-normalise x first (eps). ``residual`` [1, N]: add the product into it
     in place and return it. ``silu_mul``: weight is gate | up [2I, K]; returns silu(gate) * up [1, I].
@@ -328,13 +286,6 @@ def gemv(x: torch.Tensor | DecodePartials, weight: torch.Tensor, *, norm_weight:
     start while the previous one finishes, reads its weights, then waits for that kernel. ``evict``:
     the L2 policy of the weights' loads ("", "evict_first" or "evict_last"); it changes no result.
     """
-    merge = None
-    if isinstance(x, DecodePartials):
-        merge, x = x, x.out
-        if norm_weight is not None or silu_mul or not merge.part_out.is_contiguous() \
-                or not merge.part_lse.is_contiguous():
-            raise ValueError("gemv reads DecodePartials (contiguous partials) as a plain projection only, with no "
-                             "norm_weight or silu_mul")
     _check(x, weight, "gemv")
     n, k = weight.shape
     if norm_weight is not None and norm_weight.shape != (k,):
@@ -351,7 +302,7 @@ def gemv(x: torch.Tensor | DecodePartials, weight: torch.Tensor, *, norm_weight:
     cfg = config or default_config(rows, k, x.device, paired=silu_mul)
     out = residual if residual is not None else torch.empty(1, rows, dtype=x.dtype, device=x.device)
     _launch(x, weight, out, rows, cfg, mode, pair, norm_weight=norm_weight, eps=eps, residual=residual, pdl=pdl,
-            evict=evict, merge=merge)
+            evict=evict)
     return out
 
 
@@ -418,8 +369,6 @@ def _rms_ref(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 def gemv_ref(x, weight, *, norm_weight=None, eps=1e-6, residual=None, silu_mul=False, config=None, pdl=False,
              evict=""):
     """Torch reference of :func:`gemv` (the eager layers' arithmetic)."""
-    if isinstance(x, DecodePartials):
-        x = x.merged_ref()
     h = _rms_ref(x, norm_weight, eps) if norm_weight is not None else x
     y = F.linear(h, weight)
     if silu_mul:

@@ -16,9 +16,6 @@ window are not computed.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import NamedTuple
-
 import torch
 import triton
 import triton.language as tl
@@ -44,7 +41,7 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_
                          MERGE: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                          BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
                          CHUNK: tl.constexpr, EARLY_TABLE: tl.constexpr, WINDOWED: tl.constexpr, IEEE: tl.constexpr,
-                         DEFER: tl.constexpr, PDL: tl.constexpr):
+                         PDL: tl.constexpr):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     # The lengths and block tables are the step's inputs: under PDL (launched while the previous
@@ -129,13 +126,9 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_
     # the last program of this sequence and kv head merges the splits, exactly as pass 2 does. Only
     # programs that computed a split take part (a graph's grid is sized for its longest sequence: at
     # batch 1 most of it has nothing to do, and those programs end here, with no atomic); with no
-    # split at all, program 0 writes the empty result. DEFER: only sequences of more than CHUNK
-    # splits are merged here; the consumer merges the others as it reads them (DecodePartials).
+    # split at all, program 0 writes the empty result.
     active = tl.maximum(tl.minimum(num_splits, tl.num_programs(2)), 1)
-    merging = tl.program_id(2) < active
-    if DEFER:
-        merging = merging & (num_splits > CHUNK)
-    if MERGE and merging:
+    if MERGE and tl.program_id(2) < active:
         tl.debug_barrier()  # every warp's partials are stored before the release below
         at = b * tl.num_programs(1) + kvh
         if tl.atomic_add(count_ptr + at, 1, sem="acq_rel") == active - 1:
@@ -252,97 +245,12 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     sequence and kv head merges the splits (the same arithmetic as pass 2, so the same bits) and
     pass 2 is not launched: one launch fewer, worth it where launches are what costs (a single
     sequence); the merge then runs in as many programs as there are sequences and kv heads."""
-    p = _pass_one(q, k_cache, v_cache, block_tables, seq_lens, block_size, scale, sliding_window, max_seq_len,
-                  split_size, max_programs, block_n, num_warps, num_stages, pdl,
-                  "pass" if merge_in_pass else "none")
-    if merge_in_pass or q.shape[0] == 0:
-        return p.out
-    _decode_reduce_kernel[(q.shape[0], k_cache.shape[1])](  # pass 1's shapes and warps: its merge's bits
-        p.part_out, p.part_lse, seq_lens, p.out, p.window, p.splits,
-        p.part_out.stride(0), p.part_out.stride(1), p.part_out.stride(2), p.part_lse.stride(0),
-        p.part_lse.stride(1), p.out.stride(0), p.out.stride(1), GROUP=q.shape[1] // k_cache.shape[1],
-        HEAD_DIM=q.shape[2], BLOCK_G=p.block_g, BLOCK_D=p.block_d, SPLIT=split_size, CHUNK=MERGE_CHUNK,
-        WINDOWED=sliding_window is not None, PDL=pdl, **p.tuning)
-    return p.out
-
-
-@dataclass(frozen=True)
-class DecodePartials:
-    """Decode attention of one sequence with its splits left unmerged (from
-    :func:`paged_decode_attention_partials`), for a kernel that merges them as it reads its input
-    (``gemv(partials, ...)``: o_proj). ``part_out`` [1, H, S, D] float32 and ``part_lse`` [1, H, S]
-    (log2 of each split's softmax sum, scaled) hold the first ``seq_lens``-dependent splits; ``out``
-    [1, H * D] holds the merged output only where the sequence has more than ``MERGE_CHUNK``
-    splits (pass 1 merged it); ``splits`` is S, ``window`` 0 without a sliding window."""
-
-    out: torch.Tensor
-    part_out: torch.Tensor
-    part_lse: torch.Tensor
-    seq_lens: torch.Tensor
-    split_size: int
-    window: int
-    splits: int
-    windowed: bool
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return (1, self.part_out.shape[1] * self.part_out.shape[3])
-
-    def merged_ref(self) -> torch.Tensor:
-        """Torch reference of the merge its reader does: [1, H * D] in ``out``'s dtype."""
-        n = int(self.seq_lens[0])
-        lo = max(n - self.window, 0) if self.windowed else 0
-        ns = min(0 if n <= 0 else (n - 1) // self.split_size - lo // self.split_size + 1, self.splits)
-        if ns > MERGE_CHUNK:
-            return self.out
-        lse, part = self.part_lse[0, :, :ns], self.part_out[0, :, :ns]
-        mx = lse.max(-1, keepdim=True).values if ns else lse.new_zeros(lse.shape[0], 1)
-        w = torch.exp2(lse - torch.where(mx == float("-inf"), 0.0, mx))
-        total = w.sum(1, keepdim=True)
-        merged = (w[..., None] * part).sum(1) / torch.where(total > 0, total, 1.0)
-        return merged.reshape(self.shape).to(self.out.dtype)
-
-
-def paged_decode_attention_partials(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                                    block_tables: torch.Tensor, seq_lens: torch.Tensor, block_size: int,
-                                    scale: float, sliding_window: int | None = None, max_seq_len: int | None = None,
-                                    split_size: int = DEFAULT_SPLIT, max_programs: int = DEFAULT_MAX_PROGRAMS,
-                                    block_n: int | None = None, num_warps: int = 4, num_stages: int | None = 2,
-                                    pdl: bool = False) -> DecodePartials:
-    """Pass 1 of :func:`paged_decode_attention` for one sequence (q [1, H, D]), its splits left for
-    the reader to merge (see :class:`DecodePartials`): a sequence of up to ``MERGE_CHUNK`` splits
-    takes no counter and no merge here, so the kernel that reads the output does not wait for a last
-    program's round trips; longer ones are merged in pass 1 as with ``merge_in_pass``."""
-    if q.dim() != 3 or q.shape[0] != 1:
-        raise ValueError(f"paged_decode_attention_partials takes one sequence, q [1, H, D]; got {tuple(q.shape)}")
-    p = _pass_one(q, k_cache, v_cache, block_tables, seq_lens, block_size, scale, sliding_window, max_seq_len,
-                  split_size, max_programs, block_n, num_warps, num_stages, pdl, "defer")
-    return DecodePartials(p.out.view(1, -1), p.part_out, p.part_lse, seq_lens, split_size, p.window, p.splits,
-                          sliding_window is not None)
-
-
-class _PassOne(NamedTuple):
-    out: torch.Tensor
-    part_out: torch.Tensor
-    part_lse: torch.Tensor
-    splits: int
-    window: int
-    block_g: int
-    block_d: int
-    tuning: dict  # num_warps and num_stages
-
-
-def _pass_one(q, k_cache, v_cache, block_tables, seq_lens, block_size, scale, sliding_window, max_seq_len,
-              split_size, max_programs, block_n, num_warps, num_stages, pdl, merge: str) -> _PassOne:
-    """Launches pass 1; ``merge``: "none" (pass 2 follows), "pass" (its last program merges) or
-    "defer" (it merges only sequences of more than MERGE_CHUNK splits)."""
     b, h, d = q.shape
     kvh = k_cache.shape[1]
     _check_shapes(q, k_cache, v_cache, block_tables, seq_lens, split_size)
     out = torch.empty_like(q)
-    window = sliding_window or 0
     if b == 0:
-        return _PassOne(out, out, out, 0, window, 16, 16, {})
+        return out
     if max_seq_len is None:
         max_seq_len = int(seq_lens.max())
     splits = num_decode_splits(max_seq_len, split_size, sliding_window)
@@ -358,19 +266,27 @@ def _pass_one(q, k_cache, v_cache, block_tables, seq_lens, block_size, scale, sl
     elif block_n < 16 or split_size % block_n or block_n & (block_n - 1):
         raise ValueError(f"block_n {block_n} must be a power of two of at least 16 dividing split_size {split_size}")
     tuning = {"num_warps": num_warps} if num_stages is None else {"num_warps": num_warps, "num_stages": num_stages}
+    window = sliding_window or 0
     programs = max(1, min(splits, max_programs // (b * kvh)))
-    count = counters(q.device, b * kvh, "decode_attention") if merge != "none" else part_lse
+    count = counters(q.device, b * kvh, "decode_attention") if merge_in_pass else part_lse
     block_g, block_d = max(16, next_pow2(group)), max(16, next_pow2(d))
     _decode_split_kernel[(b, kvh, programs)](
         q, k_cache, v_cache, block_tables, seq_lens, part_out, part_lse, out, count, scale * LOG2E, window, splits,
         block_tables.shape[1],
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), block_tables.stride(0),
         part_out.stride(0), part_out.stride(1), part_out.stride(2), part_lse.stride(0), part_lse.stride(1),
-        out.stride(0), out.stride(1), MERGE=merge != "none", GROUP=group, HEAD_DIM=d, BLOCK_SIZE=block_size,
+        out.stride(0), out.stride(1), MERGE=merge_in_pass, GROUP=group, HEAD_DIM=d, BLOCK_SIZE=block_size,
         BLOCK_G=block_g, BLOCK_D=block_d, BLOCK_N=block_n, SPLIT=split_size, CHUNK=MERGE_CHUNK,
         EARLY_TABLE=sliding_window is None and block_n == split_size, WINDOWED=sliding_window is not None,
-        IEEE=k_cache.dtype == torch.float32, DEFER=merge == "defer", PDL=pdl, **tuning)
-    return _PassOne(out, part_out, part_lse, splits, window, block_g, block_d, tuning)
+        IEEE=k_cache.dtype == torch.float32, PDL=pdl, **tuning)
+    if merge_in_pass:
+        return out
+    _decode_reduce_kernel[(b, kvh)](  # pass 1's shapes and warps: its merge's bits (see the kernel)
+        part_out, part_lse, seq_lens, out, window, splits,
+        part_out.stride(0), part_out.stride(1), part_out.stride(2), part_lse.stride(0), part_lse.stride(1),
+        out.stride(0), out.stride(1), GROUP=group, HEAD_DIM=d, BLOCK_G=block_g, BLOCK_D=block_d, SPLIT=split_size,
+        CHUNK=MERGE_CHUNK, WINDOWED=sliding_window is not None, PDL=pdl, **tuning)
+    return out
 
 
 def _check_shapes(q, k_cache, v_cache, block_tables, seq_lens, split_size) -> None:

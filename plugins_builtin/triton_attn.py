@@ -53,10 +53,6 @@ class TritonAttentionOptions(BaseModel):
     single_token_fusion: bool = Field(True, description="in steps of a single token, let the device's fused qkv "
                                       "kernel write the key and value into the cache, and merge the decode "
                                       "splits in the first pass (the same numbers, two launches fewer a layer)")
-    merge_in_projection: bool = Field(True, description="in steps of a single token, leave up to 8 decode splits "
-                                      "unmerged for the device's o_proj GEMV to merge as it reads them (where its "
-                                      "fused ops accept that), so no merge waits between attention and o_proj; "
-                                      "the merged values agree with the pass-1 merge to float32 rounding")
 
     @field_validator("split_size", "single_token_split")
     @classmethod
@@ -184,40 +180,20 @@ class TritonAttention(AttentionBackend):
             return None
         return kv_cache[0], kv_cache[1], slots
 
-    def forward_unmerged(self, layer: AttentionLayerSpec, q: torch.Tensor, k: torch.Tensor | None,
-                         v: torch.Tensor | None, kv_cache: torch.Tensor, metadata: TritonAttentionMetadata,
-                         accepts: tuple[type, ...]) -> Any:
-        kern = self.kernels
-        if not (self.options.merge_in_projection and kern.DecodePartials in accepts and metadata.decode_only
-                and q.shape[0] == 1):
-            return None
-        split, pdl = self._write(layer, q, k, v, kv_cache, metadata)
-        return kern.paged_decode_attention_partials(q, kv_cache[0], kv_cache[1], metadata.group(layer.kv_group)[1],
-                                                    metadata.seq_lens, metadata.block_size, layer.scale,
-                                                    layer.sliding_window, metadata.max_seq_len, split, pdl=pdl)
-
-    def _write(self, layer, q, k, v, kv_cache, m) -> tuple[int, bool]:
-        """Writes k and v into the cache unless the qkv kernel did; the step's split size and PDL."""
-        kern = self.kernels
-        # a single-token step: a chain of small kernels (the device's single-token GEMVs around
-        # them launch the same way), each launched while the one before finishes
-        single = q.shape[0] == 1
-        pdl = single and self.options.programmatic_launch and kern.pdl_supported(q.device)
-        if k is not None:  # (None: the fused qkv kernel wrote them, see fused_kv_write; negative slots
-            # are skipped)
-            kern.write_kv_cache(k, v, kv_cache[0], kv_cache[1], m.group(layer.kv_group)[0], pdl=pdl)
-        split = self.options.split_size
-        if single and self.single_split is not None:
-            split = self.single_split
-        return split, pdl
-
     def forward(self, layer: AttentionLayerSpec, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None,
                 kv_cache: torch.Tensor, metadata: TritonAttentionMetadata) -> torch.Tensor:
         kern, m = self.kernels, metadata
         k_cache, v_cache = kv_cache[0], kv_cache[1]
-        _, tables, decode_tables = m.group(layer.kv_group)
-        split, pdl = self._write(layer, q, k, v, kv_cache, m)
+        slots, tables, decode_tables = m.group(layer.kv_group)
+        # a single-token step: a chain of small kernels (the device's single-token GEMVs around
+        # them launch the same way), each launched while the one before finishes
         single = q.shape[0] == 1
+        pdl = single and self.options.programmatic_launch and kern.pdl_supported(q.device)
+        if k is not None:  # (None: the fused qkv kernel wrote them, see fused_kv_write)
+            kern.write_kv_cache(k, v, k_cache, v_cache, slots, pdl=pdl)  # negative slots are skipped
+        split = self.options.split_size
+        if single and self.single_split is not None:
+            split = self.single_split
         if m.decode_only:
             return kern.paged_decode_attention(q, k_cache, v_cache, tables, m.seq_lens, m.block_size,
                                                layer.scale, layer.sliding_window, m.max_seq_len, split, pdl=pdl,

@@ -83,8 +83,7 @@ class Device(Plugin, ABC):
         ``stage_max_bytes``, with which replays of batches whose inputs take at most that many
         bytes read them from host memory in their first kernel instead of a copy before it;
         optionally ``embedding(ids, weight)`` (``weight[ids]``), which the models then use for
-        the token embedding of steps of a single token; optionally ``gemv_accepts``, the types
-        besides tensors that its ``gemv`` takes as x (see ``AttentionBackend.forward_unmerged``)."""
+        the token embedding of steps of a single token."""
         return None
 
     @property
@@ -167,15 +166,6 @@ class AttentionBackend(Plugin, ABC):
         """For a step of one token: (k_cache, v_cache, slot [1]), caches [num_slots, kv_heads, D], for
         the device's fused qkv kernel to write the token's key and value into (a negative slot: not
         written); ``forward`` then gets k and v None. None (the default): forward writes them."""
-        return None
-
-    def forward_unmerged(self, layer: AttentionLayerSpec, q: torch.Tensor, k: torch.Tensor | None,
-                         v: torch.Tensor | None, kv_cache: Any, metadata: Any, accepts: tuple[type, ...]) -> Any:
-        """For a step of one token (q [1, H, D]) whose output goes straight into the device's fused
-        ``gemv`` (o_proj): ``forward``'s work, with the output returned as an instance of one of
-        ``accepts`` (the types that gemv reads besides tensors, its ``gemv_accepts``: e.g.
-        deepinfer_kernels.DecodePartials, split-KV partials it merges as it loads them), or None
-        (the default, and where no such form applies): the caller then calls ``forward``."""
         return None
 
 

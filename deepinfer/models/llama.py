@@ -40,8 +40,7 @@ class Attention(nn.Module):
 
     def forward_one(self, ops, residual, norm: RMSNorm, positions, rotary, backend, kv_cache, meta):
         """One token, through the device's GEMV kernels: the input norm, the q/k norms and the
-        rotary embedding ride in the qkv projection; returns the attention output [1, H * D], or
-        what the backend's ``forward_unmerged`` made of it for ``ops.gemv`` to read."""
+        rotary embedding ride in the qkv projection; returns the attention output [1, H * D]."""
         s = self.spec
         # the backend may let the qkv kernel write the key and value into its cache directly
         cache = backend.fused_kv_write(s, kv_cache, meta)
@@ -56,12 +55,8 @@ class Attention(nn.Module):
             k, v = k.view(1, s.num_kv_heads, s.head_dim), v.view(1, s.num_kv_heads, s.head_dim)
         else:
             k = v = None
-        q = q.view(1, s.num_heads, s.head_dim)
-        accepts = getattr(ops, "gemv_accepts", ())  # o_proj's GEMV may read a form of its own
-        out = backend.forward_unmerged(s, q, k, v, kv_cache, meta, accepts) if accepts else None
-        if out is None:
-            out = backend.forward(s, q, k, v, kv_cache, meta).reshape(1, self.q_size).contiguous()
-        return out
+        out = backend.forward(s, q.view(1, s.num_heads, s.head_dim), k, v, kv_cache, meta)
+        return out.reshape(1, self.q_size).contiguous()
 
 
 class DecoderLayer(nn.Module):
