@@ -17,3 +17,9 @@ if [ "${1:-a}" = a ]; then
       | grep -e "tok/s" -e "first" -e rror >> "$OUT/latency.txt"
   done
 fi
+if [ "${1:-a}" = b ]; then
+  # where the first token's 2.5 ms go: a timeline of the first steps (h200_first_steps.py), the
+  # prefill's device time by kernel and the host's profile (h200_ttft_profile.py)
+  (cd benchmarks && timeout 120 python3 h200_first_steps.py --overlap 1 > "$OUT/first_steps.txt" 2>&1)
+  (cd benchmarks && timeout 150 python3 h200_ttft_profile.py > "$OUT/ttft_log.txt" 2>&1)
+fi
