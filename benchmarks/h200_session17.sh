@@ -23,3 +23,19 @@ if [ "${1:-a}" = b ]; then
   (cd benchmarks && timeout 120 python3 h200_first_steps.py --overlap 1 > "$OUT/first_steps.txt" 2>&1)
   (cd benchmarks && timeout 150 python3 h200_ttft_profile.py > "$OUT/ttft_log.txt" 2>&1)
 fi
+if [ "${1:-a}" = c ]; then
+  # the first layer's qkv GEMV reads the token's embedding row itself (no embedding kernel in a
+  # one-token step): test_gemv.py compiled; every gpu-marked test; the recorded batch-1 command
+  # interleaved with the embedding kernel (h200_latency_variant.py --no-qkv-embed); prefill
+  # attention's tiles on four shapes (h200_prefill_tiles.py)
+  timeout 100 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_gemv.py > "$OUT/tests.txt" 2>&1
+  timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests --ignore=tests/serve > "$OUT/gpu_tests.txt" 2>&1
+  for r in 1 2; do
+    echo "== qkv reads the embedding" >> "$OUT/latency.txt"
+    timeout 40 $LAT --repeats 2 2>&1 | filter | grep -e "tok/s" -e "first" -e rror >> "$OUT/latency.txt"
+    echo "== embedding kernel" >> "$OUT/latency.txt"
+    timeout 40 python3 benchmarks/h200_latency_variant.py --no-qkv-embed -- ${LAT#python3 -m deepinfer.cli} \
+      --repeats 2 2>&1 | filter | grep -e "tok/s" -e "first" -e rror >> "$OUT/latency.txt"
+  done
+  (cd benchmarks && timeout 120 python3 h200_prefill_tiles.py > "$OUT/prefill_log.txt" 2>&1)
+fi

@@ -98,11 +98,14 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
                             block_tables: torch.Tensor, block_size: int, scale: float,
                             sliding_window: int | None = None, max_query_len: int | None = None,
                             skip_single: bool = False, out: torch.Tensor | None = None,
-                            block_m: int | None = None, block_n: int | None = None) -> torch.Tensor:
+                            block_m: int | None = None, block_n: int | None = None, num_warps: int = 4,
+                            num_stages: int = 2) -> torch.Tensor:
     """Causal attention of q [T, H, D] over the paged caches [num_slots, kv_heads, D] (which already
     hold this step's keys/values). query_start_loc [B+1], seq_lens [B], context_lens [B] and
     block_tables [B, max_blocks] are int32. ``skip_single``: leave rows of one-token runs untouched
-    in ``out`` (the caller computes them with the decode kernel). Returns [T, H, D] in q's dtype."""
+    in ``out`` (the caller computes them with the decode kernel). Returns [T, H, D] in q's dtype.
+    ``block_m`` / ``block_n`` (query rows / keys a tile; default 64 on a GPU, 16 in the interpreter),
+    ``num_warps`` and ``num_stages`` tune the kernel."""
     t, h, d = q.shape
     b = seq_lens.shape[0]
     kvh = k_cache.shape[1]
@@ -135,7 +138,7 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         GROUP=h // kvh, HEAD_DIM=d, BLOCK_SIZE=block_size, BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_D=max(16, next_pow2(d)), WINDOWED=sliding_window is not None, SKIP_SINGLE=skip_single,
         IEEE=k_cache.dtype == torch.float32,
-        num_warps=4, num_stages=2)
+        num_warps=num_warps, num_stages=num_stages)
     return out
 
 
