@@ -2,7 +2,8 @@
 call): ``--attention FILE`` takes decode attention from another copy of
 kernels/paged_attention.py; ``--no-stage`` turns off replays that read their inputs from host
 memory (each step then copies them to the device before its replay); ``--no-qkv-embed`` leaves the
-embedding of one-token steps to its own kernel (session 17: the first layer's qkv GEMV reads it).
+embedding of one-token steps to its own kernel (session 17, call c, at e00a496, where the first
+layer's qkv GEMV read it; that was reverted after, and the flag now changes nothing).
 
     python3 benchmarks/h200_latency_variant.py [--attention OLD.py] [--no-stage] [--no-qkv-embed] -- <bench latency arguments>
 """

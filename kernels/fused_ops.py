@@ -40,7 +40,6 @@ class FusedOps:
         self._argmax, self._argmax_prob = argmax, argmax_prob
         self.gemv = self._gemv if single_token_gemv else None
         self.gemv_qkv_rotary = self._gemv_qkv_rotary if single_token_gemv else None
-        self.gemv_qkv_embeds = single_token_gemv  # gemv_qkv_rotary(..., embed=): the embedding folded in
 
     def _pdl(self, x) -> bool:
         return self.pdl and pdl_supported(x.device)

@@ -37,14 +37,13 @@ _PLAIN, _SILU_MUL, _ROTARY = 0, 1, 2
 
 @kernel
 def _gemv_kernel(x_ptr, w_ptr, out_ptr, nw_ptr, res_ptr, part_ptr, count_ptr,
-                 cos_ptr, sin_ptr, pos_ptr, qn_ptr, kn_ptr, kc_ptr, vc_ptr, slot_ptr, ids_ptr,
-                 eps, qk_eps, stride_w, stride_cp, stride_cs, stride_ch, stride_x, x_rows,
+                 cos_ptr, sin_ptr, pos_ptr, qn_ptr, kn_ptr, kc_ptr, vc_ptr, slot_ptr,
+                 eps, qk_eps, stride_w, stride_cp, stride_cs, stride_ch,
                  N: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, MODE: tl.constexpr, PAIR: tl.constexpr,
                  HALF: tl.constexpr, ROT_ROWS: tl.constexpr, Q_ROWS: tl.constexpr,
                  NORM: tl.constexpr, RESIDUAL: tl.constexpr, QK_NORM: tl.constexpr, KV_WRITE: tl.constexpr,
                  D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-                 K_SLICE: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr, EVICT: tl.constexpr,
-                 EMBED: tl.constexpr):
+                 K_SLICE: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr, EVICT: tl.constexpr):
     b = tl.program_id(0)
     s = tl.program_id(1)
     ty = x_ptr.dtype.element_ty
@@ -71,9 +70,6 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, nw_ptr, res_ptr, part_ptr, count_ptr,
     if PDL:
         tl.extra.cuda.gdc_wait()  # x, the residual and the counters are the previous kernel's
         tl.extra.cuda.gdc_launch_dependents()
-    if EMBED:  # x is the token embedding table: the input row is token ids[0]'s (one outside it: row 0)
-        tok = tl.load(ids_ptr).to(tl.int64)
-        x_ptr += tl.where((tok >= 0) & (tok < x_rows), tok, 0) * stride_x
     # what the epilogue reads is asked for now, so that its round trips to memory overlap the
     # loop's instead of following it (only the last program of a split-K row block uses them)
     if RESIDUAL:
@@ -90,8 +86,6 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, nw_ptr, res_ptr, part_ptr, count_ptr,
         xs = tl.arange(0, KP)
         xf = tl.load(x_ptr + xs, mask=xs < K, other=0.0).to(tl.float32)
         inv = tl.rsqrt(tl.sum(xf * xf, 0) / K + eps)
-        if EMBED and (b == 0) & (s == 0):  # the row also starts the residual stream (res_ptr): one program
-            tl.store(res_ptr + xs, xf.to(ty), mask=xs < K)
     acc1 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
     acc2 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
     for k0 in range(0, K_SLICE, BLOCK_K):
@@ -254,7 +248,7 @@ def _check(x: torch.Tensor, weight: torch.Tensor, name: str) -> None:
 
 
 def _launch(x, weight, out, rows, cfg: GemvConfig, mode, pair, *, norm_weight=None, eps=1e-6, residual=None,
-            rotary=None, kv_write=None, pdl=False, evict="", embed=None):
+            rotary=None, kv_write=None, pdl=False, evict=""):
     k = x.shape[1]
     if cfg.split_k < 1 or cfg.block_n < 1 or cfg.block_k < 1:
         raise ValueError(f"a GEMV tile needs positive sizes; got {cfg}")
@@ -269,17 +263,16 @@ def _launch(x, weight, out, rows, cfg: GemvConfig, mode, pair, *, norm_weight=No
         part = count = out
     cos, sin, pos, qn, kn, qk_eps, half, rot_rows, q_rows = rotary or (x, x, x, x, x, 0.0, 1, 0, 0)
     kc, vc, slot = kv_write or (x, x, x)
-    ids, row = embed or (x, residual if residual is not None else x)
     _gemv_kernel[(blocks, cfg.split_k)](
-        x, weight, out, norm_weight if norm_weight is not None else x, row,
-        part, count, cos, sin, pos, qn if qn is not None else x, kn if kn is not None else x, kc, vc, slot, ids,
+        x, weight, out, norm_weight if norm_weight is not None else x, residual if residual is not None else x,
+        part, count, cos, sin, pos, qn if qn is not None else x, kn if kn is not None else x, kc, vc, slot,
         eps, qk_eps, weight.stride(0), cos.stride(0) if rotary else 0, kc.stride(0) if kv_write else 0,
-        kc.stride(1) if kv_write else 0, x.stride(0), x.shape[0],
+        kc.stride(1) if kv_write else 0,
         N=(rows if mode != _ROTARY else weight.shape[0]), K=k, KP=next_pow2(k), MODE=mode, PAIR=pair, HALF=half,
         ROT_ROWS=rot_rows, Q_ROWS=q_rows, NORM=norm_weight is not None, RESIDUAL=residual is not None,
         QK_NORM=qn is not None, KV_WRITE=kv_write is not None, D=2 * half, BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k, K_SLICE=k_slice, PDL=pdl, PREFETCH=cfg.prefetch,
-        EVICT=evict, EMBED=embed is not None, num_warps=cfg.num_warps)
+        EVICT=evict, num_warps=cfg.num_warps)
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: torch.Tensor | None = None, eps: float = 1e-6,
@@ -318,27 +311,15 @@ def gemv_qkv_rotary(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Te
                     num_kv_heads: int, q_norm: torch.Tensor | None = None, k_norm: torch.Tensor | None = None,
                     qk_eps: float = 1e-6, config: GemvConfig | None = None, pdl: bool = False,
                     kv_cache: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
-                    evict: str = "", embed: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                    evict: str = "") -> torch.Tensor:
     """The fused q | k | v projection of one token: ``rotary(qk_norm(rms_norm(x) @ weight.T))``.
 
     weight [(H + 2 * KV) * D, K]; cos/sin tables [max_positions, D]; positions [1]. ``q_norm`` and
     ``k_norm`` [D] (Qwen3) normalise each q and k head first. Returns qkv [1, (H + 2 * KV) * D].
     ``kv_cache`` (k_cache, v_cache, slot): also write the token's key and value into the paged
     caches [num_slots, KV, D] at slot [1] (a negative slot: not written), as write_kv_cache
-    would. ``pdl`` as in :func:`gemv`. ``embed`` (ids [1], row [1, K]): x is the token embedding
-    table [V, K] and the input is token ids[0]'s row, which is also copied into ``row`` (the first
-    layer, with the embedding folded in: one kernel fewer a step).
+    would. ``pdl`` as in :func:`gemv`.
     """
-    if embed is not None:
-        ids, row = embed
-        if ids.shape != (1,) or ids.dtype not in (torch.int32, torch.int64) or row.shape != (1, x.shape[-1]) \
-                or row.dtype != x.dtype or not row.is_contiguous() or x.dim() != 2 or x.stride(1) != 1 \
-                or {ids.device, row.device} != {x.device}:
-            raise ValueError(f"gemv_qkv_rotary: embed takes int32/int64 ids [1] and a contiguous row [1, K] of the "
-                             f"table's dtype, with x the table [V, K] contiguous along K, on one device; got ids "
-                             f"{ids.dtype} {tuple(ids.shape)}, row {row.dtype} {tuple(row.shape)}, table "
-                             f"{tuple(x.shape)}")
-        table, x = x, x[:1]  # (the kernel reads the row ids name; x is checked as one row of K)
     _check(x, weight, "gemv_qkv_rotary")
     d = cos.shape[-1] if cos.dim() == 2 else 0
     heads = num_heads + 2 * num_kv_heads
@@ -375,8 +356,8 @@ def gemv_qkv_rotary(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Te
                              f"{slot.dtype} {tuple(slot.shape)} on {slot.device}")
     out = torch.empty(1, weight.shape[0], dtype=x.dtype, device=x.device)
     rotary = (cos, sin, positions, q_norm, k_norm, qk_eps, half, (num_heads + num_kv_heads) * d, num_heads * d)
-    _launch(table if embed is not None else x, weight, out, weight.shape[0] // 2, cfg, _ROTARY, half,
-            norm_weight=norm_weight, eps=eps, rotary=rotary, kv_write=kv_cache, pdl=pdl, evict=evict, embed=embed)
+    _launch(x, weight, out, weight.shape[0] // 2, cfg, _ROTARY, half, norm_weight=norm_weight, eps=eps,
+            rotary=rotary, kv_write=kv_cache, pdl=pdl, evict=evict)
     return out
 
 
@@ -400,11 +381,8 @@ def gemv_ref(x, weight, *, norm_weight=None, eps=1e-6, residual=None, silu_mul=F
 
 
 def gemv_qkv_rotary_ref(x, weight, norm_weight, eps, cos, sin, positions, num_heads, num_kv_heads,
-                        q_norm=None, k_norm=None, qk_eps=1e-6, config=None, pdl=False, kv_cache=None, evict="",
-                        embed=None):
+                        q_norm=None, k_norm=None, qk_eps=1e-6, config=None, pdl=False, kv_cache=None, evict=""):
     """Torch reference of :func:`gemv_qkv_rotary`."""
-    if embed is not None:
-        x = embed[1].copy_(x[embed[0].long()])
     from deepinfer_kernels.kv_cache import write_kv_cache_ref
     from deepinfer_kernels.rotary import apply_rotary_ref
 

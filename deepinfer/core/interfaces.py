@@ -83,9 +83,7 @@ class Device(Plugin, ABC):
         ``stage_max_bytes``, with which replays of batches whose inputs take at most that many
         bytes read them from host memory in their first kernel instead of a copy before it;
         optionally ``embedding(ids, weight)`` (``weight[ids]``), which the models then use for
-        the token embedding of steps of a single token, or, better, ``gemv_qkv_embeds`` true and
-        ``gemv_qkv_rotary(table, ..., embed=(ids, row))``, which reads the token's row of the
-        embedding table itself and copies it into ``row`` (one kernel fewer a step)."""
+        the token embedding of steps of a single token."""
         return None
 
     @property

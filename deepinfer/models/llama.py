@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -13,14 +13,6 @@ from deepinfer.core.loader import WeightsError
 from deepinfer.core.model_config import ModelConfig
 from deepinfer.core.model_registry import CausalLM
 from deepinfer.models.layers import GatedMLP, RMSNorm, RotaryEmbedding
-
-
-class TokenRow(NamedTuple):
-    """A single token's embedding not yet looked up: the first layer's fused qkv kernel reads
-    ``table``'s row ``ids[0]`` itself (``gemv_qkv_rotary(..., embed=)``)."""
-
-    ids: torch.Tensor
-    table: torch.Tensor
 
 
 class Attention(nn.Module):
@@ -46,23 +38,18 @@ class Attention(nn.Module):
         out = backend.forward(s, q, k, v, kv_cache, meta)
         return self.o_proj(out.reshape(-1, self.q_size))
 
-    def forward_one(self, ops, residual, norm: RMSNorm, positions, rotary, backend, kv_cache, meta,
-                    embed: TokenRow | None = None):
+    def forward_one(self, ops, residual, norm: RMSNorm, positions, rotary, backend, kv_cache, meta):
         """One token, through the device's GEMV kernels: the input norm, the q/k norms and the
-        rotary embedding ride in the qkv projection; returns the attention output [1, H * D]. With
-        ``embed``, the qkv kernel reads the token's embedding row itself and writes it to residual."""
+        rotary embedding ride in the qkv projection; returns the attention output [1, H * D]."""
         s = self.spec
         # the backend may let the qkv kernel write the key and value into its cache directly
         cache = backend.fused_kv_write(s, kv_cache, meta)
-        extra = {} if cache is None else {"kv_cache": cache}
-        if embed is not None:
-            extra["embed"] = (embed.ids, residual)
-        qkv = ops.gemv_qkv_rotary(residual if embed is None else embed.table, self.qkv_proj.weight, norm.weight,
-                                  norm.eps, rotary.cos, rotary.sin,
+        qkv = ops.gemv_qkv_rotary(residual, self.qkv_proj.weight, norm.weight, norm.eps, rotary.cos, rotary.sin,
                                   positions, s.num_heads, s.num_kv_heads,
                                   self.q_norm.weight if self.q_norm is not None else None,
                                   self.k_norm.weight if self.k_norm is not None else None,
-                                  self.q_norm.eps if self.q_norm is not None else 1e-6, **extra)
+                                  self.q_norm.eps if self.q_norm is not None else 1e-6,
+                                  **({} if cache is None else {"kv_cache": cache}))
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         if cache is None:
             k, v = k.view(1, s.num_kv_heads, s.head_dim), v.view(1, s.num_kv_heads, s.head_dim)
@@ -89,7 +76,7 @@ class DecoderLayer(nn.Module):
         into residual (the single-token path leaves it so; the next layer or the final norm reads
         residual alone)."""
         ops = self.mlp.fused_ops
-        if x is None or isinstance(x, TokenRow) or (x.shape[0] == 1 and self.takes_one(ops)):
+        if x is None or (x.shape[0] == 1 and self.gemv_ok and getattr(ops, "gemv", None) is not None):
             return self._forward_one(ops, x, residual, positions, rotary, backend, kv_cache, meta)
         if residual is None:
             residual, x = x, self.input_layernorm(x)
@@ -99,20 +86,13 @@ class DecoderLayer(nn.Module):
         x, residual = self.post_attention_layernorm(x, residual)
         return self.mlp(x), residual
 
-    def takes_one(self, ops) -> bool:
-        """Steps of one token run through ``ops``' single-token GEMVs here."""
-        return self.gemv_ok and getattr(ops, "gemv", None) is not None
-
     def _forward_one(self, ops, x, residual, positions, rotary, backend, kv_cache, meta):
         """A step of one token in four kernels besides attention: norm + qkv + rotary; o + residual
         add; norm + gate/up + SiLU-mul; down + residual add. Returns (None, residual)."""
-        embed = x if isinstance(x, TokenRow) else None
-        if embed is not None:  # the first layer: the qkv kernel copies the row into the new stream
-            residual = torch.empty(1, embed.table.shape[1], dtype=embed.table.dtype, device=embed.table.device)
-        elif x is not None:  # the stream starts here (the embedding: ours to update in place)
+        if x is not None:  # the stream starts here (the embedding: ours to update in place)
             residual = x.contiguous() if residual is None else x + residual
         attn = self.self_attn.forward_one(ops, residual, self.input_layernorm, positions, rotary, backend,
-                                          kv_cache, meta, embed)
+                                          kv_cache, meta)
         ops.gemv(attn, self.self_attn.o_proj.weight, residual=residual)
         norm = self.post_attention_layernorm
         act = ops.gemv(residual, self.mlp.gate_up_proj.weight, norm_weight=norm.weight, eps=norm.eps, silu_mul=True)
@@ -158,13 +138,9 @@ class LlamaForCausalLM(CausalLM):
     def forward(self, input_ids, positions, kv_caches: list[Any], attn_metadata: Any) -> torch.Tensor:
         # a step of one token takes the device's embedding kernel where it offers one (launched
         # with PDL, it starts while the step's first kernel finishes); others take torch's
-        ops, table, layers = self.fused_ops, self.model.embed_tokens, self.model.layers
-        one = input_ids.shape[0] == 1
-        if one and getattr(ops, "gemv_qkv_embeds", False) and len(layers) and layers[0].takes_one(ops):
-            x = TokenRow(input_ids, table.weight)  # the first layer's qkv kernel reads the row itself
-        else:
-            fused = getattr(ops, "embedding", None) if one else None
-            x = table(input_ids) if fused is None else fused(input_ids, table.weight)
+        fused = getattr(self.fused_ops, "embedding", None) if input_ids.shape[0] == 1 else None
+        table = self.model.embed_tokens
+        x = table(input_ids) if fused is None else fused(input_ids, table.weight)
         residual = None
         for layer, cache in zip(self.model.layers, kv_caches, strict=True):
             x, residual = layer(x, residual, positions, self.rotary, self.attention, cache, attn_metadata)

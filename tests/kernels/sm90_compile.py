@@ -98,9 +98,6 @@ def _all_calls(dtype: torch.dtype, attention_only: bool) -> None:
     kv = torch.zeros(64, 1, 16, dtype=dtype)  # the key and value written into the cache too
     K.gemv_qkv_rotary(x, w, nw, 1e-6, cache[:, 0, :16], cache[:, 0, :16], torch.zeros(1, dtype=torch.int64), 2, 1,
                       pdl=True, kv_cache=(kv, kv, torch.zeros(1, dtype=torch.int64)))
-    K.gemv_qkv_rotary(torch.zeros(10, 256, dtype=dtype), w, nw, 1e-6, cache[:, 0, :16], cache[:, 0, :16],  # the
-                      torch.zeros(1, dtype=torch.int64), 2, 1, pdl=True,  # embedding row read by the qkv kernel
-                      embed=(torch.zeros(1, dtype=torch.int64), torch.zeros(1, 256, dtype=dtype)))
     K.argmax(torch.zeros(2, 5000, dtype=dtype), chunk=4096)  # (without a chunk, 5,000 goes to torch's)
     K.argmax_prob(torch.zeros(2, 5000, dtype=dtype))  # with the softmax probability
     K.argmax(torch.zeros(1, 5000, dtype=dtype), chunk=4096, pdl=True)

@@ -110,28 +110,6 @@ def test_qkv_writes_the_kv_cache(dtype, qk_norm, slot, device):
         assert torch.equal(caches[1][slot].reshape(-1), got[0, (h + kv) * d:])
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("cfg", [None, GemvConfig(2, 8, 2)], ids=str)
-def test_qkv_with_the_embedding_folded_in(dtype, cfg, device):
-    """With embed (ids, row), x is the embedding table: the projection of token ids[0]'s row, the
-    bits of the same call on that row, and the row copied out exactly (the residual stream's start)."""
-    args = list(_qkv_args(dtype, device, True))
-    d = args[4].shape[1]
-    cfg = None if cfg is None else GemvConfig(d // 2, cfg.block_k, cfg.split_k)
-    table = randn(11, args[0].shape[1], dtype=dtype, device=device, seed=9)
-    for tok, ids_dtype in ((7, torch.int64), (0, torch.int32), (10, torch.int64)):
-        ids = torch.tensor([tok], dtype=ids_dtype, device=device)
-        row = torch.full_like(args[0], float("nan"))
-        got = gemv_qkv_rotary(table, *args[1:], config=cfg, embed=(ids, row))
-        assert torch.equal(row, table[tok:tok + 1])
-        assert torch.equal(got, gemv_qkv_rotary(table[tok:tok + 1].clone(), *args[1:], config=cfg))
-        want_row = torch.empty_like(row)
-        _close(got, gemv_qkv_rotary_ref(table, *args[1:], embed=(ids, want_row)), dtype)
-        assert torch.equal(want_row, row)
-    with pytest.raises(ValueError, match="embed takes int32/int64 ids"):
-        gemv_qkv_rotary(table, *args[1:], embed=(ids.float(), row))
-
-
 def test_bad_shapes_are_refused(device):
     x = randn(2, 16, dtype=torch.float32, device=device)
     w = randn(8, 16, dtype=torch.float32, device=device)

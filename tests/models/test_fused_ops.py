@@ -32,7 +32,6 @@ class Counting:
         fn = getattr(self.ops, name)
         def counted(*args, **kwargs):
             key = name + "+kv_cache" if kwargs.get("kv_cache") is not None else name
-            key += "+embed" if kwargs.get("embed") is not None else ""
             self.calls[key] = self.calls.get(key, 0) + 1
             return fn(*args, **kwargs)
         return counted
@@ -43,8 +42,6 @@ off = {"triton": {"single_token_fusion": False}}
 for name, prompts, plugins, opts in (("batch", batch, [], {}), ("one", one, [], {}), ("tri", one, ["triton"], {}),
                                      ("trioff", one, ["triton"], off)):
     ops = Counting(deepinfer_kernels)
-    if name.startswith("tri"):  # the first layer's qkv kernel looks the token's row up itself
-        ops.gemv_qkv_embeds = True
     for fused in (False, True) if not name.startswith("tri") else (True,):
         llm = LLM(path, dtype="float32", block_size=4, progress=False, plugins=plugins, plugin_options=opts)
         if fused:  # as the builder wires a device's fused ops
@@ -81,14 +78,10 @@ def test_fused_kernels_match_plain_layers(tmp_path, arch):
     else:
         assert out["onecalls"] == {"gemv_qkv_rotary": layers * steps, "gemv": 3 * layers * steps + heads,
                                    "embedding": steps, "argmax": steps}
-    if arch != "qwen2":  # the triton backend lets the qkv GEMV write the cache: no separate KV write;
-        # and (as FusedOps offer) the first layer's qkv GEMV reads the embedding row: no embedding kernel
-        assert out["tricalls"] == {"gemv_qkv_rotary+kv_cache+embed": steps,
-                                   "gemv_qkv_rotary+kv_cache": (layers - 1) * steps,
-                                   "gemv": 3 * layers * steps + heads, "argmax": steps}
-        # fusion off: the cache is the backend's to write
-        assert out["trioffcalls"] == {"gemv_qkv_rotary+embed": steps, "gemv_qkv_rotary": (layers - 1) * steps,
-                                      "gemv": 3 * layers * steps + heads, "argmax": steps}
+    if arch != "qwen2":  # the triton backend lets the qkv GEMV write the cache: no separate KV write
+        assert out["tricalls"] == {"gemv_qkv_rotary+kv_cache": layers * steps, "gemv": 3 * layers * steps + heads,
+                                   "embedding": steps, "argmax": steps}
+        assert out["trioffcalls"] == out["onecalls"]  # fusion off: the cache is the backend's to write
     for name in ("batch", "one", "tri", "trioff"):
         plain = out[("one" if name.startswith("tri") else name) + "False"]
         for (tokens, lps), (tokens_f, lps_f) in zip(plain, out[name + "True"], strict=True):
