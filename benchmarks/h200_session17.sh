@@ -39,3 +39,18 @@ if [ "${1:-a}" = c ]; then
   done
   (cd benchmarks && timeout 120 python3 h200_prefill_tiles.py > "$OUT/prefill_log.txt" 2>&1)
 fi
+if [ "${1:-a}" = d ]; then
+  # decode attention reads its first split's keys and values before its PDL wait: the kernel tests
+  # compiled (with the new gpu test of the race with the qkv kernel's write); 16 layers against the
+  # keys read after the wait (h200_preload.py); the recorded batch-1 command interleaved with the
+  # kernel before (benchmarks/paged_attention_s17.py, a copy made for this call, not committed)
+  timeout 100 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_paged_attention.py > "$OUT/tests.txt" 2>&1
+  (cd benchmarks && timeout 120 python3 h200_preload.py > "$OUT/preload_log.txt" 2>&1)
+  for r in 1 2; do
+    echo "== keys before the wait" >> "$OUT/latency.txt"
+    timeout 40 $LAT --repeats 2 2>&1 | filter | grep -e "tok/s" -e "first" -e rror >> "$OUT/latency.txt"
+    echo "== before (keys after the wait)" >> "$OUT/latency.txt"
+    timeout 40 python3 benchmarks/h200_latency_variant.py --attention benchmarks/paged_attention_s17.py -- \
+      ${LAT#python3 -m deepinfer.cli} --repeats 2 2>&1 | filter | grep -e "tok/s" -e "first" -e rror >> "$OUT/latency.txt"
+  done
+fi

@@ -112,6 +112,50 @@ def test_merge_in_pass_one_gives_the_bits_of_pass_two(dtype, window, cap, device
     assert all(int(c.abs().sum()) == 0 for c in _COUNTERS.values())
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_keys_read_before_the_wait_give_the_same_bits(dtype, device):
+    """With one tile a split, a PDL launch reads its first split's keys and values before its wait
+    (``preload`` takes that path without PDL): the same bits as reading them in the loop, for
+    sequences of one or several splits, with the grid capped so that programs take later splits
+    too, and with the pass-1 merge."""
+    lens = [1, 16, 17, 70, 150]
+    k_cache, v_cache, tables = random_paged_kv(lens, 4, 2, 16, dtype, device)
+    q = randn(len(lens), 8, 16, dtype=dtype, device=device)
+    for cap, merge in ((4096, False), (8, True)):
+        args = (q, k_cache, v_cache, tables, i32(lens, device), 4, 0.25, None, 160, 16, cap, 16)
+        plain = paged_decode_attention(*args, merge_in_pass=merge)
+        assert torch.equal(paged_decode_attention(*args, merge_in_pass=merge, preload=True), plain)
+
+
+@pytest.mark.gpu
+def test_keys_read_before_the_wait_see_the_previous_kernels_key(device):
+    """Under PDL, decode attention starts while the qkv GEMV that writes the step's key and value
+    into the cache still runs, and reads the other keys of its first split before waiting: the
+    newest key and value must still be the GEMV's. Several steps of one sequence, each against the
+    reference over the cache afterwards."""
+    from deepinfer_kernels import gemv_qkv_rotary, pdl_supported
+
+    if not pdl_supported(torch.device(device)):
+        pytest.skip("programmatic dependent launch needs compute capability 9.0+ and Triton 3.4+")
+    h, kv, d, k, page = 8, 2, 64, 512, 16
+    dt = torch.bfloat16
+    w = randn((h + 2 * kv) * d, k, dtype=dt, device=device, seed=3) * 0.05
+    nw = torch.ones(k, dtype=dt, device=device)
+    ang = torch.outer(torch.arange(512.0), torch.rand(d // 2, generator=torch.Generator().manual_seed(4)))
+    cos, sin = (f(torch.cat([ang, ang], -1)).to(dt).to(device) for f in (torch.cos, torch.sin))
+    k_cache, v_cache, tables = random_paged_kv([400], page, kv, d, dt, device)
+    for n in (130, 200, 256, 257, 300):
+        x = randn(1, k, dtype=dt, device=device, seed=n)
+        pos = torch.tensor([n - 1], device=device)
+        slot = (tables[0, (n - 1) // page].long() * page + (n - 1) % page).reshape(1)
+        qkv = gemv_qkv_rotary(x, w, nw, 1e-6, cos, sin, pos, h, kv, pdl=True, kv_cache=(k_cache, v_cache, slot))
+        q = qkv[:, :h * d].view(1, h, d)
+        args = (q, k_cache, v_cache, tables, i32([n], device), page, d ** -0.5)
+        got = paged_decode_attention(*args, max_seq_len=512, split_size=128, pdl=True, merge_in_pass=True)
+        torch.cuda.synchronize()
+        assert torch.equal(got, paged_decode_attention(*args, max_seq_len=512, split_size=128, merge_in_pass=True)), n
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("window", [None, 21])
 def test_programmatic_launch_gives_the_same_bits(window, device):
