@@ -1,4 +1,4 @@
-"""H200: decode attention reading its first split's keys and values before its PDL wait (the
+"""(Ran at f0b4711, reverted after: slower at 640 and 1,024 keys.) H200: decode attention reading its first split's keys and values before its PDL wait (the
 newest key and value again after it) against reading them all after the wait. Batch 1,
 Llama-3.2-1B shape, bf16, PDL, 16 whole layers in one CUDA graph (qkv writing the cache,
 attention merging in pass 1, o, gate/up, down) with the default tiles, the partials sized for

@@ -40,7 +40,7 @@ if [ "${1:-a}" = c ]; then
   (cd benchmarks && timeout 120 python3 h200_prefill_tiles.py > "$OUT/prefill_log.txt" 2>&1)
 fi
 if [ "${1:-a}" = d ]; then
-  # decode attention reads its first split's keys and values before its PDL wait: the kernel tests
+  # (ran at f0b4711, reverted after) decode attention reads its first split's keys and values before its PDL wait: the kernel tests
   # compiled (with the new gpu test of the race with the qkv kernel's write); 16 layers against the
   # keys read after the wait (h200_preload.py); the recorded batch-1 command interleaved with the
   # kernel before (benchmarks/paged_attention_s17.py, a copy made for this call, not committed)

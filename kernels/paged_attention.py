@@ -41,7 +41,7 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_
                          MERGE: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                          BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
                          CHUNK: tl.constexpr, EARLY_TABLE: tl.constexpr, WINDOWED: tl.constexpr, IEEE: tl.constexpr,
-                         PRELOAD: tl.constexpr, PDL: tl.constexpr):
+                         PDL: tl.constexpr):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     # The lengths and block tables are the step's inputs: under PDL (launched while the previous
@@ -59,19 +59,11 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_
         pos0 = tl.program_id(2) * SPLIT + tl.arange(0, BLOCK_N)
         blk0 = tl.load(block_tables_ptr + b * stride_bt + pos0 // BLOCK_SIZE, mask=pos0 // BLOCK_SIZE < table_cols,
                        other=0)
-    d = tl.arange(0, BLOCK_D)
-    if PRELOAD:
-        # (EARLY_TABLE under PDL) that tile's keys and values are read before the wait too: all but
-        # the newest were written by earlier steps; the newest, the previous kernel's, is read again
-        # after the wait
-        m0 = (pos0 < seq_len)[:, None] & (d[None, :] < HEAD_DIM)
-        off0 = (blk0.to(tl.int64) * BLOCK_SIZE + pos0 % BLOCK_SIZE)[:, None] * stride_cs + kvh * stride_ch + d[None, :]
-        k0 = tl.load(k_cache_ptr + off0, mask=m0, other=0.0)
-        v0 = tl.load(v_cache_ptr + off0, mask=m0, other=0.0)
     if PDL:  # launched early (programmatic dependent launch): wait for the previous kernel
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
     g = tl.arange(0, BLOCK_G)
+    d = tl.arange(0, BLOCK_D)
     heads = kvh * GROUP + g
     q_mask = (g[:, None] < GROUP) & (d[None, :] < HEAD_DIM)
     q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=q_mask, other=0.0)
@@ -105,13 +97,8 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_
             slot = blk.to(tl.int64) * BLOCK_SIZE + pos % BLOCK_SIZE
             kv_off = slot[:, None] * stride_cs + kvh * stride_ch + d[None, :]
             kv_mask = valid[:, None] & (d[None, :] < HEAD_DIM)
-            if PRELOAD and j == tl.program_id(2):
-                newest = kv_mask & (pos == seq_len - 1)[:, None]
-                k = tl.where(newest, tl.load(k_cache_ptr + kv_off, mask=newest, other=0.0), k0)
-                v = tl.where(newest, tl.load(v_cache_ptr + kv_off, mask=newest, other=0.0), v0)
-            else:
-                k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0)
-                v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0)
+            k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0)
+            v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0)
             if IEEE:  # float32 caches: full-precision products, not TF32
                 s = tl.dot(q, tl.trans(k), input_precision="ieee")
             else:
@@ -241,7 +228,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            sliding_window: int | None = None, max_seq_len: int | None = None,
                            split_size: int = DEFAULT_SPLIT, max_programs: int = DEFAULT_MAX_PROGRAMS,
                            block_n: int | None = None, num_warps: int = 4, num_stages: int | None = 2,
-                           pdl: bool = False, merge_in_pass: bool = False, preload: bool = False) -> torch.Tensor:
+                           pdl: bool = False, merge_in_pass: bool = False) -> torch.Tensor:
     """Attention of q [B, H, D] (the token at position seq_len-1 of each sequence) over the cached
     keys/values [num_slots, kv_heads, D]; block_tables [B, max_blocks] int32, seq_lens [B] int32.
     Returns [B, H, D] in q's dtype. ``max_seq_len`` saves a device sync when the caller knows it.
@@ -257,10 +244,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     previous kernel's output; see deepinfer_kernels.pdl_supported). ``merge_in_pass``: the last pass-1 program of each
     sequence and kv head merges the splits (the same arithmetic as pass 2, so the same bits) and
     pass 2 is not launched: one launch fewer, worth it where launches are what costs (a single
-    sequence); the merge then runs in as many programs as there are sequences and kv heads.
-    Without a window and with one tile a split, a PDL launch also reads its first split's keys and
-    values before its wait (the newest key and value again after it: they are the step's, written by
-    the kernel before); ``preload`` takes that path without PDL too (for tests: the same bits)."""
+    sequence); the merge then runs in as many programs as there are sequences and kv heads."""
     b, h, d = q.shape
     kvh = k_cache.shape[1]
     _check_shapes(q, k_cache, v_cache, block_tables, seq_lens, split_size)
@@ -284,7 +268,6 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     tuning = {"num_warps": num_warps} if num_stages is None else {"num_warps": num_warps, "num_stages": num_stages}
     window = sliding_window or 0
     programs = max(1, min(splits, max_programs // (b * kvh)))
-    early = sliding_window is None and block_n == split_size
     count = counters(q.device, b * kvh, "decode_attention") if merge_in_pass else part_lse
     block_g, block_d = max(16, next_pow2(group)), max(16, next_pow2(d))
     _decode_split_kernel[(b, kvh, programs)](
@@ -294,8 +277,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         part_out.stride(0), part_out.stride(1), part_out.stride(2), part_lse.stride(0), part_lse.stride(1),
         out.stride(0), out.stride(1), MERGE=merge_in_pass, GROUP=group, HEAD_DIM=d, BLOCK_SIZE=block_size,
         BLOCK_G=block_g, BLOCK_D=block_d, BLOCK_N=block_n, SPLIT=split_size, CHUNK=MERGE_CHUNK,
-        EARLY_TABLE=early, WINDOWED=sliding_window is not None, IEEE=k_cache.dtype == torch.float32,
-        PRELOAD=early and (pdl or preload), PDL=pdl, **tuning)
+        EARLY_TABLE=sliding_window is None and block_n == split_size, WINDOWED=sliding_window is not None,
+        IEEE=k_cache.dtype == torch.float32, PDL=pdl, **tuning)
     if merge_in_pass:
         return out
     _decode_reduce_kernel[(b, kvh)](  # pass 1's shapes and warps: its merge's bits (see the kernel)
