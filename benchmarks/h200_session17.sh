@@ -54,3 +54,19 @@ if [ "${1:-a}" = d ]; then
       ${LAT#python3 -m deepinfer.cli} --repeats 2 2>&1 | filter | grep -e "tok/s" -e "first" -e rror >> "$OUT/latency.txt"
   done
 fi
+if [ "${1:-a}" = e ]; then
+  # decode attention's stages in one-token steps, and f0b4711's keys read before the wait with fewer
+  # stages (h200_attn_stages.py; first: git show f0b4711:kernels/paged_attention.py >
+  # benchmarks/paged_attention_preload_f0b4711.py, an untracked copy that the call takes along)
+  (cd benchmarks && timeout 150 python3 h200_attn_stages.py > "$OUT/stages_log.txt" 2>&1)
+fi
+if [ "${1:-a}" = f ]; then
+  # the final code: every gpu-marked test; the recorded batch-1 command twice; the recorded issue-8
+  # command
+  timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests --ignore=tests/serve > "$OUT/gpu_tests.txt" 2>&1
+  for r in 1 2; do
+    timeout 45 $LAT --repeats 3 2>&1 | filter | grep -e "tok/s" -e "first" -e rror >> "$OUT/latency.txt"
+  done
+  timeout 250 python3 -m deepinfer.cli bench spec --device sm90 --batch 1,64 --output-len 256 --repeats 5 \
+    2>&1 | filter > "$OUT/bench_spec.txt"
+fi
