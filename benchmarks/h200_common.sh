@@ -17,3 +17,17 @@ latency_ab() {
       --repeats 2 2>&1 | filter | grep -e "tok/s" -e "first" >> "$OUT/latency.txt"
   done
 }
+# Batch 1 end to end, twice interleaved: the code as it is (labelled $1), then with the
+# h200_latency_variant.py flags or the plugin options "$3" (labelled $2), in $OUT/latency.txt.
+# $3 starting with "{": plugin options; otherwise the variant script's flags.
+latency_vs() {
+  for r in 1 2; do
+    echo "== $1" >> "$OUT/latency.txt"
+    timeout 40 $LAT --repeats 2 2>&1 | filter | grep -e "tok/s" -e "first" -e rror >> "$OUT/latency.txt"
+    echo "== $2" >> "$OUT/latency.txt"
+    case "$3" in
+      "{"*) timeout 40 $LAT --repeats 2 --plugin-options "$3" 2>&1 ;;
+      *) timeout 40 python3 benchmarks/h200_latency_variant.py $3 -- ${LAT#python3 -m deepinfer.cli} --repeats 2 2>&1 ;;
+    esac | filter | grep -e "tok/s" -e "first" -e rror >> "$OUT/latency.txt"
+  done
+}

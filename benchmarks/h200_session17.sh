@@ -3,19 +3,14 @@
 # after ../shared/gpu/wheels.sh.
 . benchmarks/h200_common.sh
 if [ "${1:-a}" = a ]; then
-  # (ran at dcc3ce0, reverted after) o_proj's GEMV merges decode attention's splits as it reads them (paged_decode_attention_partials,
-  # the triton option merge_in_projection): the kernel tests compiled; 16 layers against pass 1's
-  # merge (h200_merge_in_o.py); the recorded batch-1 command interleaved with the option off
+  # (ran at dcc3ce0, reverted after) o_proj's GEMV merges decode attention's splits as it reads
+  # them (paged_decode_attention_partials, the triton option merge_in_projection): the kernel tests
+  # compiled; 16 layers against pass 1's merge (h200_merge_in_o.py); the recorded batch-1 command
+  # interleaved with the option off
   timeout 150 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_gemv_partials.py \
     tests/kernels/test_paged_attention.py tests/kernels/test_gemv.py > "$OUT/tests.txt" 2>&1
   (cd benchmarks && timeout 120 python3 h200_merge_in_o.py > "$OUT/merge_in_o_log.txt" 2>&1)
-  for r in 1 2; do
-    echo "== merged by o" >> "$OUT/latency.txt"
-    timeout 40 $LAT --repeats 2 2>&1 | filter | grep -e "tok/s" -e "first" -e rror >> "$OUT/latency.txt"
-    echo "== merge in pass 1" >> "$OUT/latency.txt"
-    timeout 40 $LAT --repeats 2 --plugin-options '{"triton": {"merge_in_projection": false}}' 2>&1 | filter \
-      | grep -e "tok/s" -e "first" -e rror >> "$OUT/latency.txt"
-  done
+  latency_vs "merged by o" "merge in pass 1" '{"triton": {"merge_in_projection": false}}'
 fi
 if [ "${1:-a}" = b ]; then
   # where the first token's 2.5 ms go: a timeline of the first steps (h200_first_steps.py), the
@@ -30,29 +25,18 @@ if [ "${1:-a}" = c ]; then
   # attention's tiles on four shapes (h200_prefill_tiles.py)
   timeout 100 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_gemv.py > "$OUT/tests.txt" 2>&1
   timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests --ignore=tests/serve > "$OUT/gpu_tests.txt" 2>&1
-  for r in 1 2; do
-    echo "== qkv reads the embedding" >> "$OUT/latency.txt"
-    timeout 40 $LAT --repeats 2 2>&1 | filter | grep -e "tok/s" -e "first" -e rror >> "$OUT/latency.txt"
-    echo "== embedding kernel" >> "$OUT/latency.txt"
-    timeout 40 python3 benchmarks/h200_latency_variant.py --no-qkv-embed -- ${LAT#python3 -m deepinfer.cli} \
-      --repeats 2 2>&1 | filter | grep -e "tok/s" -e "first" -e rror >> "$OUT/latency.txt"
-  done
+  latency_vs "qkv reads the embedding" "embedding kernel" --no-qkv-embed
   (cd benchmarks && timeout 120 python3 h200_prefill_tiles.py > "$OUT/prefill_log.txt" 2>&1)
 fi
 if [ "${1:-a}" = d ]; then
-  # (ran at f0b4711, reverted after) decode attention reads its first split's keys and values before its PDL wait: the kernel tests
-  # compiled (with the new gpu test of the race with the qkv kernel's write); 16 layers against the
-  # keys read after the wait (h200_preload.py); the recorded batch-1 command interleaved with the
-  # kernel before (benchmarks/paged_attention_s17.py, a copy made for this call, not committed)
+  # (ran at f0b4711, reverted after) decode attention reads its first split's keys and values
+  # before its PDL wait: the kernel tests compiled (with the new gpu test of the race with the qkv
+  # kernel's write); 16 layers against the keys read after the wait (h200_preload.py); the recorded
+  # batch-1 command interleaved with the kernel before (benchmarks/paged_attention_s17.py, an
+  # untracked copy for the call: git show 0c6b794:kernels/paged_attention.py)
   timeout 100 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_paged_attention.py > "$OUT/tests.txt" 2>&1
   (cd benchmarks && timeout 120 python3 h200_preload.py > "$OUT/preload_log.txt" 2>&1)
-  for r in 1 2; do
-    echo "== keys before the wait" >> "$OUT/latency.txt"
-    timeout 40 $LAT --repeats 2 2>&1 | filter | grep -e "tok/s" -e "first" -e rror >> "$OUT/latency.txt"
-    echo "== before (keys after the wait)" >> "$OUT/latency.txt"
-    timeout 40 python3 benchmarks/h200_latency_variant.py --attention benchmarks/paged_attention_s17.py -- \
-      ${LAT#python3 -m deepinfer.cli} --repeats 2 2>&1 | filter | grep -e "tok/s" -e "first" -e rror >> "$OUT/latency.txt"
-  done
+  latency_vs "keys before the wait" "before (keys after the wait)" "--attention benchmarks/paged_attention_s17.py"
 fi
 if [ "${1:-a}" = e ]; then
   # decode attention's stages in one-token steps, and f0b4711's keys read before the wait with fewer

@@ -52,3 +52,75 @@ def layer_tiles(dev: torch.device) -> dict:
     return {"qkv": default_config(H * D // 2 + KV * D, HID, dev, paired=True, row_quantum=D // 2),
             "o": default_config(HID, H * D, dev), "gu": default_config(INTER, HID, dev, paired=True),
             "down": default_config(HID, INTER, dev)}
+
+
+class PassOne:
+    """Decode attention's pass 1 as paged_decode_attention launches it, from ``kern`` (default: the
+    package's own) with some launch arguments replaced (``changes``); put in place by
+    :func:`layer_chain`'s ``pass_one``."""
+
+    def __init__(self, kern=None, **changes) -> None:
+        import deepinfer_kernels.paged_attention as pa
+
+        self.kern, self.changes = kern or pa._decode_split_kernel, changes
+
+    def __getitem__(self, grid):
+        launch = self.kern[grid]
+
+        def run(*args, **kwargs):
+            return launch(*args, **{**kwargs, **self.changes})
+
+        return run
+
+
+def layer_chain(inputs: dict, ctx: tuple, res, caches, tiles: dict, max_seq_len: int, pass_one: PassOne | None = None,
+                o_tile=None, evict: str = "", page: int = 16):
+    """The 16 layers of one token as a batch-1 step runs them, with PDL: qkv writing the cache,
+    decode attention merging in pass 1 (splits of 128, partials sized for ``max_seq_len``; its pass 1
+    replaced by ``pass_one``), o, gate/up, down; ``ctx`` is :func:`paged_context`'s output, ``res``
+    the residual row (updated in place and returned), ``caches`` the layers' (k, v)."""
+    import deepinfer_kernels as dk
+    import deepinfer_kernels.paged_attention as pa
+
+    tables, lens, pos, slot, _ = ctx
+    real = pa._decode_split_kernel
+    pa._decode_split_kernel = pass_one or real
+    try:
+        for ly, c in zip(inputs["layers"], caches):
+            qkv = dk.gemv_qkv_rotary(res, ly["qkv"], ly["n1"], 1e-5, inputs["cos"], inputs["sin"], pos, H, KV,
+                                     config=tiles["qkv"], pdl=True, kv_cache=(c[0], c[1], slot), evict=evict)
+            at = dk.paged_decode_attention(qkv[:, :H * D].view(1, H, D), c[0], c[1], tables, lens, page, D ** -0.5,
+                                           None, max_seq_len, 128, pdl=True, merge_in_pass=True)
+            dk.gemv(at.reshape(1, H * D), ly["o"], residual=res, config=o_tile or tiles["o"], pdl=True, evict=evict)
+            act = dk.gemv(res, ly["gu"], norm_weight=ly["n2"], eps=1e-5, silu_mul=True, config=tiles["gu"], pdl=True,
+                          evict=evict)
+            dk.gemv(act, ly["down"], residual=res, config=tiles["down"], pdl=True, evict=evict)
+    finally:
+        pa._decode_split_kernel = real
+    return res
+
+
+def compare_chains(run, variants, inputs: dict, ctx: tuple, trials: int, lines: list[str], label: str,
+                   check: bool = True) -> None:
+    """``run(variant, res, caches)`` for each variant: (with ``check``) one eager pass each from the
+    same start, their residuals against the first's; then ``trials`` interleaved CUDA-graph timings
+    of each, the median and the trials appended to ``lines`` (and printed)."""
+    from graph_timing import graph_time
+
+    caches = ctx[4]
+    names = list(variants)
+    start = len(lines)
+    if check:
+        outs = {v: run(v, inputs["res0"].clone(), [(k.clone(), x.clone()) for k, x in caches]).float()
+                for v in names}
+        lines.append(f"{label}: max |difference| of the residual after 16 layers from '{names[0]}': " + ", ".join(
+            f"{v} {(outs[v] - outs[names[0]]).abs().max().item():.3g}" for v in names))
+    times = {v: [] for v in names}
+    state = {v: (inputs["res0"].clone(), [(k.clone(), x.clone()) for k, x in caches]) for v in names}
+    for _ in range(trials):
+        for v in names:
+            times[v].append(graph_time(lambda v=v: run(v, *state[v])))
+    for v in names:
+        med = sorted(times[v])[trials // 2]
+        lines.append(f"{label}: {v:28s} 16 layers {med:7.1f} us  (trials {', '.join(f'{x:.1f}' for x in times[v])})")
+    print("\n".join(lines[start:]), flush=True)
