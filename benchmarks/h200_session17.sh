@@ -54,3 +54,9 @@ if [ "${1:-a}" = f ]; then
   timeout 250 python3 -m deepinfer.cli bench spec --device sm90 --batch 1,64 --output-len 256 --repeats 5 \
     2>&1 | filter > "$OUT/bench_spec.txt"
 fi
+if [ "${1:-a}" = g ]; then
+  # o_proj's registers, so that its programs can be resident beside decode attention's
+  # (h200_o_regs.py); the refactored h200_merge_bound.py once
+  (cd benchmarks && timeout 120 python3 h200_o_regs.py > "$OUT/o_regs_log.txt" 2>&1)
+  (cd benchmarks && timeout 60 python3 h200_merge_bound.py --ctx 640 --trials 3 > "$OUT/merge_bound_log.txt" 2>&1)
+fi
