@@ -74,11 +74,12 @@ class PassOne:
 
 
 def layer_chain(inputs: dict, ctx: tuple, res, caches, tiles: dict, max_seq_len: int, pass_one: PassOne | None = None,
-                o_tile=None, evict: str = "", page: int = 16):
+                o_tile=None, evict: str = "", page: int = 16, prefetch_mb: float = 0.0):
     """The 16 layers of one token as a batch-1 step runs them, with PDL: qkv writing the cache,
     decode attention merging in pass 1 (splits of 128, partials sized for ``max_seq_len``; its pass 1
     replaced by ``pass_one``), o, gate/up, down; ``ctx`` is :func:`paged_context`'s output, ``res``
-    the residual row (updated in place and returned), ``caches`` the layers' (k, v)."""
+    the residual row (updated in place and returned), ``caches`` the layers' (k, v); ``prefetch_mb``:
+    the qkv kernel pulls that many MB of gate/up's first rows (both halves) into the L2."""
     import deepinfer_kernels as dk
     import deepinfer_kernels.paged_attention as pa
 
@@ -86,9 +87,12 @@ def layer_chain(inputs: dict, ctx: tuple, res, caches, tiles: dict, max_seq_len:
     real = pa._decode_split_kernel
     pa._decode_split_kernel = pass_one or real
     try:
+        rows = min(INTER, int(prefetch_mb * 1e6) // (2 * HID * 2))
         for ly, c in zip(inputs["layers"], caches):
+            pf = (ly["gu"][:rows], ly["gu"][INTER:INTER + rows]) if rows else ()
             qkv = dk.gemv_qkv_rotary(res, ly["qkv"], ly["n1"], 1e-5, inputs["cos"], inputs["sin"], pos, H, KV,
-                                     config=tiles["qkv"], pdl=True, kv_cache=(c[0], c[1], slot), evict=evict)
+                                     config=tiles["qkv"], pdl=True, kv_cache=(c[0], c[1], slot), evict=evict,
+                                     l2_prefetch=pf)
             at = dk.paged_decode_attention(qkv[:, :H * D].view(1, H, D), c[0], c[1], tables, lens, page, D ** -0.5,
                                            None, max_seq_len, 128, pdl=True, merge_in_pass=True)
             dk.gemv(at.reshape(1, H * D), ly["o"], residual=res, config=o_tile or tiles["o"], pdl=True, evict=evict)
