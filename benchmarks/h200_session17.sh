@@ -61,9 +61,9 @@ if [ "${1:-a}" = g ]; then
   (cd benchmarks && timeout 60 python3 h200_merge_bound.py --ctx 640 --trials 3 > "$OUT/merge_bound_log.txt" 2>&1)
 fi
 if [ "${1:-a}" = h ]; then
-  # the qkv GEMV pulls gate/up's first rows into the L2 while attention runs (CUDA option
-  # l2_prefetch_mb, default 12): 16 layers by MB prefetched (h200_l2_prefetch.py); the recorded
-  # batch-1 command interleaved with l2_prefetch_mb 0
+  # (ran at 4f7db5d, reverted after) the qkv GEMV pulls gate/up's first rows into the L2 while
+  # attention runs (CUDA option l2_prefetch_mb, default 12): 16 layers by MB prefetched
+  # (h200_l2_prefetch.py); the recorded batch-1 command interleaved with l2_prefetch_mb 0
   (cd benchmarks && timeout 100 python3 h200_l2_prefetch.py > "$OUT/l2_prefetch_log.txt" 2>&1)
   latency_vs "l2_prefetch_mb 12" "l2_prefetch_mb 0" '{"sm90": {"l2_prefetch_mb": 0}}'
 fi

@@ -79,7 +79,8 @@ def layer_chain(inputs: dict, ctx: tuple, res, caches, tiles: dict, max_seq_len:
     decode attention merging in pass 1 (splits of 128, partials sized for ``max_seq_len``; its pass 1
     replaced by ``pass_one``), o, gate/up, down; ``ctx`` is :func:`paged_context`'s output, ``res``
     the residual row (updated in place and returned), ``caches`` the layers' (k, v); ``prefetch_mb``:
-    the qkv kernel pulls that many MB of gate/up's first rows (both halves) into the L2."""
+    the qkv kernel pulls that many MB of gate/up's first rows (both halves) into the L2 (the
+    ``l2_prefetch`` argument of 4f7db5d's kernel, reverted after: it was slower)."""
     import deepinfer_kernels as dk
     import deepinfer_kernels.paged_attention as pa
 
@@ -89,10 +90,9 @@ def layer_chain(inputs: dict, ctx: tuple, res, caches, tiles: dict, max_seq_len:
     try:
         rows = min(INTER, int(prefetch_mb * 1e6) // (2 * HID * 2))
         for ly, c in zip(inputs["layers"], caches):
-            pf = (ly["gu"][:rows], ly["gu"][INTER:INTER + rows]) if rows else ()
+            pf = {"l2_prefetch": (ly["gu"][:rows], ly["gu"][INTER:INTER + rows])} if rows else {}
             qkv = dk.gemv_qkv_rotary(res, ly["qkv"], ly["n1"], 1e-5, inputs["cos"], inputs["sin"], pos, H, KV,
-                                     config=tiles["qkv"], pdl=True, kv_cache=(c[0], c[1], slot), evict=evict,
-                                     l2_prefetch=pf)
+                                     config=tiles["qkv"], pdl=True, kv_cache=(c[0], c[1], slot), evict=evict, **pf)
             at = dk.paged_decode_attention(qkv[:, :H * D].view(1, H, D), c[0], c[1], tables, lens, page, D ** -0.5,
                                            None, max_seq_len, 128, pdl=True, merge_in_pass=True)
             dk.gemv(at.reshape(1, H * D), ly["o"], residual=res, config=o_tile or tiles["o"], pdl=True, evict=evict)

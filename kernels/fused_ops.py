@@ -18,14 +18,9 @@ class FusedOps:
     before the target's) to each that still fits; every other weight is
     streamed (evict_first), so that it does not push the kept ones out. 0 leaves every load at the
     default policy. The hints change no result, only what the L2 holds.
-
-    ``l2_prefetch_bytes``: ``gemv_qkv_rotary(..., prefetch_pairs=w)`` has its programs, once done, ask
-    the L2 for this many bytes of the next paired weight w (gate | up: the first rows of each half),
-    which arrive while attention runs and are then read from the L2. 0: no prefetch.
     """
 
-    def __init__(self, single_token_gemv: bool = True, pdl: bool = True, l2_keep_bytes: int = 0,
-                 l2_prefetch_bytes: int = 0) -> None:
+    def __init__(self, single_token_gemv: bool = True, pdl: bool = True, l2_keep_bytes: int = 0) -> None:
         from deepinfer_kernels.activation import silu_and_mul
         from deepinfer_kernels.argmax import argmax, argmax_prob
         from deepinfer_kernels.placeholders import STAGE_MAX_BYTES, resolve_placeholders, stage_inputs
@@ -40,7 +35,6 @@ class FusedOps:
         self.stage_max_bytes = STAGE_MAX_BYTES  # the most a step's staged inputs may take
         self.pdl = pdl
         self.l2_keep_bytes = l2_keep_bytes
-        self.l2_prefetch_bytes = l2_prefetch_bytes
         self._kept = 0
         self._evict: dict[int, str] = {}  # a weight's data pointer: its loads' policy
         self._argmax, self._argmax_prob = argmax, argmax_prob
@@ -78,10 +72,6 @@ class FusedOps:
         kwargs.setdefault("evict", self.evict_policy(weight))
         return gemv(x, weight, pdl=self._pdl(x), **kwargs)
 
-    def _gemv_qkv_rotary(self, x, weight, *args, prefetch_pairs=None, **kwargs):
+    def _gemv_qkv_rotary(self, x, weight, *args, **kwargs):
         kwargs.setdefault("evict", self.evict_policy(weight))
-        if prefetch_pairs is not None and self.l2_prefetch_bytes:
-            half = prefetch_pairs.shape[0] // 2
-            rows = min(half, self.l2_prefetch_bytes // (2 * prefetch_pairs[0].numel() * prefetch_pairs.element_size()))
-            kwargs["l2_prefetch"] = (prefetch_pairs[:rows], prefetch_pairs[half:half + rows])
         return gemv_qkv_rotary(x, weight, *args, pdl=self._pdl(x), **kwargs)

@@ -30,21 +30,20 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from deepinfer_kernels._launch import counters, kernel, next_pow2, triton_interpreted
+from deepinfer_kernels._launch import counters, kernel, next_pow2
 
 _PLAIN, _SILU_MUL, _ROTARY = 0, 1, 2
 
 
 @kernel
 def _gemv_kernel(x_ptr, w_ptr, out_ptr, nw_ptr, res_ptr, part_ptr, count_ptr,
-                 cos_ptr, sin_ptr, pos_ptr, qn_ptr, kn_ptr, kc_ptr, vc_ptr, slot_ptr, pf1_ptr, pf2_ptr,
-                 eps, qk_eps, stride_w, stride_cp, stride_cs, stride_ch, pf1_lines, pf2_lines,
+                 cos_ptr, sin_ptr, pos_ptr, qn_ptr, kn_ptr, kc_ptr, vc_ptr, slot_ptr,
+                 eps, qk_eps, stride_w, stride_cp, stride_cs, stride_ch,
                  N: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, MODE: tl.constexpr, PAIR: tl.constexpr,
                  HALF: tl.constexpr, ROT_ROWS: tl.constexpr, Q_ROWS: tl.constexpr,
                  NORM: tl.constexpr, RESIDUAL: tl.constexpr, QK_NORM: tl.constexpr, KV_WRITE: tl.constexpr,
                  D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-                 K_SLICE: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr, EVICT: tl.constexpr,
-                 PF_LINES: tl.constexpr, PF_STEP: tl.constexpr):
+                 K_SLICE: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr, EVICT: tl.constexpr):
     b = tl.program_id(0)
     s = tl.program_id(1)
     ty = x_ptr.dtype.element_ty
@@ -166,14 +165,6 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, nw_ptr, res_ptr, part_ptr, count_ptr,
         tl.store(res_ptr + r1, (y1 + r).to(ty), mask=omask)
     else:
         tl.store(out_ptr + r1, y1.to(ty), mask=omask)
-    if PF_LINES:  # the next weights' first lines pulled into the L2, fire and forget (compiled only)
-        li = (b * SPLIT_K + s) * PF_LINES + tl.arange(0, PF_LINES)
-        tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l",
-                                  [pf1_ptr + tl.minimum(li, pf1_lines - 1).to(tl.int64) * PF_STEP], dtype=tl.int32,
-                                  is_pure=False, pack=1)
-        tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l",
-                                  [pf2_ptr + tl.minimum(li, pf2_lines - 1).to(tl.int64) * PF_STEP], dtype=tl.int32,
-                                  is_pure=False, pack=1)
 
 
 @dataclass(frozen=True)
@@ -257,7 +248,7 @@ def _check(x: torch.Tensor, weight: torch.Tensor, name: str) -> None:
 
 
 def _launch(x, weight, out, rows, cfg: GemvConfig, mode, pair, *, norm_weight=None, eps=1e-6, residual=None,
-            rotary=None, kv_write=None, pdl=False, evict="", l2_prefetch=()):
+            rotary=None, kv_write=None, pdl=False, evict=""):
     k = x.shape[1]
     if cfg.split_k < 1 or cfg.block_n < 1 or cfg.block_k < 1:
         raise ValueError(f"a GEMV tile needs positive sizes; got {cfg}")
@@ -272,21 +263,16 @@ def _launch(x, weight, out, rows, cfg: GemvConfig, mode, pair, *, norm_weight=No
         part = count = out
     cos, sin, pos, qn, kn, qk_eps, half, rot_rows, q_rows = rotary or (x, x, x, x, x, 0.0, 1, 0, 0)
     kc, vc, slot = kv_write or (x, x, x)
-    pf = [t for t in l2_prefetch if t.numel()] if x.device.type == "cuda" and not triton_interpreted() else []
-    step = 128 // weight.element_size()  # elements of one 128-byte line
-    lines = [triton.cdiv(t.numel(), step) for t in pf] + [1, 1]
-    pf = pf + [x] * (2 - len(pf))
-    per_program = next_pow2(triton.cdiv(max(lines), blocks * cfg.split_k)) if lines[0] > 1 or lines[1] > 1 else 0
     _gemv_kernel[(blocks, cfg.split_k)](
         x, weight, out, norm_weight if norm_weight is not None else x, residual if residual is not None else x,
         part, count, cos, sin, pos, qn if qn is not None else x, kn if kn is not None else x, kc, vc, slot,
-        pf[0], pf[1], eps, qk_eps, weight.stride(0), cos.stride(0) if rotary else 0, kc.stride(0) if kv_write else 0,
-        kc.stride(1) if kv_write else 0, lines[0], lines[1],
+        eps, qk_eps, weight.stride(0), cos.stride(0) if rotary else 0, kc.stride(0) if kv_write else 0,
+        kc.stride(1) if kv_write else 0,
         N=(rows if mode != _ROTARY else weight.shape[0]), K=k, KP=next_pow2(k), MODE=mode, PAIR=pair, HALF=half,
         ROT_ROWS=rot_rows, Q_ROWS=q_rows, NORM=norm_weight is not None, RESIDUAL=residual is not None,
         QK_NORM=qn is not None, KV_WRITE=kv_write is not None, D=2 * half, BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k, SPLIT_K=cfg.split_k, K_SLICE=k_slice, PDL=pdl, PREFETCH=cfg.prefetch,
-        EVICT=evict, PF_LINES=per_program, PF_STEP=step, num_warps=cfg.num_warps)
+        EVICT=evict, num_warps=cfg.num_warps)
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: torch.Tensor | None = None, eps: float = 1e-6,
@@ -325,21 +311,15 @@ def gemv_qkv_rotary(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Te
                     num_kv_heads: int, q_norm: torch.Tensor | None = None, k_norm: torch.Tensor | None = None,
                     qk_eps: float = 1e-6, config: GemvConfig | None = None, pdl: bool = False,
                     kv_cache: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
-                    evict: str = "", l2_prefetch: tuple[torch.Tensor, ...] = ()) -> torch.Tensor:
+                    evict: str = "") -> torch.Tensor:
     """The fused q | k | v projection of one token: ``rotary(qk_norm(rms_norm(x) @ weight.T))``.
 
     weight [(H + 2 * KV) * D, K]; cos/sin tables [max_positions, D]; positions [1]. ``q_norm`` and
     ``k_norm`` [D] (Qwen3) normalise each q and k head first. Returns qkv [1, (H + 2 * KV) * D].
     ``kv_cache`` (k_cache, v_cache, slot): also write the token's key and value into the paged
     caches [num_slots, KV, D] at slot [1] (a negative slot: not written), as write_kv_cache
-    would. ``pdl`` as in :func:`gemv`. ``l2_prefetch``: up to two contiguous tensors of weights' dtype
-    (the next projection's first rows) that the programs, once done, ask the L2 to load (compiled
-    kernels only; it changes no result): they arrive while attention runs, which reads little.
+    would. ``pdl`` as in :func:`gemv`.
     """
-    if len(l2_prefetch) > 2 or any(not t.is_contiguous() or t.device != x.device or t.dtype != weight.dtype
-                                   for t in l2_prefetch):
-        raise ValueError(f"gemv_qkv_rotary: l2_prefetch takes up to two contiguous {weight.dtype} tensors on "
-                         f"{x.device}; got {[(t.dtype, tuple(t.shape)) for t in l2_prefetch]}")
     _check(x, weight, "gemv_qkv_rotary")
     d = cos.shape[-1] if cos.dim() == 2 else 0
     heads = num_heads + 2 * num_kv_heads
@@ -377,7 +357,7 @@ def gemv_qkv_rotary(x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Te
     out = torch.empty(1, weight.shape[0], dtype=x.dtype, device=x.device)
     rotary = (cos, sin, positions, q_norm, k_norm, qk_eps, half, (num_heads + num_kv_heads) * d, num_heads * d)
     _launch(x, weight, out, weight.shape[0] // 2, cfg, _ROTARY, half, norm_weight=norm_weight, eps=eps,
-            rotary=rotary, kv_write=kv_cache, pdl=pdl, evict=evict, l2_prefetch=l2_prefetch)
+            rotary=rotary, kv_write=kv_cache, pdl=pdl, evict=evict)
     return out
 
 
@@ -401,8 +381,7 @@ def gemv_ref(x, weight, *, norm_weight=None, eps=1e-6, residual=None, silu_mul=F
 
 
 def gemv_qkv_rotary_ref(x, weight, norm_weight, eps, cos, sin, positions, num_heads, num_kv_heads,
-                        q_norm=None, k_norm=None, qk_eps=1e-6, config=None, pdl=False, kv_cache=None, evict="",
-                        l2_prefetch=()):
+                        q_norm=None, k_norm=None, qk_eps=1e-6, config=None, pdl=False, kv_cache=None, evict=""):
     """Torch reference of :func:`gemv_qkv_rotary`."""
     from deepinfer_kernels.kv_cache import write_kv_cache_ref
     from deepinfer_kernels.rotary import apply_rotary_ref

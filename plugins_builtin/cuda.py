@@ -30,10 +30,6 @@ class CUDAOptions(BaseModel):
                               "evict_last: a draft model's when there is one, since its graphs are "
                               "captured first, then the target's first layers; the rest streamed "
                               "evict_first); 0: the default cache policy")
-    l2_prefetch_mb: float = Field(12.0, ge=0, description="MB of each layer's gate/up weight that the "
-                                  "single-token qkv GEMV, once done, asks the L2 to load, so that it arrives "
-                                  "while attention runs (which reads little) and gate/up reads it from the "
-                                  "L2; 0: no prefetch")
 
 
 class CUDAGraphs(DeviceGraphs):
@@ -129,8 +125,7 @@ class CUDADevice(Device):
             return None
         return deepinfer_kernels.FusedOps(single_token_gemv=self.options.single_token_gemv,
                                           pdl=self.options.programmatic_launch,
-                                          l2_keep_bytes=int(self.options.l2_keep_mb * 1e6),
-                                          l2_prefetch_bytes=int(self.options.l2_prefetch_mb * 1e6))
+                                          l2_keep_bytes=int(self.options.l2_keep_mb * 1e6))
 
     @property
     def supports_batch_invariance(self) -> bool:

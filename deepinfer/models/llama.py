@@ -38,23 +38,18 @@ class Attention(nn.Module):
         out = backend.forward(s, q, k, v, kv_cache, meta)
         return self.o_proj(out.reshape(-1, self.q_size))
 
-    def forward_one(self, ops, residual, norm: RMSNorm, positions, rotary, backend, kv_cache, meta,
-                    next_pairs: torch.Tensor | None = None):
+    def forward_one(self, ops, residual, norm: RMSNorm, positions, rotary, backend, kv_cache, meta):
         """One token, through the device's GEMV kernels: the input norm, the q/k norms and the
-        rotary embedding ride in the qkv projection; returns the attention output [1, H * D].
-        ``next_pairs``: the MLP's gate | up weight, whose first rows the qkv kernel may pull into the
-        L2 for later (ops with ``l2_prefetch_bytes``)."""
+        rotary embedding ride in the qkv projection; returns the attention output [1, H * D]."""
         s = self.spec
         # the backend may let the qkv kernel write the key and value into its cache directly
         cache = backend.fused_kv_write(s, kv_cache, meta)
-        extra = {} if cache is None else {"kv_cache": cache}
-        if next_pairs is not None and getattr(ops, "l2_prefetch_bytes", 0):
-            extra["prefetch_pairs"] = next_pairs
         qkv = ops.gemv_qkv_rotary(residual, self.qkv_proj.weight, norm.weight, norm.eps, rotary.cos, rotary.sin,
                                   positions, s.num_heads, s.num_kv_heads,
                                   self.q_norm.weight if self.q_norm is not None else None,
                                   self.k_norm.weight if self.k_norm is not None else None,
-                                  self.q_norm.eps if self.q_norm is not None else 1e-6, **extra)
+                                  self.q_norm.eps if self.q_norm is not None else 1e-6,
+                                  **({} if cache is None else {"kv_cache": cache}))
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         if cache is None:
             k, v = k.view(1, s.num_kv_heads, s.head_dim), v.view(1, s.num_kv_heads, s.head_dim)
@@ -97,7 +92,7 @@ class DecoderLayer(nn.Module):
         if x is not None:  # the stream starts here (the embedding: ours to update in place)
             residual = x.contiguous() if residual is None else x + residual
         attn = self.self_attn.forward_one(ops, residual, self.input_layernorm, positions, rotary, backend,
-                                          kv_cache, meta, self.mlp.gate_up_proj.weight)
+                                          kv_cache, meta)
         ops.gemv(attn, self.self_attn.o_proj.weight, residual=residual)
         norm = self.post_attention_layernorm
         act = ops.gemv(residual, self.mlp.gate_up_proj.weight, norm_weight=norm.weight, eps=norm.eps, silu_mul=True)
