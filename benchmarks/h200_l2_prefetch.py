@@ -8,26 +8,9 @@ by MB prefetched a layer. Writes $OUT/l2_prefetch.txt.
 """
 import argparse
 
-import torch
-from llama_gemv_layers import compare_chains, layer_chain, layer_tiles, llama_layers, paged_context, per_length
+from llama_gemv_layers import chain_variants
 
 ap = argparse.ArgumentParser()
-ap.add_argument("--ctx", default="640,1024")
 ap.add_argument("--mb", default="0,8,12,16,24")
-ap.add_argument("--trials", type=int, default=5)
-a = ap.parse_args()
-dev, dt = torch.device("cuda"), torch.bfloat16
-inputs, tiles = llama_layers(dev, dt), layer_tiles(dev)
-VARIANTS = {f"prefetch {mb} MB": float(mb) for mb in a.mb.split(",")}
-
-
-def one_length(ctx: int, lines: list[str]) -> None:
-    at = paged_context(ctx, dev, dt)
-
-    def run(v, res, caches):
-        return layer_chain(inputs, at, res, caches, tiles, 8192, evict="evict_first", prefetch_mb=VARIANTS[v])
-
-    compare_chains(run, VARIANTS, inputs, at, a.trials, lines, f"ctx {ctx}")
-
-
-per_length(one_length, a.ctx, "l2_prefetch.txt")
+mb = ap.parse_known_args()[0].mb
+chain_variants({f"prefetch {m} MB": {"prefetch_mb": float(m)} for m in mb.split(",")}, "l2_prefetch.txt")

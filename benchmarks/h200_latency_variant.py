@@ -1,11 +1,11 @@
 """`deepinfer bench latency` with parts of this session's batch-1 changes undone (an A/B in one
 call): ``--attention FILE`` takes decode attention from another copy of
 kernels/paged_attention.py; ``--no-stage`` turns off replays that read their inputs from host
-memory (each step then copies them to the device before its replay); ``--no-qkv-embed`` leaves the
-embedding of one-token steps to its own kernel (session 17, call c, at e00a496, where the first
-layer's qkv GEMV read it; that was reverted after, and the flag now changes nothing).
+memory (each step then copies them to the device before its replay). (Session 17's call c also
+took ``--no-qkv-embed``, which left the embedding to its own kernel at e00a496; removed with that
+change.)
 
-    python3 benchmarks/h200_latency_variant.py [--attention OLD.py] [--no-stage] [--no-qkv-embed] -- <bench latency arguments>
+    python3 benchmarks/h200_latency_variant.py [--attention OLD.py] [--no-stage] -- <bench latency arguments>
 """
 import importlib.util
 import sys
@@ -22,12 +22,4 @@ if "--attention" in ours:
     deepinfer_kernels.paged_decode_attention = mod.paged_decode_attention  # the triton plugin looks it up here
 if "--no-stage" in ours:
     deepinfer_kernels.placeholders.STAGE_MAX_BYTES = 0  # FusedOps reads it when the device makes them
-if "--no-qkv-embed" in ours:
-    made = deepinfer_kernels.FusedOps.__init__
-
-    def without(self, *args, **kwargs):
-        made(self, *args, **kwargs)
-        self.gemv_qkv_embeds = False
-
-    deepinfer_kernels.FusedOps.__init__ = without  # the CUDA devices make theirs from this class
 sys.exit(main(sys.argv[sys.argv.index("--") + 1:]))

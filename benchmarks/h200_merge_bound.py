@@ -7,32 +7,15 @@ a stale output, so only the times mean anything), each with the o GEMV's tile of
 
     python3 h200_merge_bound.py [--ctx 640,1024] [--trials 5]
 """
-import argparse
-
-import torch
-from llama_gemv_layers import PassOne, compare_chains, layer_chain, layer_tiles, llama_layers, paged_context, per_length
+from llama_gemv_layers import attention_pass, chain_variants
 
 from deepinfer_kernels.gemv import GemvConfig
 
-ap = argparse.ArgumentParser()
-ap.add_argument("--ctx", default="640,1024")
-ap.add_argument("--trials", type=int, default=5)
-a = ap.parse_args()
-dev, dt = torch.device("cuda"), torch.bfloat16
-inputs, tiles = llama_layers(dev, dt), layer_tiles(dev)
 O4, O16 = GemvConfig(4, 2048, 1, 8), GemvConfig(16, 2048, 1, 8)  # o: the default before session 16, after
-VARIANTS = {"merge in pass 1, o 4 rows": (None, O4), "no merge, o 4 rows": (PassOne(MERGE=False), O4),
-            "merge in pass 1, o 16 rows": (None, O16), "no merge, o 16 rows": (PassOne(MERGE=False), O16)}
-
-
-def one_length(ctx: int, lines: list[str]) -> None:
-    at = paged_context(ctx, dev, dt)
-
-    def run(v, res, caches):  # (partials sized for this length, as when this ran)
-        pass_one, o_tile = VARIANTS[v]
-        return layer_chain(inputs, at, res, caches, tiles, ctx, pass_one, o_tile)
-
-    compare_chains(run, VARIANTS, inputs, at, a.trials, lines, f"ctx {ctx}", check=False)
-
-
-per_length(one_length, a.ctx, "merge_bound.txt")
+NO_MERGE = attention_pass(MERGE=False)
+# (partials sized for each length and no L2 hints, as when this ran; "no merge" leaves o reading a
+# stale output: no residual check)
+chain_variants({"merge in pass 1, o 4 rows": {"o_tile": O4}, "no merge, o 4 rows": {"pass_one": NO_MERGE, "o_tile": O4},
+                "merge in pass 1, o 16 rows": {"o_tile": O16},
+                "no merge, o 16 rows": {"pass_one": NO_MERGE, "o_tile": O16}},
+               "merge_bound.txt", check=False, max_seq_len=None, evict="")

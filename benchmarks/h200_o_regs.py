@@ -8,52 +8,15 @@ warps (105 registers). Batch 1, Llama-3.2-1B shape, bf16, 16 whole layers in one
 
     python3 h200_o_regs.py [--ctx 640,1024] [--trials 5]
 """
-import argparse
 import sys
 
-import torch
-from llama_gemv_layers import compare_chains, layer_chain, layer_tiles, llama_layers, paged_context, per_length
+from llama_gemv_layers import Launch, chain_variants
 
 from deepinfer_kernels.gemv import GemvConfig
 
-ap = argparse.ArgumentParser()
-ap.add_argument("--ctx", default="640,1024")
-ap.add_argument("--trials", type=int, default=5)
-a = ap.parse_args()
-gm = sys.modules["deepinfer_kernels.gemv"]
-REAL = gm._gemv_kernel
-
-
-class Capped:
-    """the GEMV kernel, launched with ``maxnreg`` where a program has 16 rows (o's tile)"""
-
-    def __getitem__(self, grid):
-        launch = REAL[grid]
-
-        def run(*args, **kwargs):
-            return launch(*args, **({**kwargs, "maxnreg": 128} if kwargs.get("BLOCK_N") == 16 else kwargs))
-
-        return run
-
-
-dev, dt = torch.device("cuda"), torch.bfloat16
-inputs, tiles = llama_layers(dev, dt), layer_tiles(dev)
-VARIANTS = {"o 8 warps (default)": (None, False), "o 4 warps": (GemvConfig(16, 2048, 1, 4), False),
-            "o 8 warps, maxnreg 128": (None, True), "o 16 warps": (GemvConfig(16, 2048, 1, 16), False)}
-
-
-def one_length(ctx: int, lines: list[str]) -> None:
-    at = paged_context(ctx, dev, dt)
-
-    def run(v, res, caches):
-        o_tile, capped = VARIANTS[v]
-        gm._gemv_kernel = Capped() if capped else REAL
-        try:
-            return layer_chain(inputs, at, res, caches, tiles, 8192, o_tile=o_tile, evict="evict_first")
-        finally:
-            gm._gemv_kernel = REAL
-
-    compare_chains(run, VARIANTS, inputs, at, a.trials, lines, f"ctx {ctx}")
-
-
-per_length(one_length, a.ctx, "o_regs.txt")
+# the GEMV kernel launched with maxnreg where a program has 16 rows (o's tile)
+CAPPED = Launch(sys.modules["deepinfer_kernels.gemv"]._gemv_kernel, when=lambda kw: kw.get("BLOCK_N") == 16,
+                maxnreg=128)
+chain_variants({"o 8 warps (default)": {}, "o 4 warps": {"o_tile": GemvConfig(16, 2048, 1, 4)},
+                "o 8 warps, maxnreg 128": {"gemv_kernel": CAPPED},
+                "o 16 warps": {"o_tile": GemvConfig(16, 2048, 1, 16)}}, "o_regs.txt")

@@ -7,28 +7,7 @@ before), before it with 4 warps (the default), before it with 8 warps. Writes $O
 
     python3 h200_preload.py [--ctx 640,1024,2048] [--trials 5]
 """
-import argparse
+from llama_gemv_layers import attention_pass, chain_variants
 
-import torch
-from llama_gemv_layers import PassOne, compare_chains, layer_chain, layer_tiles, llama_layers, paged_context, per_length
-
-ap = argparse.ArgumentParser()
-ap.add_argument("--ctx", default="640,1024,2048")
-ap.add_argument("--trials", type=int, default=5)
-a = ap.parse_args()
-dev, dt = torch.device("cuda"), torch.bfloat16
-inputs, tiles = llama_layers(dev, dt), layer_tiles(dev)
-VARIANTS = {"after the wait": PassOne(PRELOAD=False), "before, 4 warps": PassOne(),
-            "before, 8 warps": PassOne(num_warps=8)}
-
-
-def one_length(ctx: int, lines: list[str]) -> None:
-    at = paged_context(ctx, dev, dt)
-
-    def run(v, res, caches):
-        return layer_chain(inputs, at, res, caches, tiles, 8192, VARIANTS[v], evict="evict_first")
-
-    compare_chains(run, VARIANTS, inputs, at, a.trials, lines, f"ctx {ctx}")
-
-
-per_length(one_length, a.ctx, "preload.txt")
+chain_variants({"after the wait": {"pass_one": attention_pass(PRELOAD=False)}, "before, 4 warps": {},
+                "before, 8 warps": {"pass_one": attention_pass(num_warps=8)}}, "preload.txt", "640,1024,2048")

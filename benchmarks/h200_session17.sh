@@ -25,7 +25,7 @@ if [ "${1:-a}" = c ]; then
   # attention's tiles on four shapes (h200_prefill_tiles.py)
   timeout 100 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_gemv.py > "$OUT/tests.txt" 2>&1
   timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests --ignore=tests/serve > "$OUT/gpu_tests.txt" 2>&1
-  latency_vs "qkv reads the embedding" "embedding kernel" --no-qkv-embed
+  latency_vs "qkv reads the embedding" "embedding kernel" --no-qkv-embed  # (a flag removed with the change)
   (cd benchmarks && timeout 120 python3 h200_prefill_tiles.py > "$OUT/prefill_log.txt" 2>&1)
 fi
 if [ "${1:-a}" = d ]; then

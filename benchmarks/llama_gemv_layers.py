@@ -54,39 +54,49 @@ def layer_tiles(dev: torch.device) -> dict:
             "down": default_config(HID, INTER, dev)}
 
 
-class PassOne:
-    """Decode attention's pass 1 as paged_decode_attention launches it, from ``kern`` (default: the
-    package's own) with some launch arguments replaced (``changes``); put in place by
-    :func:`layer_chain`'s ``pass_one``."""
+class Launch:
+    """A kernel launched as its wrapper launches it, with some launch arguments replaced
+    (``changes``; only in launches where ``when(kwargs)`` holds, if given): what
+    :func:`layer_chain` puts in place of decode attention's pass 1 or of the GEMV kernel."""
 
-    def __init__(self, kern=None, **changes) -> None:
-        import deepinfer_kernels.paged_attention as pa
-
-        self.kern, self.changes = kern or pa._decode_split_kernel, changes
+    def __init__(self, kern, when=None, **changes) -> None:
+        self.kern, self.when, self.changes = kern, when, changes
 
     def __getitem__(self, grid):
         launch = self.kern[grid]
 
         def run(*args, **kwargs):
-            return launch(*args, **{**kwargs, **self.changes})
+            use = self.when is None or self.when(kwargs)
+            return launch(*args, **({**kwargs, **self.changes} if use else kwargs))
 
         return run
 
 
-def layer_chain(inputs: dict, ctx: tuple, res, caches, tiles: dict, max_seq_len: int, pass_one: PassOne | None = None,
-                o_tile=None, evict: str = "", page: int = 16, prefetch_mb: float = 0.0):
-    """The 16 layers of one token as a batch-1 step runs them, with PDL: qkv writing the cache,
-    decode attention merging in pass 1 (splits of 128, partials sized for ``max_seq_len``; its pass 1
-    replaced by ``pass_one``), o, gate/up, down; ``ctx`` is :func:`paged_context`'s output, ``res``
-    the residual row (updated in place and returned), ``caches`` the layers' (k, v); ``prefetch_mb``:
-    the qkv kernel pulls that many MB of gate/up's first rows (both halves) into the L2 (the
-    ``l2_prefetch`` argument of 4f7db5d's kernel, reverted after: it was slower)."""
-    import deepinfer_kernels as dk
+def attention_pass(kern=None, **changes) -> Launch:
+    """Decode attention's pass 1 (``kern``, default the package's own) with ``changes``."""
     import deepinfer_kernels.paged_attention as pa
 
+    return Launch(kern or pa._decode_split_kernel, **changes)
+
+
+def layer_chain(inputs: dict, ctx: tuple, res, caches, tiles: dict, max_seq_len: int, pass_one: Launch | None = None,
+                o_tile=None, evict: str = "", page: int = 16, prefetch_mb: float = 0.0,
+                gemv_kernel: Launch | None = None):
+    """The 16 layers of one token as a batch-1 step runs them, with PDL: qkv writing the cache,
+    decode attention merging in pass 1 (splits of 128, partials sized for ``max_seq_len``; its pass 1
+    replaced by ``pass_one``), o, gate/up, down (the GEMV kernel replaced by ``gemv_kernel``);
+    ``ctx`` is :func:`paged_context`'s output, ``res`` the residual row (updated in place and
+    returned), ``caches`` the layers' (k, v); ``prefetch_mb``: the qkv kernel pulls that many MB of
+    gate/up's first rows (both halves) into the L2 (the ``l2_prefetch`` argument of 4f7db5d's
+    kernel, reverted after: it was slower)."""
+    import sys
+
+    import deepinfer_kernels as dk
+
+    pa, gm = sys.modules["deepinfer_kernels.paged_attention"], sys.modules["deepinfer_kernels.gemv"]
     tables, lens, pos, slot, _ = ctx
-    real = pa._decode_split_kernel
-    pa._decode_split_kernel = pass_one or real
+    real_pa, real_gm = pa._decode_split_kernel, gm._gemv_kernel
+    pa._decode_split_kernel, gm._gemv_kernel = pass_one or real_pa, gemv_kernel or real_gm
     try:
         rows = min(INTER, int(prefetch_mb * 1e6) // (2 * HID * 2))
         for ly, c in zip(inputs["layers"], caches):
@@ -100,8 +110,37 @@ def layer_chain(inputs: dict, ctx: tuple, res, caches, tiles: dict, max_seq_len:
                           evict=evict)
             dk.gemv(act, ly["down"], residual=res, config=tiles["down"], pdl=True, evict=evict)
     finally:
-        pa._decode_split_kernel = real
+        pa._decode_split_kernel, gm._gemv_kernel = real_pa, real_gm
     return res
+
+
+def chain_variants(variants: dict[str, dict], out_name: str, default_ctx: str = "640,1024", check: bool = True,
+                   max_seq_len: int | None = 8192, evict: str = "evict_first") -> None:
+    """The 16-layer benchmarks' command line (``--ctx`` key counts, comma-separated; ``--trials``) and
+    run: for each length, :func:`compare_chains` of :func:`layer_chain` under each variant's keyword
+    arguments (``variants``: name -> kwargs), with partials sized for ``max_seq_len`` keys (None: the
+    length itself) and the weights' loads at ``evict``; the lines to $OUT/out_name."""
+    import argparse
+
+    import torch
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ctx", default=default_ctx)
+    ap.add_argument("--trials", type=int, default=5)
+    a, _ = ap.parse_known_args()
+    dev, dt = torch.device("cuda"), torch.bfloat16
+    inputs, tiles = llama_layers(dev, dt), layer_tiles(dev)
+
+    def one_length(ctx: int, lines: list[str]) -> None:
+        at = paged_context(ctx, dev, dt)
+        cap = ctx if max_seq_len is None else max_seq_len
+
+        def run(v, res, caches):
+            return layer_chain(inputs, at, res, caches, tiles, cap, **{"evict": evict, **variants[v]})
+
+        compare_chains(run, variants, inputs, at, a.trials, lines, f"ctx {ctx}", check=check)
+
+    per_length(one_length, a.ctx, out_name)
 
 
 def compare_chains(run, variants, inputs: dict, ctx: tuple, trials: int, lines: list[str], label: str,
