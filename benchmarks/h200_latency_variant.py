@@ -2,7 +2,8 @@
 call): ``--attention FILE`` takes decode attention from another copy of
 kernels/paged_attention.py; ``--no-stage`` turns off replays that read their inputs from host
 memory (each step then copies them to the device before its replay); ``--mlp BI,BK,BN,R,W``: the
-single-token MLP kernel's tile (``MlpConfig``) in place of default_mlp_config's. (Session 17's call c also
+single-token MLP kernel's tile (``MlpConfig``) in place of default_mlp_config's (at bc1fed5 only:
+the kernel was removed after). (Session 17's call c also
 took ``--no-qkv-embed``, which left the embedding to its own kernel at e00a496; removed with that
 change.)
 
@@ -13,7 +14,6 @@ import importlib.util
 import sys
 
 import deepinfer_kernels
-import deepinfer_kernels.mlp
 import deepinfer_kernels.placeholders
 from deepinfer.cli import main
 
@@ -26,6 +26,8 @@ if "--attention" in ours:
 if "--no-stage" in ours:
     deepinfer_kernels.placeholders.STAGE_MAX_BYTES = 0  # FusedOps reads it when the device makes them
 if "--mlp" in ours:
+    import deepinfer_kernels.mlp
+
     tile = deepinfer_kernels.mlp.MlpConfig(*(int(v) for v in ours[ours.index("--mlp") + 1].split(",")))
     deepinfer_kernels.mlp.default_mlp_config = lambda inter, k, device: tile  # gemv_mlp looks it up here
 sys.exit(main(sys.argv[sys.argv.index("--") + 1:]))

@@ -27,3 +27,10 @@ if [ "${1:-a}" = b ]; then
       2>&1 | filter | grep -e "tok/s" -e "first" -e rror >> "$OUT/latency.txt"
   done
 fi
+if [ "${1:-a}" = c ]; then
+  # the final code (gemv_mlp removed again): every gpu-marked test; the recorded batch-1 command three times
+  timeout 250 python3 -m pytest -q -p no:cacheprovider -m gpu tests --ignore=tests/serve > "$OUT/gpu_tests.txt" 2>&1
+  for r in 1 2 3; do
+    timeout 40 $LAT --repeats 3 2>&1 | filter | grep -e "tok/s" -e "first" -e rror >> "$OUT/latency.txt"
+  done
+fi

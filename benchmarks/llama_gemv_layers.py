@@ -89,7 +89,8 @@ def layer_chain(inputs: dict, ctx: tuple, res, caches, tiles: dict, max_seq_len:
     returned), ``caches`` the layers' (k, v); ``prefetch_mb``: the qkv kernel pulls that many MB of
     gate/up's first rows (both halves) into the L2 (the ``l2_prefetch`` argument of 4f7db5d's
     kernel, reverted after: it was slower); ``mlp``: an ``MlpConfig``, or True for the default one:
-    gate/up and down as one ``gemv_mlp`` kernel, reading down stored transposed when ``down_t``."""
+    gate/up and down as one ``gemv_mlp`` kernel, reading down stored transposed when ``down_t`` (at
+    bc1fed5, whose kernel was removed after: it was slower)."""
     import sys
 
     import deepinfer_kernels as dk

@@ -11,7 +11,6 @@ from deepinfer_kernels.embedding import embedding, embedding_ref
 from deepinfer_kernels.fused_ops import FusedOps
 from deepinfer_kernels.gemv import GemvConfig, gemv, gemv_qkv_rotary, gemv_qkv_rotary_ref, gemv_ref
 from deepinfer_kernels.kv_cache import write_kv_cache, write_kv_cache_ref
-from deepinfer_kernels.mlp import MlpConfig, gemv_mlp, gemv_mlp_ref
 from deepinfer_kernels.paged_attention import (
     DEFAULT_SPLIT,
     num_decode_splits,
@@ -29,39 +28,11 @@ from deepinfer_kernels.rms_norm import rms_norm, rms_norm_ref
 from deepinfer_kernels.rotary import apply_rotary, apply_rotary_ref
 
 __all__ = [
-    "DEFAULT_SPLIT",
-    "FusedOps",
-    "GemvConfig",
-    "MlpConfig",
-    "apply_rotary",
-    "apply_rotary_ref",
-    "argmax",
-    "argmax_prob",
-    "argmax_prob_ref",
-    "argmax_ref",
-    "embedding",
-    "embedding_ref",
-    "gemv",
-    "gemv_mlp",
-    "gemv_mlp_ref",
-    "gemv_qkv_rotary",
-    "gemv_qkv_rotary_ref",
-    "gemv_ref",
-    "num_decode_splits",
-    "paged_decode_attention",
-    "paged_decode_attention_ref",
-    "paged_prefill_attention",
-    "paged_prefill_attention_ref",
-    "pdl_supported",
-    "resolve_placeholders",
-    "resolve_placeholders_ref",
-    "rms_norm",
-    "rms_norm_ref",
-    "silu_and_mul",
-    "silu_and_mul_ref",
-    "stage_inputs",
-    "stage_inputs_ref",
-    "triton_interpreted",
-    "write_kv_cache",
+    "DEFAULT_SPLIT", "FusedOps", "GemvConfig", "apply_rotary", "apply_rotary_ref", "argmax", "argmax_prob",
+    "argmax_prob_ref", "argmax_ref", "embedding", "embedding_ref", "gemv",
+    "gemv_qkv_rotary", "gemv_qkv_rotary_ref", "gemv_ref", "num_decode_splits", "paged_decode_attention",
+    "paged_decode_attention_ref", "paged_prefill_attention", "paged_prefill_attention_ref", "pdl_supported",
+    "resolve_placeholders", "resolve_placeholders_ref", "rms_norm", "rms_norm_ref", "silu_and_mul", "silu_and_mul_ref", "stage_inputs",
+    "stage_inputs_ref", "triton_interpreted", "write_kv_cache",
     "write_kv_cache_ref",
 ]

@@ -4,7 +4,6 @@ from __future__ import annotations
 from deepinfer_kernels._launch import pdl_supported
 from deepinfer_kernels.embedding import embedding
 from deepinfer_kernels.gemv import gemv, gemv_qkv_rotary
-from deepinfer_kernels.mlp import gemv_mlp
 
 
 class FusedOps:
@@ -18,13 +17,10 @@ class FusedOps:
     first read them (a step's first layers; a draft model's first, where its graphs are captured
     before the target's) to each that still fits; every other weight is
     streamed (evict_first), so that it does not push the kept ones out. 0 leaves every load at the
-    default policy. The hints change no result, only what the L2 holds. ``single_token_mlp``: with
-    ``single_token_gemv``, also offer ``gemv_mlp`` (a single token's whole gated MLP in one kernel,
-    in place of the gate/up and down GEMVs).
+    default policy. The hints change no result, only what the L2 holds.
     """
 
-    def __init__(self, single_token_gemv: bool = True, pdl: bool = True, l2_keep_bytes: int = 0,
-                 single_token_mlp: bool = True) -> None:
+    def __init__(self, single_token_gemv: bool = True, pdl: bool = True, l2_keep_bytes: int = 0) -> None:
         from deepinfer_kernels.activation import silu_and_mul
         from deepinfer_kernels.argmax import argmax, argmax_prob
         from deepinfer_kernels.placeholders import STAGE_MAX_BYTES, resolve_placeholders, stage_inputs
@@ -44,7 +40,6 @@ class FusedOps:
         self._argmax, self._argmax_prob = argmax, argmax_prob
         self.gemv = self._gemv if single_token_gemv else None
         self.gemv_qkv_rotary = self._gemv_qkv_rotary if single_token_gemv else None
-        self.gemv_mlp = self._gemv_mlp if single_token_gemv and single_token_mlp else None
 
     def _pdl(self, x) -> bool:
         return self.pdl and pdl_supported(x.device)
@@ -80,7 +75,3 @@ class FusedOps:
     def _gemv_qkv_rotary(self, x, weight, *args, **kwargs):
         kwargs.setdefault("evict", self.evict_policy(weight))
         return gemv_qkv_rotary(x, weight, *args, pdl=self._pdl(x), **kwargs)
-
-    def _gemv_mlp(self, x, gate_up, down, norm_weight, eps):
-        evict = (self.evict_policy(gate_up), self.evict_policy(down))
-        return gemv_mlp(x, gate_up, down, norm_weight, eps, pdl=self._pdl(x), evict=evict)

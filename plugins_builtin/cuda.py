@@ -20,9 +20,6 @@ class CUDAOptions(BaseModel):
     single_token_gemv: bool = Field(True, description="single-token steps (batch-1 decode) run each projection "
                                     "as one Triton GEMV with its norm, rotary, SiLU-mul or residual add "
                                     "folded in (needs fused_kernels)")
-    single_token_mlp: bool = Field(True, description="with single_token_gemv, a single token's gated MLP (the "
-                                   "norm, gate/up, SiLU-mul, down and the residual add) runs as one Triton "
-                                   "kernel in place of two GEMVs")
     programmatic_launch: bool = Field(True, description="launch the single-token GEMVs, the embedding and the "
                                       "argmax with programmatic dependent launch (compute capability 9.0+), "
                                       "each starting while the previous kernel finishes (a GEMV reads its "
@@ -128,8 +125,7 @@ class CUDADevice(Device):
             return None
         return deepinfer_kernels.FusedOps(single_token_gemv=self.options.single_token_gemv,
                                           pdl=self.options.programmatic_launch,
-                                          l2_keep_bytes=int(self.options.l2_keep_mb * 1e6),
-                                          single_token_mlp=self.options.single_token_mlp)
+                                          l2_keep_bytes=int(self.options.l2_keep_mb * 1e6))
 
     @property
     def supports_batch_invariance(self) -> bool:

@@ -72,9 +72,7 @@ class Device(Plugin, ABC):
         with them, the models run steps of a single token through those, and the LM head of one
         row (see deepinfer_kernels.gemv;
         ``gemv_qkv_rotary(..., kv_cache=)`` is given what the attention backend's ``fused_kv_write``
-        offers, and must then write the key and value there), and optionally ``gemv_mlp(x, gate_up,
-        down, norm_weight, eps)`` (a single token's gated MLP with its norm, added into the stream x
-        in place; see deepinfer_kernels.mlp), which such steps then use in place of two ``gemv``;
+        offers, and must then write the key and value there);
         and ``argmax(logits)``, which greedy sampling then uses (one that also takes ``out=``, an
         int64 tensor [B], writes the tokens there, saving a copy); optionally ``argmax_prob(logits)``
         (the greedy token and its softmax probability, as ``logits.float().softmax(-1).max(-1)``),

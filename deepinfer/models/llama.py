@@ -87,20 +87,16 @@ class DecoderLayer(nn.Module):
         return self.mlp(x), residual
 
     def _forward_one(self, ops, x, residual, positions, rotary, backend, kv_cache, meta):
-        """A step of one token in three kernels besides attention: norm + qkv + rotary; o + residual
-        add; the MLP with its norm and residual add (or two: norm + gate/up + SiLU-mul; down +
-        residual add, where the device offers no ``gemv_mlp``). Returns (None, residual)."""
+        """A step of one token in four kernels besides attention: norm + qkv + rotary; o + residual
+        add; norm + gate/up + SiLU-mul; down + residual add. Returns (None, residual)."""
         if x is not None:  # the stream starts here (the embedding: ours to update in place)
             residual = x.contiguous() if residual is None else x + residual
         attn = self.self_attn.forward_one(ops, residual, self.input_layernorm, positions, rotary, backend,
                                           kv_cache, meta)
         ops.gemv(attn, self.self_attn.o_proj.weight, residual=residual)
-        norm, mlp = self.post_attention_layernorm, self.mlp
-        if getattr(ops, "gemv_mlp", None) is not None:  # the whole MLP in one kernel
-            ops.gemv_mlp(residual, mlp.gate_up_proj.weight, mlp.down_proj.weight, norm.weight, norm.eps)
-            return None, residual
-        act = ops.gemv(residual, mlp.gate_up_proj.weight, norm_weight=norm.weight, eps=norm.eps, silu_mul=True)
-        ops.gemv(act, mlp.down_proj.weight, residual=residual)
+        norm = self.post_attention_layernorm
+        act = ops.gemv(residual, self.mlp.gate_up_proj.weight, norm_weight=norm.weight, eps=norm.eps, silu_mul=True)
+        ops.gemv(act, self.mlp.down_proj.weight, residual=residual)
         return None, residual
 
 

@@ -104,8 +104,6 @@ def _all_calls(dtype: torch.dtype, attention_only: bool) -> None:
     K.argmax_prob(torch.zeros(2, 5000, dtype=dtype))  # with the softmax probability
     K.argmax(torch.zeros(1, 5000, dtype=dtype), chunk=4096, pdl=True)
     K.embedding(torch.zeros(2, dtype=torch.int64), torch.zeros(10, 256, dtype=dtype), pdl=True)
-    K.gemv_mlp(x, w, torch.zeros(256, 32, dtype=dtype), nw, pdl=True, config=K.MlpConfig(8, 64, 64, 2),
-               evict=("evict_last", "evict_first"))  # the MLP in one kernel: the reducers' wait
     K.gemv(x, w, evict="evict_last")  # the L2 hints on the weights' loads
     K.gemv(x, w, evict="evict_first")
     K.resolve_placeholders(torch.tensor([-1, 3]), torch.tensor([7]))
