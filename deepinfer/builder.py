@@ -165,8 +165,9 @@ def build_engine(config: EngineConfig, progress: bool = True) -> LLMEngine:
     scheduler = sel.classes[sched_name](sel.options[sched_name], ctx)
     ctx.dtype = dtype
     ctx.new_attention = lambda: sel.classes[attn_name](sel.options[attn_name], ctx)
-    def load_second_model(path: str, attn):
-        second = load_model(read_model_config(path), registry, attn, dtype, device.torch_device, progress)
+    def load_second_model(path: str, attn, model_dtype=None):
+        second = load_model(read_model_config(path), registry, attn, model_dtype or dtype, device.torch_device,
+                            progress)
         if ops is not None:
             second.use_fused_ops(ops)
         return second

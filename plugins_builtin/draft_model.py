@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -30,6 +31,16 @@ def draft_blocks(ctx) -> int:
     return min(ctx.kv.pool.num_blocks, cfg.max_num_seqs * per_seq)
 
 
+def draft_dtype(ctx, requested: str):
+    """The draft model's torch dtype for the option ``dtype`` (see DraftModelOptions)."""
+    import torch
+
+    if requested != "auto":
+        return getattr(torch, requested)
+    half = ctx.dtype in (torch.bfloat16, torch.float16)
+    return torch.float32 if half and ctx.device.torch_device.type == "cpu" else ctx.dtype
+
+
 class DraftModelOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -42,6 +53,10 @@ class DraftModelOptions(BaseModel):
     device_drafts: bool = Field(True, description="the loop graph's drafts stay on the device, where the "
                                                   "verification step reads them: the host prepares that step "
                                                   "while the draft runs, and waits once a round, not twice")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="the draft model's dtype (weights and its KV cache); auto: the target's, except "
+                            "on the CPU, where a half-precision target gets a float32 draft (torch's "
+                            "single-token matmuls are faster there in float32, and a draft runs only those)")
 
 
 class DraftModelDrafter(Drafter):
@@ -56,7 +71,7 @@ class DraftModelDrafter(Drafter):
         if model is None:
             raise ValueError(f"{self.name}: no draft model given and the target ({ctx.model_path}) is not the "
                              f"demo model; set plugin_options {{'{self.name}': {{'model': DIR}}}}")
-        self.runner = DraftRunner(ctx, model, options.num_blocks or draft_blocks(ctx))
+        self.runner = DraftRunner(ctx, model, options.num_blocks or draft_blocks(ctx), draft_dtype(ctx, options.dtype))
         self.k = options.num_speculative_tokens
 
     @property

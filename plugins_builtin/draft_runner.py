@@ -140,13 +140,14 @@ class DraftRunner:
     """Keeps one draft sequence per request, catches it up with the request's accepted tokens,
     then decodes k tokens for all requests together."""
 
-    def __init__(self, ctx: EngineContext, model_dir: str, num_blocks: int) -> None:
+    def __init__(self, ctx: EngineContext, model_dir: str, num_blocks: int, dtype: torch.dtype | None = None) -> None:
         self.block_size = ctx.config.block_size
         self.device = ctx.device.torch_device
         self.attention = ctx.new_attention()
-        self.model = ctx.load_model(model_dir, self.attention)
+        self.dtype = dtype or ctx.dtype  # the draft's weights and KV cache (the target's by default)
+        self.model = ctx.load_model(model_dir, self.attention, self.dtype)
         layers = self.model.attention_layers()
-        self.kv_caches = self.attention.allocate_kv_cache(layers, num_blocks, self.block_size, ctx.dtype,
+        self.kv_caches = self.attention.allocate_kv_cache(layers, num_blocks, self.block_size, self.dtype,
                                                           self.device)
         self.pool = BlockPool(num_blocks, self.block_size)
         self.seqs: dict[str, _DraftSeq] = {}

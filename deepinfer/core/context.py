@@ -24,8 +24,9 @@ class EngineContext:
     model_path: str | None = None
     kv: KVCacheManager | None = None  # set after the cache policies are built (they may size it)
     dtype: Any = None  # the target model's torch dtype
-    #: (model directory, attention backend) -> a loaded model on the engine's device and dtype;
-    #: lets a plugin run a second model (a drafter's) without reaching into the core
+    #: (model directory, attention backend, dtype=None) -> a loaded model on the engine's device,
+    #: in the engine's dtype unless a torch dtype is given; lets a plugin run a second model (a
+    #: drafter's) without reaching into the core
     load_model: Callable[..., Any] | None = None
     #: a fresh instance of the engine's attention backend, for a second model's own KV cache
     new_attention: Callable[[], Any] | None = None

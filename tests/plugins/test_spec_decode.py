@@ -236,3 +236,20 @@ def test_drafts_with_the_prefix_cache_stay_lossless(demo_reference):
     assert out.num_cached_tokens >= 32
     llm.engine.kv.pool.check_all_free()
     llm.engine.drafter.runner.pool.check_all_free()
+
+
+def test_draft_dtype_follows_the_option_and_stays_lossless():
+    """A bfloat16 target on the CPU gets a float32 draft by default (its single-token steps are faster
+    there), or the dtype asked for; the greedy tokens are the target's either way."""
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    prompts = DEMO_PROMPTS[:2]
+    base = LLM(progress=False, dtype="bfloat16")
+    want = [o.outputs[0].token_ids for o in base.generate(prompts, params, use_tqdm=False)]
+    for opts, dtype in (({}, torch.float32), ({"dtype": "bfloat16"}, torch.bfloat16)):
+        llm = LLM(progress=False, dtype="bfloat16", plugins=["deepspark"], plugin_options={"deepspark": opts})
+        runner = llm.engine.drafter.runner
+        assert runner.dtype == dtype and next(runner.model.parameters()).dtype == dtype
+        assert all(c.dtype == dtype for c in runner.kv_caches)
+        assert [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)] == want
+        assert llm.get_metrics()["deepinfer:spec_decode_num_accepted_tokens"] > 0
+        _assert_pools_free(llm)
