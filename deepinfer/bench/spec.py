@@ -12,7 +12,8 @@ DRAFTERS = ("none", "draft-model", "deepspark", "ngram")
 def add_spec_parser(bsub, add_engine_args, engine_overrides) -> None:
     b = bsub.add_parser("spec", help="speculative decoding: each drafter against none")
     add_engine_args(b)
-    b.add_argument("--drafters", default=",".join(DRAFTERS))
+    b.add_argument("--drafters", default=",".join(DRAFTERS),
+                   help="comma-separated; --plugin-options given for a drafter apply to its runs only")
     b.add_argument("--batch", default="1,64", help="comma-separated batch sizes")
     b.add_argument("--input-len", type=int, default=64, help="prompt tokens (from held-out stdlib files)")
     b.add_argument("--output-len", type=int, default=128)
@@ -73,9 +74,14 @@ def run_spec(args, overrides: dict) -> int:
 
 
 def _engine(plugins: list[str], work: dict):
+    """An engine with ``plugins``; --plugin-options given for a drafter go to the runs that select it."""
     from deepinfer.llm import LLM
 
-    return LLM(work["model"], config_file=work["config_file"], progress=False, plugins=plugins, **work["overrides"])
+    overrides = dict(work["overrides"])
+    if overrides.get("plugin_options"):
+        overrides["plugin_options"] = {name: opts for name, opts in overrides["plugin_options"].items()
+                                       if name not in DRAFTERS or name in plugins}
+    return LLM(work["model"], config_file=work["config_file"], progress=False, plugins=plugins, **overrides)
 
 
 class Workload:

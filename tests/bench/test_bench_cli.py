@@ -58,10 +58,10 @@ def test_bad_requests_say_what_is_wrong(args, message):
     assert res.returncode != 0 and message in res.stderr
 
 
-def _spec_rows(*args: str) -> str:
+def _spec_rows(*args: str, k: int = 5) -> str:
     """`bench spec` on the demo pair (none and draft-model at batches 1 and 2, 8 new tokens): its
     stdout, after checking the rows: one a drafter and batch; without a drafter a step makes one
-    token, draft-model verifies all k = 5 drafts."""
+    token, draft-model verifies all its k drafts."""
     res = subprocess.run([sys.executable, "-m", "deepinfer.cli", "bench", "spec", "--drafters", "none,draft-model",
                           "--batch", "1,2", "--output-len", "8", "--prompts", "2", *args],
                          capture_output=True, text=True, timeout=600, check=False)
@@ -72,7 +72,7 @@ def _spec_rows(*args: str) -> str:
         if name == "none":
             assert (ratio, float(per_step), float(verified)) == ("1.00x", 1.0, 0.0)
         else:
-            assert float(verified) == 5.0 and float(per_step) >= 1.0
+            assert float(verified) == k and float(per_step) >= 1.0
     return res.stdout
 
 
@@ -86,6 +86,13 @@ def test_spec_drafters_take_turns_in_one_process():
     by run; each row still counts its own engine's steps only (none's rows verify nothing although
     draft-model ran between its runs)."""
     assert "the drafters in turn, run by run" in _spec_rows("--repeats", "2")
+
+
+def test_spec_gives_a_drafters_options_to_its_runs_only():
+    """--plugin-options for draft-model reach its engine (3 drafts a step), and the runs without a
+    drafter, which do not select it, are built without them (they would refuse options for a plugin
+    they do not run)."""
+    _spec_rows("--repeats", "1", "--plugin-options", '{"draft-model": {"num_speculative_tokens": 3}}', k=3)
 
 
 def test_spec_refuses_a_drafter_named_twice():
