@@ -51,3 +51,10 @@ if [ "${1:-a}" = d ]; then
     --num-requests 256 --min-len 100 --max-len 1024 --repeats 1 --peer hf --peer-requests 64 --peer-repeats 1 \
     2>&1 | filter > "$OUT/throughput.txt"
 fi
+if [ "${1:-a}" = e ]; then
+  # after the drafters' dtype option (auto keeps the target's dtype on CUDA): the gpu-marked tests of
+  # the plugins and the core; issue 8's recorded command
+  timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/plugins tests/core > "$OUT/gpu_tests.txt" 2>&1
+  timeout 300 python3 -m deepinfer.cli bench spec --device sm90 --batch 1,64 --output-len 256 --repeats 5 \
+    2>&1 | filter > "$OUT/spec.txt"
+fi
