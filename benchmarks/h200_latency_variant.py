@@ -1,14 +1,12 @@
 """`deepinfer bench latency` with parts of this session's batch-1 changes undone (an A/B in one
 call): ``--attention FILE`` takes decode attention from another copy of
 kernels/paged_attention.py; ``--no-stage`` turns off replays that read their inputs from host
-memory (each step then copies them to the device before its replay); ``--mlp BI,BK,BN,R,W``: the
-single-token MLP kernel's tile (``MlpConfig``) in place of default_mlp_config's (at bc1fed5 only:
-the kernel was removed after). (Session 17's call c also
-took ``--no-qkv-embed``, which left the embedding to its own kernel at e00a496; removed with that
-change.)
+memory (each step then copies them to the device before its replay). Flags removed with the
+changes they undid: ``--mlp BI,BK,BN,R,W`` (session 18's call b: the single-token MLP kernel's
+tile, at bc1fed5) and ``--no-qkv-embed`` (session 17's call c: the embedding in its own kernel,
+at e00a496).
 
-    python3 benchmarks/h200_latency_variant.py [--attention OLD.py] [--no-stage] [--mlp 32,128,256,32,8] -- \
-        <bench latency arguments>
+    python3 benchmarks/h200_latency_variant.py [--attention OLD.py] [--no-stage] -- <bench latency arguments>
 """
 import importlib.util
 import sys
@@ -25,9 +23,4 @@ if "--attention" in ours:
     deepinfer_kernels.paged_decode_attention = mod.paged_decode_attention  # the triton plugin looks it up here
 if "--no-stage" in ours:
     deepinfer_kernels.placeholders.STAGE_MAX_BYTES = 0  # FusedOps reads it when the device makes them
-if "--mlp" in ours:
-    import deepinfer_kernels.mlp
-
-    tile = deepinfer_kernels.mlp.MlpConfig(*(int(v) for v in ours[ours.index("--mlp") + 1].split(",")))
-    deepinfer_kernels.mlp.default_mlp_config = lambda inter, k, device: tile  # gemv_mlp looks it up here
 sys.exit(main(sys.argv[sys.argv.index("--") + 1:]))

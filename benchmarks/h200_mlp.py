@@ -3,8 +3,8 @@ Batch 1, Llama-3.2-1B shape, bf16, PDL, 16 whole layers in one CUDA graph (qkv w
 attention, o, then the MLP), median of interleaved trials, the residual after 16 layers checked
 against the two GEMVs'. Tiles: block_i channels a program (rows of gate and up, columns of down),
 block_k gate/up columns a step, block_n down rows a step, reducers, warps; "T": down stored
-transposed [I, K]. It lost (docs/benchmarks.md, session 18); the kernel was removed after, so this
-runs at bc1fed5 only. Writes $OUT/mlp.txt, and the fastest tile's name to $OUT/mlp_best.txt.
+transposed [I, K]. It lost (docs/benchmarks.md, session 18); the kernel and this script's hooks in
+llama_gemv_layers.layer_chain (``mlp``, ``down_t``) were removed after, so it runs at bc1fed5 only. Writes $OUT/mlp.txt, and the fastest tile's name to $OUT/mlp_best.txt.
 
     python3 h200_mlp.py [--ctx 640] [--trials 5] [--set sweep|final]
 """

@@ -3,15 +3,17 @@
 # after ../shared/gpu/wheels.sh.
 . benchmarks/h200_common.sh
 if [ "${1:-a}" = a ]; then
-  # a single token's MLP as one kernel (gemv_mlp): its tests compiled; tiles in the 16-layer chain
-  # against the two GEMVs (h200_mlp.py); the recorded batch-1 command interleaved with it off
+  # (ran with bc1fed5's code, reverted after) a single token's MLP as one kernel (gemv_mlp): its
+  # tests compiled; tiles in the 16-layer chain against the two GEMVs (h200_mlp.py); the recorded
+  # batch-1 command interleaved with it off
   timeout 150 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_mlp.py tests/kernels/test_gemv.py \
     > "$OUT/tests.txt" 2>&1
   (cd benchmarks && timeout 240 python3 h200_mlp.py > "$OUT/mlp_log.txt" 2>&1)
   latency_vs "mlp kernel" "two GEMVs" '{"sm90": {"single_token_mlp": false}}'
 fi
 if [ "${1:-a}" = b ]; then
-  # gemv_mlp with down's tiles loaded one step ahead (the first before the wait) and the partials
+  # (ran with bc1fed5's code, as did h200_latency_variant.py's --mlp, since removed) gemv_mlp with
+  # down's tiles loaded one step ahead (the first before the wait) and the partials
   # summed 16 columns at once: its tests compiled; the tiles again; the fastest tile end to end
   # against the two GEMVs (h200_latency_variant.py --mlp)
   timeout 150 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_mlp.py > "$OUT/tests.txt" 2>&1

@@ -81,16 +81,14 @@ def attention_pass(kern=None, **changes) -> Launch:
 
 def layer_chain(inputs: dict, ctx: tuple, res, caches, tiles: dict, max_seq_len: int, pass_one: Launch | None = None,
                 o_tile=None, evict: str = "", page: int = 16, prefetch_mb: float = 0.0,
-                gemv_kernel: Launch | None = None, mlp=None, down_t: bool = False):
+                gemv_kernel: Launch | None = None):
     """The 16 layers of one token as a batch-1 step runs them, with PDL: qkv writing the cache,
     decode attention merging in pass 1 (splits of 128, partials sized for ``max_seq_len``; its pass 1
     replaced by ``pass_one``), o, gate/up, down (the GEMV kernel replaced by ``gemv_kernel``);
     ``ctx`` is :func:`paged_context`'s output, ``res`` the residual row (updated in place and
     returned), ``caches`` the layers' (k, v); ``prefetch_mb``: the qkv kernel pulls that many MB of
     gate/up's first rows (both halves) into the L2 (the ``l2_prefetch`` argument of 4f7db5d's
-    kernel, reverted after: it was slower); ``mlp``: an ``MlpConfig``, or True for the default one:
-    gate/up and down as one ``gemv_mlp`` kernel, reading down stored transposed when ``down_t`` (at
-    bc1fed5, whose kernel was removed after: it was slower)."""
+    kernel, reverted after: it was slower)."""
     import sys
 
     import deepinfer_kernels as dk
@@ -108,11 +106,6 @@ def layer_chain(inputs: dict, ctx: tuple, res, caches, tiles: dict, max_seq_len:
             at = dk.paged_decode_attention(qkv[:, :H * D].view(1, H, D), c[0], c[1], tables, lens, page, D ** -0.5,
                                            None, max_seq_len, 128, pdl=True, merge_in_pass=True)
             dk.gemv(at.reshape(1, H * D), ly["o"], residual=res, config=o_tile or tiles["o"], pdl=True, evict=evict)
-            if mlp:
-                down = ly.setdefault("down_t", ly["down"].t().contiguous().t()) if down_t else ly["down"]
-                dk.gemv_mlp(res, ly["gu"], down, ly["n2"], 1e-5, config=None if mlp is True else mlp, pdl=True,
-                            evict=(evict, evict))
-                continue
             act = dk.gemv(res, ly["gu"], norm_weight=ly["n2"], eps=1e-5, silu_mul=True, config=tiles["gu"], pdl=True,
                           evict=evict)
             dk.gemv(act, ly["down"], residual=res, config=tiles["down"], pdl=True, evict=evict)

@@ -84,7 +84,7 @@ def _all_calls(dtype: torch.dtype, attention_only: bool) -> None:
     K.write_kv_cache(q[:1, :2], q[:1, :2], cache, cache, torch.zeros(1, dtype=torch.int64), pdl=True)
     K.paged_decode_attention(q[:1], cache, cache, tables[:1], lens[:1], 16, 0.1, max_seq_len=40, pdl=True)
     K.paged_decode_attention(q[:1], cache, cache, tables[:1], lens[:1], 16, 0.1, max_seq_len=40, split_size=128,
-                             pdl=True, merge_in_pass=True)  # one tile a split: keys read before the wait
+                             pdl=True, merge_in_pass=True)  # one tile a split: block-table entries read before the wait
     K.rms_norm(q[:, 0], torch.zeros(128, dtype=dtype), 1e-6, q[:, 1])
     K.rms_norm(q, torch.zeros(128, dtype=dtype), 1e-6)
     K.apply_rotary(q, q[:, :2], cache[:, 0], cache[:, 0], torch.zeros(3, dtype=torch.int64))
