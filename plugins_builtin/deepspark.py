@@ -70,7 +70,7 @@ from deepinfer_builtin.round_rates import RoundCosts, RoundRates
 
 
 class DeepSparkOptions(DraftModelOptions):
-    min_value: float = Field(0.25, ge=0.0, le=1.0,
+    min_value: float = Field(0.05, ge=0.0, le=1.0,
                              description="verify draft j while the estimated chance that drafts 1..j "
                                          "are all accepted is at least this")
     verify_budget: int = Field(0, ge=0, description="draft tokens verified per step over the batch (0: no cap)")

@@ -23,6 +23,7 @@ class TorchAttentionMetadata:
     out_index: torch.Tensor | None  # [T] into the flattened [B * max_q] rows
     kv_slots: dict[tuple[int, int | None], torch.Tensor]  # (group, window) -> [B, n_kv] slots of keys to read
     masks: dict[int | None, torch.Tensor | None]  # window -> [B, 1, max_q, n_kv] (True: attend)
+    one_seq: bool = False  # one sequence of several tokens: its rows are the batch's, in order
 
 
 class TorchAttention(AttentionBackend):
@@ -52,7 +53,8 @@ class TorchAttention(AttentionBackend):
         valid_q = offs[None, :] < q_lens[:, None]                                 # [B, max_q]
         q_pos = batch.context_lens.to(torch.long)[:, None] + offs[None, :]         # [B, max_q]
         q_pos = torch.where(valid_q, q_pos, torch.zeros_like(q_pos))  # pads look at key 0 only
-        if max_q == 1:
+        one_seq = b == 1 and max_q > 1
+        if max_q == 1 or one_seq:  # (one sequence: q[None] and out[0] need no gathers)
             q_index = out_index = None
         else:
             starts = batch.query_start_loc[:-1].to(torch.long)
@@ -78,7 +80,8 @@ class TorchAttention(AttentionBackend):
         masks: dict[int | None, torch.Tensor | None] = {None: base[:, None]}
         for w in windows:
             masks[w] = (base & (q_pos[:, :, None] - kv_pos[None, None, :] < w))[:, None]
-        return TorchAttentionMetadata(writes, q_index, out_index, {(g, w): group_slots[g] for g, w in keys}, masks)
+        return TorchAttentionMetadata(writes, q_index, out_index, {(g, w): group_slots[g] for g, w in keys}, masks,
+                                      one_seq)
 
     @property
     def _keys(self) -> set[tuple[int, int | None]]:
@@ -95,7 +98,9 @@ class TorchAttention(AttentionBackend):
         # index_select over flat slots is several times faster on CPU than advanced indexing
         keys = kv_cache[0].index_select(0, slots.flatten()).view(shape)     # [B, n_kv, kvh, D]
         values = kv_cache[1].index_select(0, slots.flatten()).view(shape)
-        if metadata.q_index is None:
+        if metadata.one_seq:
+            qb = q[None]                          # [1, T, H, D]
+        elif metadata.q_index is None:
             qb = q[:, None]                       # [B, 1, H, D]
         else:
             qb = q[metadata.q_index]              # [B, max_q, H, D]
@@ -105,5 +110,5 @@ class TorchAttention(AttentionBackend):
             enable_gqa=layer.num_heads != layer.num_kv_heads,
         ).transpose(1, 2)                         # [B, max_q, H, D]
         if metadata.q_index is None:
-            return out[:, 0]
+            return out[0] if metadata.one_seq else out[:, 0]
         return out.reshape(-1, layer.num_heads, layer.head_dim)[metadata.out_index]

@@ -30,7 +30,7 @@ def _timed_deepspark(step_seconds: float, rest_seconds: float, tick: float | Non
     from deepinfer_builtin.deepspark import DeepSparkDrafter, DeepSparkOptions, RoundCosts, RoundRates
 
     d = DeepSparkDrafter.__new__(DeepSparkDrafter)
-    d.options = DeepSparkOptions(buckets=1, prior_strength=1.0)
+    d.options = DeepSparkOptions(buckets=1, prior_strength=1.0, min_value=0.25)
     d.rates, d._round, d.in_graphs = RoundRates(d.options.explore_every), None, False
     d._last_kind, d._last_ids, d._after_plain, d._plan = None, set(), False, None
     d.table = AcceptanceTable(1, 5, 1.0)
