@@ -57,6 +57,10 @@ class DraftModelOptions(BaseModel):
         "auto", description="the draft model's dtype (weights and its KV cache); auto: the target's, except "
                             "on the CPU, where a half-precision target gets a float32 draft (torch's "
                             "single-token matmuls are faster there in float32, and a draft runs only those)")
+    compile: bool | None = Field(None, description="compile the draft's greedy one-token steps of a single "
+                                                   "sequence with torch.compile (needs a C++ compiler; without "
+                                                   "one they run eagerly); default: on the CPU, where steps "
+                                                   "run eagerly (CUDA devices replay graphs instead)")
 
 
 class DraftModelDrafter(Drafter):
@@ -71,7 +75,9 @@ class DraftModelDrafter(Drafter):
         if model is None:
             raise ValueError(f"{self.name}: no draft model given and the target ({ctx.model_path}) is not the "
                              f"demo model; set plugin_options {{'{self.name}': {{'model': DIR}}}}")
-        self.runner = DraftRunner(ctx, model, options.num_blocks or draft_blocks(ctx), draft_dtype(ctx, options.dtype))
+        compile_steps = options.compile if options.compile is not None else ctx.device.torch_device.type == "cpu"
+        self.runner = DraftRunner(ctx, model, options.num_blocks or draft_blocks(ctx), draft_dtype(ctx, options.dtype),
+                                  compile_steps)
         self.k = options.num_speculative_tokens
 
     @property

@@ -19,6 +19,7 @@ from deepinfer.plugins import (
     build_step_batch,
     filter_logits,
 )
+from deepinfer_builtin.draft_compile import CompiledGreedyStep
 
 
 class _RoundOnDevice:
@@ -140,7 +141,8 @@ class DraftRunner:
     """Keeps one draft sequence per request, catches it up with the request's accepted tokens,
     then decodes k tokens for all requests together."""
 
-    def __init__(self, ctx: EngineContext, model_dir: str, num_blocks: int, dtype: torch.dtype | None = None) -> None:
+    def __init__(self, ctx: EngineContext, model_dir: str, num_blocks: int, dtype: torch.dtype | None = None,
+                 compile_steps: bool = False) -> None:
         self.block_size = ctx.config.block_size
         self.device = ctx.device.torch_device
         self.attention = ctx.new_attention()
@@ -159,6 +161,12 @@ class DraftRunner:
         if target_vocab is not None and target_vocab != self.vocab_size:
             raise ValueError(f"the draft model {model_dir!r} has vocabulary {self.vocab_size}, the target "
                              f"{target_vocab}: a draft must share the target's tokenizer")
+        #: greedy one-token steps of one sequence, compiled (where steps run eagerly: draft_compile.py)
+        self.compiled: CompiledGreedyStep | None = None
+        if compile_steps and CompiledGreedyStep.supported(self.attention):
+            self.compiled = CompiledGreedyStep(self.model, self.attention, self.kv_caches, self.block_size,
+                                               self.device)
+            self.compiled.warm_up(self.pool)
 
     def enable_graphs(self, graphs: DeviceGraphs, batch_sizes: list[int], max_seq_len: int,
                       loop_steps: int = 0) -> None:
@@ -261,9 +269,15 @@ class DraftRunner:
         conf: list[list[float]] = [[] for _ in live]
         active = list(range(len(live)))  # rows of live still drafting, in feed order
         for step in range(k):
-            logits = self._forward_last(feeds)
-            # greedy rows need only the argmax and its probability: one batched softmax for all
-            best_p, best = logits.softmax(-1).max(-1)
+            c = self.compiled
+            fast = (c.run(feeds) if c is not None and self.graphs is None and c.covers(feeds)
+                    and live[active[0]][0].params.greedy else None)
+            if fast is not None:
+                best_p, best = fast
+            else:
+                logits = self._forward_last(feeds)
+                # greedy rows need only the argmax and its probability: one batched softmax for all
+                best_p, best = logits.softmax(-1).max(-1)
             # one copy to the host (float32 holds token ids exactly: vocabularies are below 2^24)
             best_p, best = torch.stack((best_p, best.float())).tolist()
             best = [int(t) for t in best]

@@ -16,6 +16,21 @@ import torch.nn.functional as F
 from deepinfer.plugins import AttentionBackend, AttentionLayerSpec, KVGroupBatch, StepBatch
 
 
+def _write_kv(kv_cache: torch.Tensor, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """Keys and values into their slots of one layer's cache [2, slots, kv_heads, head_dim]."""
+    kv_cache[0].index_copy_(0, slots, k.to(kv_cache.dtype))
+    kv_cache[1].index_copy_(0, slots, v.to(kv_cache.dtype))
+
+
+# The same as one opaque op, for steps under torch.compile: the compiler then updates the cache in
+# place, where it would copy the whole cache every step to apply index_copy_. Declared with
+# torch.library's schema API rather than custom_op, whose Python wrapper cost ~80 us a call here.
+_LIB = torch.library.Library("deepinfer", "FRAGMENT")
+_LIB.define("torch_kv_write(Tensor(a!) kv_cache, Tensor slots, Tensor k, Tensor v) -> ()")
+_LIB.impl("torch_kv_write", _write_kv, "CompositeExplicitAutograd")
+_LIB.impl("torch_kv_write", lambda kv_cache, slots, k, v: None, "Meta")
+
+
 @dataclass(frozen=True, slots=True)
 class TorchAttentionMetadata:
     writes: tuple[tuple[torch.Tensor, torch.Tensor | None], ...]  # per KV group: slots to write, rows of T
@@ -83,6 +98,12 @@ class TorchAttention(AttentionBackend):
         return TorchAttentionMetadata(writes, q_index, out_index, {(g, w): group_slots[g] for g, w in keys}, masks,
                                       one_seq)
 
+    def mark_dynamic(self, metadata: TorchAttentionMetadata) -> None:
+        """Tell torch.compile that the keys read vary in number from step to step (one compiled
+        step serves every length)."""
+        for slots in metadata.kv_slots.values():
+            torch._dynamo.mark_dynamic(slots, 1)
+
     @property
     def _keys(self) -> set[tuple[int, int | None]]:
         return getattr(self, "_layer_keys", set())
@@ -91,8 +112,7 @@ class TorchAttention(AttentionBackend):
         write_slots, rows = metadata.writes[layer.kv_group]
         if rows is not None:  # tokens whose KV is cached already are not rewritten
             k, v = k[rows], v[rows]
-        kv_cache[0].index_copy_(0, write_slots, k.to(kv_cache.dtype))
-        kv_cache[1].index_copy_(0, write_slots, v.to(kv_cache.dtype))
+        (torch.ops.deepinfer.torch_kv_write if torch.compiler.is_compiling() else _write_kv)(kv_cache, write_slots, k, v)
         slots = metadata.kv_slots[layer.kv_group, layer.sliding_window]
         shape = (*slots.shape, layer.num_kv_heads, layer.head_dim)
         # index_select over flat slots is several times faster on CPU than advanced indexing

@@ -1,0 +1,69 @@
+"""The draft model's compiled greedy step (CPU) against its eager step: same tokens, same
+probabilities and the same KV written, for every length; pools exact."""
+from __future__ import annotations
+
+import torch
+
+from deepinfer import LLM
+
+
+def test_compiled_draft_step_matches_the_eager_step():
+    llm = LLM(progress=False, plugins=["draft-model"])  # bf16 demo target: a float32 draft
+    runner = llm.engine.drafter.runner
+    step = runner.compiled
+    assert step is not None and step.failed is None, step and step.failed
+    prompt = llm.get_tokenizer().encode("def read_config(path):\n    with open(path) as f:\n")
+    n = len(prompt) + 12
+    blocks = runner.pool.allocate(-(-n // runner.block_size))
+    table = [b.block_id for b in blocks]
+    with torch.inference_mode():
+        runner._forward_last([(prompt, 0, table)])  # the prompt's KV, eagerly
+        token = prompt[-1]
+        for pos in range(len(prompt), n):  # each length once: one compilation serves them all
+            feed = [([token], pos, table)]
+            assert step.covers(feed)
+            prob, best = step.run(feed)
+            slot = table[pos // runner.block_size] * runner.block_size + pos % runner.block_size
+            compiled_kv = [c[:, slot].clone() for c in runner.kv_caches]
+            eager_p, eager_best = runner._forward_last(feed).softmax(-1).max(-1)  # rewrites the slot
+            assert best.tolist() == eager_best.tolist()
+            torch.testing.assert_close(prob, eager_p, rtol=1e-4, atol=1e-5)
+            for got, want in zip(compiled_kv, (c[:, slot] for c in runner.kv_caches), strict=True):
+                torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+            token = int(best)
+    runner.pool.free(reversed(blocks))
+    runner.pool.check_all_free()
+    # several sequences, several new tokens, or a single cached key: eager steps
+    assert not step.covers([([1], 5, table), ([2], 5, table)])
+    assert not step.covers([([1, 2], 5, table)])
+    assert not step.covers([([1], 0, table)])
+
+
+def test_draft_compile_option():
+    """Off by the option; on by default on the CPU (above)."""
+    llm = LLM(progress=False, plugins=["deepspark"], plugin_options={"deepspark": {"compile": False}})
+    assert llm.engine.drafter.runner.compiled is None
+
+
+def test_a_step_that_fails_to_compile_runs_eagerly(caplog):
+    """A compiled step that raises (as without a C++ compiler) leaves the draft eager, says why, and
+    changes no output."""
+    from deepinfer import SamplingParams
+
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    prompt = "class Stack:\n    def __init__(self):\n"
+    want = LLM(progress=False).generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids
+    llm = LLM(progress=False, plugins=["draft-model"])
+    step = llm.engine.drafter.runner.compiled
+
+    def no_compiler(*args):
+        raise RuntimeError("InvalidCxxCompiler: No working C++ compiler found")
+
+    step._step = no_compiler
+    with caplog.at_level("WARNING", logger="deepinfer"):
+        got = llm.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids
+    assert got == want
+    assert step.failed == "RuntimeError: InvalidCxxCompiler: No working C++ compiler found"
+    assert "run eagerly" in caplog.text and not step.covers([([1], 5, [0])])
+    assert llm.get_metrics()["deepinfer:spec_decode_num_accepted_tokens"] > 0
+    llm.engine.drafter.runner.pool.check_all_free()
