@@ -13,8 +13,10 @@ other reason, the draft runs eagerly and the reason is logged and kept in ``fail
 from __future__ import annotations
 
 import logging
+import types
 
 import torch
+import torch._dynamo.exc
 
 from deepinfer.plugins import BlockPool, build_step_batch
 
@@ -29,7 +31,11 @@ class CompiledGreedyStep:
         self.model, self.attention, self.kv_caches = model, attention, kv_caches
         self.block_size, self.device = block_size, device
         self.failed: str | None = None
-        self._step = torch.compile(self._greedy, fullgraph=True)
+        # a code object of its own: torch.compile keeps its compilations per code object, and up to
+        # 8 of them; engines of one process (each draft a new instance) would share and exhaust them
+        fn = CompiledGreedyStep._greedy
+        own = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__)
+        self._step = torch.compile(types.MethodType(own, self), fullgraph=True)
 
     @staticmethod
     def supported(attention) -> bool:
@@ -53,8 +59,8 @@ class CompiledGreedyStep:
         self.attention.mark_dynamic(meta)
         try:
             return self._step(batch.input_ids, batch.positions, self.kv_caches, meta)
-        except (RuntimeError, OSError) as e:  # (torch.compile's errors are RuntimeErrors: a missing
-            # compiler, a step it refused); run eagerly from now on
+        except (RuntimeError, OSError, torch._dynamo.exc.FailOnRecompileLimitHit) as e:
+            # (a missing compiler, a step it refused, or too many compilations); run eagerly from now on
             self.failed = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
             log.warning("the draft model's compiled step failed (%s); its steps run eagerly", self.failed)
             return None
