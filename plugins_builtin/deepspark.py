@@ -47,6 +47,15 @@ then four rounds of the other kind run, so that a change is noticed: after ``exp
 rounds at first, then ever less often. The greedy output is the target's either way. This is
 vLLM's disabling of speculation by batch size, measured instead of set.
 
+Lookup first (``lookup``, on by default). Where a request's context holds an earlier occurrence
+of its last n tokens (lookup_min_n <= n <= lookup_max_n, the longest and latest, as the ngram
+drafter finds it), the k tokens that followed it are a draft that costs nothing to make. A second
+table, indexed by (n, position) and learnt from the verifications the same way, gives their P_j;
+the request verifies the lookup's leading drafts with P_j at or above the threshold instead of
+running the draft model, when they are expected to gain at least as many tokens (the sum of those
+P_j) as the draft model's rounds accept on average (a moving average of its verifications). The
+draft model's KV catches up with the tokens it skipped in the request's next round it drafts.
+
 Drafting in one graph (``loop_graph``, on by default). With device graphs, a greedy round's k draft
 steps replay from one graph, so the round costs one launch and one copy to the host whatever its
 depth: deepspark then drafts all k (neither the early stop nor the round depth is consulted, as
@@ -61,11 +70,12 @@ import time
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from deepinfer.plugins import DraftProposal, Request, hookimpl
 from deepinfer_builtin.draft_model import DraftModelDrafter, DraftModelOptions
 from deepinfer_builtin.draft_runner import Draft
+from deepinfer_builtin.ngram import SuffixIndex
 from deepinfer_builtin.round_rates import RoundCosts, RoundRates
 
 
@@ -103,8 +113,27 @@ class DeepSparkOptions(DraftModelOptions):
                                                           "nothing keep overlap scheduling (off by default: it "
                                                           "gained nothing on an H200, where such steps are bound "
                                                           "by the host's work)")
+    lookup: bool = Field(True, description="where the context holds an earlier occurrence of its last tokens, "
+                                           "propose what followed it instead of running the draft model, "
+                                           "when that is expected to gain at least as many tokens (both "
+                                           "learnt from verifications)")
+    lookup_max_n: int = Field(4, ge=1, description="with lookup: the longest suffix looked up")
+    lookup_min_n: int = Field(2, ge=1, description="with lookup: the shortest suffix looked up")
     buckets: int = Field(10, ge=1, le=100)
     prior_strength: float = Field(4.0, gt=0.0)
+
+    @model_validator(mode="after")
+    def _lookup_order(self) -> DeepSparkOptions:
+        if self.lookup_min_n > self.lookup_max_n:
+            raise ValueError(f"lookup_min_n ({self.lookup_min_n}) must not exceed lookup_max_n ({self.lookup_max_n})")
+        return self
+
+
+@dataclass(slots=True)
+class _Lookup:
+    """A request's drafts in this round came from the lookup, with a suffix match of this bucket."""
+
+    bucket: int
 
 
 @dataclass
@@ -123,9 +152,10 @@ class _Round:
 class AcceptanceTable:
     """Observed acceptances per (confidence bucket, draft position), with a prior."""
 
-    def __init__(self, buckets: int, positions: int, prior_strength: float) -> None:
+    def __init__(self, buckets: int, positions: int, prior_strength: float, prior: float | None = None) -> None:
         self.buckets = buckets
-        mid = [(b + 0.5) / buckets for b in range(buckets)]
+        # (the prior: the confidence bucket's midpoint, or one for all)
+        mid = [(b + 0.5) / buckets if prior is None else prior for b in range(buckets)]
         self.accepted = [[prior_strength * mid[b]] * positions for b in range(buckets)]
         self.trials = [[prior_strength] * positions for _ in range(buckets)]
 
@@ -153,8 +183,15 @@ class DeepSparkDrafter(DraftModelDrafter):
     def __init__(self, options: DeepSparkOptions, ctx) -> None:
         super().__init__(options, ctx)
         self.table = AcceptanceTable(options.buckets, options.num_speculative_tokens, options.prior_strength)
-        #: request -> buckets of its pending drafts (or its drafts, whose buckets are taken when observed)
-        self._buckets: dict[str, list[int] | Draft] = {}
+        #: request -> buckets of its pending drafts (or its drafts, whose buckets are taken when observed;
+        #: or the lookup's bucket)
+        self._buckets: dict[str, list[int] | Draft | _Lookup] = {}
+        o = options
+        # an optimistic prior, so that every match length gets tried before the draft model's record
+        # (which it starts without) can rule it out
+        self.lookup_table = AcceptanceTable(o.lookup_max_n - o.lookup_min_n + 1, self.k, o.prior_strength, 0.9)
+        self._indexes: dict[str, SuffixIndex] = {}
+        self.model_gain = 1.0  # tokens the draft model's verified drafts gain a request (moving average)
         self.costs = RoundCosts()
         self.rates = RoundRates(options.explore_every, margin=options.skip_margin)
         #: the round under way, if it is to be a sample (closed by the next proposal)
@@ -289,20 +326,49 @@ class DeepSparkDrafter(DraftModelDrafter):
                 self._round = None
             r.checked = True
 
+    def _lookups(self, requests: list[Request]) -> dict[str, DraftProposal]:
+        """Proposals of the requests whose lookup is expected to gain at least what the draft model
+        does (see the module's docstring)."""
+        o, out = self.options, {}
+        for req in requests:
+            index = self._indexes.get(req.request_id)
+            if index is None:
+                index = self._indexes[req.request_id] = SuffixIndex(o.lookup_max_n, o.lookup_min_n)
+            tokens, n = index.lookup(req.all_token_ids, self.k)
+            if not tokens:
+                continue
+            bucket, p, gain, verify = n - o.lookup_min_n, 1.0, 0.0, 0
+            for pos in range(len(tokens)):
+                p *= self.lookup_table.estimate(bucket, pos)
+                if p < self.verify_threshold:
+                    break
+                gain, verify = gain + p, verify + 1
+            if verify and gain >= self.model_gain:
+                self._buckets[req.request_id] = _Lookup(bucket)
+                out[req.request_id] = DraftProposal(tokens, None, verify)
+        return out
+
     def _draft(self, requests: list[Request], start: float) -> dict[str, DraftProposal]:
         go_on = self.worth_going_on if self.options.early_stop else None
         if self._ended is not None:
             self.costs.update("rest", start - self._ended)
+        looked_up = self._lookups(requests) if self.options.lookup else {}
+        if looked_up:
+            requests = [r for r in requests if r.request_id not in looked_up]
+            if not requests:
+                self._ended = self.clock()
+                return looked_up
         # a round the loop graph takes drafts all k (then the rule chooses); the others step by step
         budget = self.options.verify_budget
         verify_all = self.verify_threshold == 0.0 and not budget  # every P_j passes
         # verifying everything, the drafts may stay on the device until the verification is read
         drafts = self.runner.propose(list(requests), self.k, go_on, self.another_step, whole_rounds=True,
                                      lazy=verify_all and self.options.device_drafts)
-        self._ended = self.clock() if drafts else None
+        self._ended = self.clock() if drafts or looked_up else None
         if verify_all:  # the buckets are taken from the confidences when the result comes (observe)
             self._buckets.update(drafts)
-            return {rid: DraftProposal(d.tokens, d.probs, len(d.tokens), d.source) for rid, d in drafts.items()}
+            return {rid: DraftProposal(d.tokens, d.probs, len(d.tokens), d.source)
+                    for rid, d in drafts.items()} | looked_up
         chains = {rid: self.value_chain(d.confidence) for rid, d in drafts.items()}
         n_verify = {rid: sum(1 for v in chain if v >= self.verify_threshold) for rid, (_, chain) in chains.items()}
         if budget and sum(n_verify.values()) > budget:
@@ -311,7 +377,7 @@ class DeepSparkDrafter(DraftModelDrafter):
             n_verify = dict.fromkeys(chains, 0)
             for _, rid, j in ranked:
                 n_verify[rid] = max(n_verify[rid], j + 1)
-        out = {}
+        out = looked_up
         for rid, d in drafts.items():
             self._buckets[rid] = chains[rid][0]
             if n_verify[rid]:
@@ -324,6 +390,11 @@ class DeepSparkDrafter(DraftModelDrafter):
         buckets = self._buckets.pop(request.request_id, None)
         if buckets is None:
             return
+        if isinstance(buckets, _Lookup):
+            for pos in range(num_verified):
+                self.lookup_table.record(buckets.bucket, pos, pos < num_accepted)
+            return
+        self.model_gain += 0.05 * (num_accepted - self.model_gain)
         if isinstance(buckets, Draft):
             buckets = [self.table.bucket(c) for c in buckets.confidence]
         for pos in range(min(num_verified, len(buckets))):
@@ -331,4 +402,5 @@ class DeepSparkDrafter(DraftModelDrafter):
 
     def release(self, request: Request) -> None:
         self._buckets.pop(request.request_id, None)
+        self._indexes.pop(request.request_id, None)
         super().release(request)
