@@ -47,7 +47,7 @@ then four rounds of the other kind run, so that a change is noticed: after ``exp
 rounds at first, then ever less often. The greedy output is the target's either way. This is
 vLLM's disabling of speculation by batch size, measured instead of set.
 
-Lookup first (``lookup``, on by default). Where a request's context holds an earlier occurrence
+Lookup first (``lookup``, on by default where steps run eagerly). Where a request's context holds an earlier occurrence
 of its last n tokens (lookup_min_n <= n <= lookup_max_n, the longest and latest, as the ngram
 drafter finds it), the k tokens that followed it are a draft that costs nothing to make. A second
 table, indexed by (n, position) and learnt from the verifications the same way, gives their P_j;
@@ -113,10 +113,12 @@ class DeepSparkOptions(DraftModelOptions):
                                                           "nothing keep overlap scheduling (off by default: it "
                                                           "gained nothing on an H200, where such steps are bound "
                                                           "by the host's work)")
-    lookup: bool = Field(True, description="where the context holds an earlier occurrence of its last tokens, "
-                                           "propose what followed it instead of running the draft model, "
-                                           "when that is expected to gain at least as many tokens (both "
-                                           "learnt from verifications)")
+    lookup: bool | None = Field(None, description="where the context holds an earlier occurrence of its last "
+                                                  "tokens, propose what followed it instead of running the draft "
+                                                  "model, when that is expected to gain at least as many tokens "
+                                                  "(both learnt from verifications); default: where the engine "
+                                                  "runs its steps eagerly (on the CPU; with device graphs it "
+                                                  "gained nothing on an H200)")
     lookup_max_n: int = Field(4, ge=1, description="with lookup: the longest suffix looked up")
     lookup_min_n: int = Field(2, ge=1, description="with lookup: the shortest suffix looked up")
     buckets: int = Field(10, ge=1, le=100)
@@ -192,6 +194,7 @@ class DeepSparkDrafter(DraftModelDrafter):
         self.lookup_table = AcceptanceTable(o.lookup_max_n - o.lookup_min_n + 1, self.k, o.prior_strength, 0.9)
         self._indexes: dict[str, SuffixIndex] = {}
         self.model_gain = 1.0  # tokens the draft model's verified drafts gain a request (moving average)
+        self.lookup = o.lookup is not False  # (the default turns it off when the engine enables graphs)
         self.costs = RoundCosts()
         self.rates = RoundRates(options.explore_every, margin=options.skip_margin)
         #: the round under way, if it is to be a sample (closed by the next proposal)
@@ -218,6 +221,7 @@ class DeepSparkDrafter(DraftModelDrafter):
         # the engine captures verification graphs along with the draft's
         self.free_verification = self.options.verify_all_in_graphs
         self.in_graphs = True
+        self.lookup = bool(self.options.lookup)
 
     @property
     def _skipping(self) -> bool:
@@ -352,7 +356,7 @@ class DeepSparkDrafter(DraftModelDrafter):
         go_on = self.worth_going_on if self.options.early_stop else None
         if self._ended is not None:
             self.costs.update("rest", start - self._ended)
-        looked_up = self._lookups(requests) if self.options.lookup else {}
+        looked_up = self._lookups(requests) if self.lookup else {}
         if looked_up:
             requests = [r for r in requests if r.request_id not in looked_up]
             if not requests:

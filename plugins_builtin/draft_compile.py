@@ -43,16 +43,17 @@ class CompiledGreedyStep:
         return hasattr(attention, "mark_dynamic")
 
     def covers(self, feeds: list[tuple[list[int], int, list[int]]]) -> bool:
-        """A step of one sequence with one new token after at least one cached one (a single key
-        would be a dimension of size 1, which the compiler specialises)."""
-        return self.failed is None and len(feeds) == 1 and len(feeds[0][0]) == 1 and feeds[0][1] >= 1
+        """A step of one sequence with one or two new tokens (two: a round's first step after its
+        last draft was accepted) after at least one cached one (a single key would be a dimension
+        of size 1, which the compiler specialises)."""
+        return self.failed is None and len(feeds) == 1 and len(feeds[0][0]) <= 2 and feeds[0][1] >= 1
 
     def _greedy(self, input_ids, positions, kv_caches, meta) -> tuple[torch.Tensor, torch.Tensor]:
         hidden = self.model(input_ids, positions, kv_caches, meta)
-        return self.model.compute_logits(hidden).float().softmax(-1).max(-1)
+        return self.model.compute_logits(hidden[-1:]).float().softmax(-1).max(-1)
 
     def run(self, feeds: list[tuple[list[int], int, list[int]]]) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """(probability, token) of the feed's next token, each [1]; None if it failed to compile
+        """(probability, token) after the feed's last token, each [1]; None if it failed to compile
         (the caller then runs the step eagerly: nothing was written)."""
         batch = build_step_batch(feeds, self.block_size, self.device)
         meta = self.attention.build_metadata(batch)
@@ -66,10 +67,13 @@ class CompiledGreedyStep:
             return None
 
     def warm_up(self, pool: BlockPool, token: int = 0) -> None:
-        """Compile now: a step at the third slot of a block taken from the draft's pool (its first
-        two hold whatever they held; nothing reads them), then the block goes back."""
+        """Compile now, both kinds of step (one token, two): at the third slot of a block taken from
+        the draft's pool (its first two hold whatever they held; nothing reads them), then the
+        block goes back."""
         blocks = pool.allocate(1)
         try:
-            self.run([([token], 2, [b.block_id for b in blocks])])
+            with torch.inference_mode():  # as the steps run: compiled code is kept per grad mode
+                for n in (1, 2):
+                    self.run([([token] * n, 2, [b.block_id for b in blocks])])
         finally:
             pool.free(blocks)

@@ -99,10 +99,13 @@ class TorchAttention(AttentionBackend):
                                       one_seq)
 
     def mark_dynamic(self, metadata: TorchAttentionMetadata) -> None:
-        """Tell torch.compile that the keys read vary in number from step to step (one compiled
-        step serves every length)."""
+        """Tell torch.compile that the keys read (and the masks' columns) vary in number from step
+        to step (one compiled step serves every length)."""
         for slots in metadata.kv_slots.values():
             torch._dynamo.mark_dynamic(slots, 1)
+        for mask in metadata.masks.values():
+            if mask is not None:
+                torch._dynamo.mark_dynamic(mask, 3)
 
     @property
     def _keys(self) -> set[tuple[int, int | None]]:

@@ -1,5 +1,6 @@
 """The draft model's compiled greedy step (CPU) against its eager step: same tokens, same
-probabilities and the same KV written, for every length; pools exact."""
+probabilities and the same KV written, for every length and for one or two new tokens; pools
+exact."""
 from __future__ import annotations
 
 import torch
@@ -13,29 +14,31 @@ def test_compiled_draft_step_matches_the_eager_step():
     step = runner.compiled
     assert step is not None and step.failed is None, step and step.failed
     prompt = llm.get_tokenizer().encode("def read_config(path):\n    with open(path) as f:\n")
-    n = len(prompt) + 12
+    n = len(prompt) + 18
     blocks = runner.pool.allocate(-(-n // runner.block_size))
     table = [b.block_id for b in blocks]
+    bs = runner.block_size
     with torch.inference_mode():
         runner._forward_last([(prompt, 0, table)])  # the prompt's KV, eagerly
-        token = prompt[-1]
-        for pos in range(len(prompt), n):  # each length once: one compilation serves them all
-            feed = [([token], pos, table)]
+        tokens, pos, i = [prompt[-1]], len(prompt), 0
+        while pos + len(tokens) <= n:  # one and two new tokens in turn, at every length
+            feed = [(tokens, pos, table)]
             assert step.covers(feed)
             prob, best = step.run(feed)
-            slot = table[pos // runner.block_size] * runner.block_size + pos % runner.block_size
-            compiled_kv = [c[:, slot].clone() for c in runner.kv_caches]
-            eager_p, eager_best = runner._forward_last(feed).softmax(-1).max(-1)  # rewrites the slot
+            slots = [table[p // bs] * bs + p % bs for p in range(pos, pos + len(tokens))]
+            compiled_kv = [c[:, slots].clone() for c in runner.kv_caches]
+            eager_p, eager_best = runner._forward_last(feed).softmax(-1).max(-1)  # rewrites the slots
             assert best.tolist() == eager_best.tolist()
             torch.testing.assert_close(prob, eager_p, rtol=1e-4, atol=1e-5)
-            for got, want in zip(compiled_kv, (c[:, slot] for c in runner.kv_caches), strict=True):
+            for got, want in zip(compiled_kv, (c[:, slots] for c in runner.kv_caches), strict=True):
                 torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
-            token = int(best)
+            pos, i = pos + len(tokens), i + 1
+            tokens = [int(best)] if i % 2 == 0 else [int(best), prompt[i % len(prompt)]]
     runner.pool.free(reversed(blocks))
     runner.pool.check_all_free()
-    # several sequences, several new tokens, or a single cached key: eager steps
+    # several sequences, three new tokens or more, or a single cached key: eager steps
     assert not step.covers([([1], 5, table), ([2], 5, table)])
-    assert not step.covers([([1, 2], 5, table)])
+    assert not step.covers([([1, 2, 3], 5, table)])
     assert not step.covers([([1], 0, table)])
 
 
