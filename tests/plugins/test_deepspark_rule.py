@@ -38,7 +38,7 @@ def _timed_deepspark(step_seconds: float, rest_seconds: float, tick: float | Non
         for i in range(999):
             d.table.record(0, pos, i % 5 < 3)
     d.costs = RoundCosts()
-    d.free_verification = False
+    d.free_verification, d.lookup, d.model_gain = False, False, 1.0
     d.costs.rest, d.costs.step = rest_seconds, step_seconds
     tick = step_seconds if tick is None else tick
     d.clock, d._mark = itertools.count(100.0, tick).__next__, 100.0 - tick
@@ -260,3 +260,43 @@ def test_deepspark_without_cost_awareness_always_goes_on():
     d = _timed_deepspark(step_seconds=0.005, rest_seconds=0.002)
     d.options = d.options.model_copy(update={"cost_aware": False})
     assert d.another_step(1, [[0.5]], [0])
+
+
+def test_deepspark_lookup_replaces_the_draft_model_where_it_is_expected_to_gain_more():
+    """A request whose context repeats its last tokens gets the lookup's continuation (the draft
+    model is not asked for it), verified while its learnt P_j passes the threshold; matches whose
+    length has proved worse than the draft model's rounds go back to the model. Observations land
+    in the lookup's table, by match length, and the model's rounds move its average."""
+    from types import SimpleNamespace
+
+    from deepinfer_builtin.deepspark import _Lookup
+    from deepinfer_builtin.draft_runner import Draft
+
+    d = _timed_deepspark(step_seconds=0.001, rest_seconds=0.010)
+    d.options = d.options.model_copy(update={"cost_aware": False})
+    d.k, d._buckets, d._indexes, d._ended, d.lookup = 5, {}, {}, None, True
+    d.lookup_table = AcceptanceTable(3, 5, 1.0, 0.9)  # match lengths 2, 3, 4
+    asked = []
+    d.runner = SimpleNamespace(propose=lambda requests, *a, **kw: asked.extend(r.request_id for r in requests)
+                               or {r.request_id: Draft([7, 7], None, [0.9, 0.9]) for r in requests},
+                               release=lambda rid: None)
+    repeats = SimpleNamespace(request_id="a", all_token_ids=[1, 2, 3, 4, 5, 6, 9, 9, 1, 2, 3, 4])  # 4-gram
+    fresh = SimpleNamespace(request_id="b", all_token_ids=[10, 11, 12, 13])
+    props = d.propose([repeats, fresh])
+    assert asked == ["b"] and props["b"].tokens == [7, 7]
+    # the prior: 0.9 a position, so P_j = 0.9 ** j; all five pass the threshold (0.25)
+    assert props["a"].tokens == [5, 6, 9, 9, 1, 2, 3, 4][:5] and props["a"].num_verify == 5
+    assert isinstance(d._buckets["a"], _Lookup) and d._buckets["a"].bucket == 2
+    d.observe(repeats, 5, 1)  # one of five accepted
+    assert d.lookup_table.trials[2] == [2.0] * 5 and d.lookup_table.accepted[2][0] == pytest.approx(1.9)
+    d.observe(fresh, 2, 2)
+    assert d.model_gain == pytest.approx(1.05)
+    for _ in range(30):  # 4-grams keep failing at their second draft: worth less than the model's rounds
+        d.propose([repeats])
+        d.observe(repeats, 5, 1)
+    asked.clear()
+    props = d.propose([repeats])
+    assert asked == ["a"] and props["a"].tokens == [7, 7] and not isinstance(d._buckets["a"], _Lookup)
+    # released, its index goes
+    d.release(repeats)
+    assert "a" not in d._indexes

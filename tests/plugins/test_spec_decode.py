@@ -42,6 +42,9 @@ def test_greedy_outputs_identical_on_the_demo_pair(drafter, demo_reference):
     assert m["deepinfer:spec_decode_num_drafts"] > 0 and m["deepinfer:spec_decode_num_accepted_tokens"] > 0
     assert m["deepinfer:spec_decode_num_accepted_tokens"] <= m["deepinfer:spec_decode_num_verified_tokens"]
     assert m["deepinfer:spec_decode_num_verified_tokens"] <= m["deepinfer:spec_decode_num_draft_tokens"]
+    if drafter == "deepspark":  # some of its rounds took the lookup's drafts (on by default on the CPU)
+        table = llm.engine.drafter.lookup_table
+        assert sum(row[0] for row in table.trials) > table.buckets * llm.engine.drafter.options.prior_strength
     _assert_pools_free(llm)
 
 
@@ -226,7 +229,8 @@ def test_deepspark_mixing_plain_and_speculative_rounds_is_lossless(demo_referenc
 
 def test_deepspark_stops_drafting_what_it_would_not_verify(demo_reference):
     """Early stop spares the draft steps of drafts below min_value and changes nothing else: the
-    same greedy tokens, the same drafts verified and accepted. (With sampling, fewer draft
+    same greedy tokens, the same drafts verified and accepted (every round the draft model's: no
+    lookup, whose drafts may be shorter than k). (With sampling, fewer draft
     samples leave the draft's generator elsewhere, so sampled drafts differ; outputs stay samples
     of the target's distribution, which test_rejection_sampler_... checks.)"""
     runs = {}
@@ -235,7 +239,7 @@ def test_deepspark_stops_drafting_what_it_would_not_verify(demo_reference):
     for early in (True, False):
         llm = LLM(progress=False, dtype="float32", plugins=["deepspark"],
                   plugin_options={"deepspark": {"early_stop": early, "min_value": 0.4, "cost_aware": False,
-                                                "skip_when_slower": "never"}})
+                                                "skip_when_slower": "never", "lookup": False}})
         outs = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
         runs[early] = outs, llm.get_metrics()
         _assert_pools_free(llm)
