@@ -47,14 +47,15 @@ then four rounds of the other kind run, so that a change is noticed: after ``exp
 rounds at first, then ever less often. The greedy output is the target's either way. This is
 vLLM's disabling of speculation by batch size, measured instead of set.
 
-Lookup first (``lookup``, on by default where steps run eagerly). Where a request's context holds an earlier occurrence
-of its last n tokens (lookup_min_n <= n <= lookup_max_n, the longest and latest, as the ngram
-drafter finds it), the k tokens that followed it are a draft that costs nothing to make. A second
-table, indexed by (n, position) and learnt from the verifications the same way, gives their P_j;
-the request verifies the lookup's leading drafts with P_j at or above the threshold instead of
-running the draft model, when they are expected to gain at least as many tokens (the sum of those
-P_j) as the draft model's rounds accept on average (a moving average of its verifications). The
-draft model's KV catches up with the tokens it skipped in the request's next round it drafts.
+Lookup first (``lookup``, on by default where steps run eagerly). Where a request's context holds
+an earlier occurrence of its last n tokens (lookup_min_n <= n <= lookup_max_n, the longest and
+latest, as the ngram drafter finds it), the k tokens that followed it are a draft that costs
+nothing to make. A second table, indexed by (n, position) and learnt from the verifications the
+same way, gives their P_j; the request verifies the lookup's leading drafts with P_j at or above
+the threshold instead of running the draft model, when they are expected to gain at least as many
+tokens (the sum of those P_j) as the draft model's rounds accept on average (a moving average of
+its verifications). The draft model's KV catches up with the tokens it skipped in the request's
+next round it drafts.
 
 Drafting in one graph (``loop_graph``, on by default). With device graphs, a greedy round's k draft
 steps replay from one graph, so the round costs one launch and one copy to the host whatever its
