@@ -395,14 +395,17 @@ class DeepSparkDrafter(DraftModelDrafter):
         buckets = self._buckets.pop(request.request_id, None)
         if buckets is None:
             return
+        # a_i is the chance draft i passes once drafts 1..i-1 have: the drafts after the first
+        # rejected one were never put to that test, so they teach nothing
+        tested = min(num_verified, num_accepted + 1)
         if isinstance(buckets, _Lookup):
-            for pos in range(num_verified):
+            for pos in range(tested):
                 self.lookup_table.record(buckets.bucket, pos, pos < num_accepted)
             return
         self.model_gain += 0.05 * (num_accepted - self.model_gain)
         if isinstance(buckets, Draft):
             buckets = [self.table.bucket(c) for c in buckets.confidence]
-        for pos in range(min(num_verified, len(buckets))):
+        for pos in range(min(tested, len(buckets))):
             self.table.record(buckets[pos], pos, pos < num_accepted)
 
     def release(self, request: Request) -> None:
