@@ -218,11 +218,13 @@ class DeepSparkDrafter(DraftModelDrafter):
         return 0.0 if self.free_verification else self.options.min_value
 
     def enable_graphs(self, graphs, batch_sizes, max_seq_len) -> None:
+        self.lookup = bool(self.options.lookup)
+        if self.lookup:  # the round after a lookup's feeds the draft up to k + 1 tokens
+            self.loop_first = self.k + 1
         super().enable_graphs(graphs, batch_sizes, max_seq_len)
         # the engine captures verification graphs along with the draft's
         self.free_verification = self.options.verify_all_in_graphs
         self.in_graphs = True
-        self.lookup = bool(self.options.lookup)
 
     @property
     def _skipping(self) -> bool:

@@ -84,9 +84,12 @@ class DraftModelDrafter(Drafter):
     def max_draft_tokens(self) -> int:
         return self.k
 
+    #: new tokens a sequence the loop graph's first step takes (DraftLoopGraphs)
+    loop_first = 2
+
     def enable_graphs(self, graphs, batch_sizes, max_seq_len) -> None:
         loop_steps = self.k if self.options.loop_graph and self.k > 1 else 0
-        self.runner.enable_graphs(graphs, batch_sizes, max_seq_len, loop_steps)
+        self.runner.enable_graphs(graphs, batch_sizes, max_seq_len, loop_steps, self.loop_first)
 
     def propose(self, requests: list[Request]) -> dict[str, DraftProposal]:
         drafts = self.runner.propose(list(requests), self.k, lazy=self.options.device_drafts)

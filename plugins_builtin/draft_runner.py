@@ -61,18 +61,20 @@ class _DraftSeq:
 
 
 class DraftLoopGraphs(DecodeGraphs):
-    """A greedy round's k draft steps in one replay. The first step computes each sequence's one or
-    two new tokens, laid out as in the two-token graphs (``run_padded``); then each step's argmax
+    """A greedy round's k draft steps in one replay. The first step computes each sequence's new
+    tokens, one to ``first`` of them (2 by default: the target's token, behind the last accepted
+    draft when all were accepted; more where rounds may follow a lookup's), laid out as in the
+    verification graphs (``run_padded``); then each step's argmax
     becomes the next step's one token, on the device. The later steps' positions, slots and lengths
     follow from the first's, so the host writes them for all k - 1 steps with the round's inputs
     (padding rows stay at slot -1 and length 0: they write nothing). The output holds every step's
     token and probability, [size, 2, k] (float32: token ids below 2^24 are exact): one launch and
     one copy to the host a round, instead of k launches each waiting for its token."""
 
-    def __init__(self, one: DecodeGraphs, steps: int) -> None:
+    def __init__(self, one: DecodeGraphs, steps: int, first: int = 2) -> None:
         self.steps = steps  # (before the base class lays out its inputs, which hold the later steps' too)
         super().__init__(one.model, one.attention, one.kv_caches, one.api, one.device, one.block_size, one.sizes,
-                         one.max_seq_len, query_len=2, placeholders=False)
+                         one.max_seq_len, query_len=first, placeholders=False)
         self.one = one  # the later steps run the one-token graphs' forward on the inputs below
 
     def _fields(self):
@@ -94,8 +96,8 @@ class DraftLoopGraphs(DecodeGraphs):
 
     def captured_work(self, batch) -> torch.Tensor:
         b = batch.seq_lens.shape[0]
-        new = batch.seq_lens - batch.context_lens  # 1 or 2 new tokens; 0 for padding
-        last = torch.arange(b, device=new.device) * 2 + (new.long() - 1).clamp(min=0)
+        new = batch.seq_lens - batch.context_lens  # 1 to query_len new tokens; 0 for padding
+        last = torch.arange(b, device=new.device) * self.query_len + (new.long() - 1).clamp(min=0)
         p, t = self._argmax(super().captured_work(batch)[last])
         tokens, probs = [t], [p]
         one, ins = self.one._batch(b), self.inputs.device(b)
@@ -169,12 +171,13 @@ class DraftRunner:
             self.compiled.warm_up(self.pool)
 
     def enable_graphs(self, graphs: DeviceGraphs, batch_sizes: list[int], max_seq_len: int,
-                      loop_steps: int = 0) -> None:
+                      loop_steps: int = 0, loop_first: int = 2) -> None:
         """Replay the draft's steps from graphs captured for these batch sizes: one-token steps
         (every draft step after a round's first) and steps of up to two tokens a sequence (a
         round's first after the prompt: the target's token, behind the last accepted draft when all
         were accepted). Steps they do not cover run eagerly. With ``loop_steps`` (k), rounds that
-        draft greedily to the end replay all their steps from one graph (``DraftLoopGraphs``)."""
+        draft greedily to the end replay all their steps from one graph (``DraftLoopGraphs``), whose
+        first step takes up to ``loop_first`` new tokens a sequence."""
         if not self.attention.supports_graphs:
             raise ValueError(f"the attention plugin {self.attention.name!r} cannot run in device graphs; "
                              "the draft model runs eagerly with it (do not enable graphs)")
@@ -184,7 +187,7 @@ class DraftRunner:
         two.capture()
         self.graphs, self.first_graphs = one, two
         if loop_steps > 0:
-            self.loop = DraftLoopGraphs(one, loop_steps)
+            self.loop = DraftLoopGraphs(one, loop_steps, loop_first)
             self.loop.capture()
 
     def _forward_last(self, feeds: list[tuple[list[int], int, list[int]]]) -> torch.Tensor:
@@ -313,15 +316,21 @@ class DraftRunner:
     def _propose_in_loop(self, live: list[tuple[Request, _DraftSeq]], feeds, k: int,
                          lazy: bool) -> dict[str, Draft] | None:
         """Greedy rounds of k drafts for every request from the loop graph, with one copy to the
-        host (waited for here, or with ``lazy`` when first read). None when it does not cover the
-        round (a sequence with more than two new tokens, as after its prompt; a batch or a length
-        beyond the captured ones)."""
+        host (waited for here, or with ``lazy`` when first read). A sequence with more new tokens
+        than the loop's first step takes (after its prompt, or rounds it did not draft) first
+        computes the others in an eager step. None when it does not cover the round (a batch or a
+        length beyond the captured ones)."""
         loop = self.loop
-        if loop is None or loop.steps != k or max(len(t) for t, _, _ in feeds) > 2:
+        if loop is None or loop.steps != k:
             return None
         size = loop.size_for(len(feeds), max(start + len(t) for t, start, _ in feeds) + k - 1)
         if size is None:
             return None
+        q = loop.query_len
+        if max(len(t) for t, _, _ in feeds) > q:
+            self._forward_last([(t[:-q], start, blocks) for t, start, blocks in feeds if len(t) > q])
+            feeds = [(t[-q:], start + len(t) - q, blocks) if len(t) > q else (t, start, blocks)
+                     for t, start, blocks in feeds]
         tokens, starts, tables = zip(*feeds, strict=True)
         result = loop.run_padded(size, tokens, starts, tables)[:len(feeds)]
         rnd = _RoundOnDevice(result)

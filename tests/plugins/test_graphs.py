@@ -99,7 +99,7 @@ def test_graph_steps_give_the_eager_tokens_in_the_interpreter(tmp_path, fused):
 
 
 @pytest.mark.parametrize(("drafter", "loop"), [("draft-model", True), ("draft-model", False), ("deepspark", True),
-                                               ("deepspark", False)])
+                                               ("deepspark", False), ("deepspark+lookup", True)])
 def test_speculative_steps_from_graphs_give_the_eager_drafts_and_tokens_in_the_interpreter(tmp_path, drafter, loop):
     from tests.tiny_models import hybrid, make_model
 
@@ -186,7 +186,9 @@ def draft_both(model_dir: str, graphs_factory, drafter: str = "draft-model", loo
     """A drafter whose draft is the target itself, with every step eager and with graphs for the
     target's decode steps, its verification steps and the draft's steps (``loop``: a round's steps
     after the first from one graph; else one graph a step); and the target alone. Tokens,
-    proposals, the sizes replayed per kind of graph, accepted drafts."""
+    proposals, the sizes replayed per kind of graph, accepted drafts. "deepspark+lookup": deepspark
+    with its lookup on in both (rounds after a lookup's feed the loop graph's first step up to
+    k + 1 tokens a sequence); plain "deepspark" has it off in both."""
     from deepinfer import LLM, SamplingParams
     from deepinfer.core.graphs import DecodeGraphs
     from deepinfer_builtin.draft_runner import DraftLoopGraphs, DraftRunner
@@ -201,8 +203,10 @@ def draft_both(model_dir: str, graphs_factory, drafter: str = "draft-model", loo
     # (and no timing in its round depth or in skipping rounds, nor verifying all in graphs: the two
     # runs must draft alike; with the loop graph no early stop either, since its rounds draft all
     # k; without, the early stop shrinks a round's rows from one one-token replay to the next)
+    lookup = drafter == "deepspark+lookup"
+    drafter = drafter.split("+")[0]
     extra = {"min_value": 0.04, "cost_aware": False, "verify_all_in_graphs": False, "skip_when_slower": "never",
-             "early_stop": not loop} if drafter == "deepspark" else {}
+             "early_stop": not loop, "lookup": lookup} if drafter == "deepspark" else {}
     extra["loop_graph"] = loop
     base = LLM(model_dir, plugins=["triton"], progress=False, enforce_eager=True, plugin_options=triton, **engine)
     out = {"reference": [o.outputs[0].token_ids for o in base.generate(prompts, params, use_tqdm=False)]}
@@ -213,6 +217,7 @@ def draft_both(model_dir: str, graphs_factory, drafter: str = "draft-model", loo
     flags_wrong: list = []  # padded steps whose one-token flags disagree with their runs
     routing_wrong: list = []  # verification steps without a one-token run in the graphs with the decode pass
     draft_firsts: list = []  # the draft's graphs for a round's first step
+    loop_firsts: Counter[int] = Counter()  # the loop replays' first steps, by their most new tokens a sequence
     run, run_padded, propose = DecodeGraphs.run, DecodeGraphs.run_padded, DraftRunner.propose
 
     def counting(self, size, *args, **kwargs):
@@ -224,6 +229,8 @@ def draft_both(model_dir: str, graphs_factory, drafter: str = "draft-model", loo
         if any(self is g for g in draft_firsts):
             kind = "draft-first"
         replayed[kind][size] += 1
+        if kind == "loop":
+            loop_firsts[max(len(t) for t in tokens)] += 1
         hidden = run_padded(self, size, tokens, *args, **kwargs)
         if kind == "verify" and self.takes_single_runs and all(len(t) > 1 for t in tokens):
             routing_wrong.append([len(t) for t in tokens])  # had no one-token run: the other graphs'
@@ -247,7 +254,7 @@ def draft_both(model_dir: str, graphs_factory, drafter: str = "draft-model", loo
     DecodeGraphs.run, DecodeGraphs.run_padded, DraftRunner.propose = counting, counting_padded, recording
     try:
         for name in ("eager", "graphs"):
-            for c in replayed.values():
+            for c in (*replayed.values(), loop_firsts):
                 c.clear()
             proposals.clear()
             llm = LLM(model_dir, plugins=["triton", drafter], progress=False, enforce_eager=True,
@@ -268,7 +275,8 @@ def draft_both(model_dir: str, graphs_factory, drafter: str = "draft-model", loo
             out[name] = {"tokens": [o.outputs[0].token_ids for o in res], "proposals": drafted, "lazy": lazy,
                          "replayed": {kind: {str(k): v for k, v in c.items()} for kind, c in replayed.items()},
                          "accepted": llm.get_metrics()["deepinfer:spec_decode_num_accepted_tokens"],
-                         "flags_wrong": flags_wrong[:], "routing_wrong": routing_wrong[:]}
+                         "flags_wrong": flags_wrong[:], "routing_wrong": routing_wrong[:],
+                         "loop_firsts": {str(k): v for k, v in loop_firsts.items()}}
             del llm
     finally:
         DecodeGraphs.run, DecodeGraphs.run_padded, DraftRunner.propose = run, run_padded, propose
@@ -277,6 +285,11 @@ def draft_both(model_dir: str, graphs_factory, drafter: str = "draft-model", loo
 
 def check_draft_graphs(got: dict, drafter: str, loop: bool) -> None:
     assert got["graphs"]["proposals"] == got["eager"]["proposals"]  # draft for draft, the same tokens
+    # with the lookup, some rounds follow a lookup's and feed the loop graph's first step more than
+    # two tokens; without it, never more than two
+    longest = max(map(int, got["graphs"]["loop_firsts"]), default=0)
+    assert (longest > 2) == (drafter == "deepspark+lookup"), got["graphs"]["loop_firsts"]
+    drafter = drafter.split("+")[0]
     # draft-model's loop rounds leave their drafts on the device for the verification to read
     # there (deepspark's here choose what to verify, which needs the drafts on the host)
     assert got["eager"]["lazy"] == 0
