@@ -187,8 +187,8 @@ def draft_both(model_dir: str, graphs_factory, drafter: str = "draft-model", loo
     target's decode steps, its verification steps and the draft's steps (``loop``: a round's steps
     after the first from one graph; else one graph a step); and the target alone. Tokens,
     proposals, the sizes replayed per kind of graph, accepted drafts. "deepspark+lookup": deepspark
-    with its lookup on in both (rounds after a lookup's feed the loop graph's first step up to
-    k + 1 tokens a sequence); plain "deepspark" has it off in both."""
+    with its lookup on in both (the loop graph's first step then takes up to k + 1 tokens a
+    sequence); plain "deepspark" has it off in both."""
     from deepinfer import LLM, SamplingParams
     from deepinfer.core.graphs import DecodeGraphs
     from deepinfer_builtin.draft_runner import DraftLoopGraphs, DraftRunner
@@ -285,8 +285,9 @@ def draft_both(model_dir: str, graphs_factory, drafter: str = "draft-model", loo
 
 def check_draft_graphs(got: dict, drafter: str, loop: bool) -> None:
     assert got["graphs"]["proposals"] == got["eager"]["proposals"]  # draft for draft, the same tokens
-    # with the lookup, some rounds follow a lookup's and feed the loop graph's first step more than
-    # two tokens; without it, never more than two
+    # with the lookup on, the loop graph's first step takes up to k + 1 tokens a sequence (rounds
+    # after a lookup's; here at least the rounds after a prompt, whose surplus an eager step
+    # computes first); without it, at most two
     longest = max(map(int, got["graphs"]["loop_firsts"]), default=0)
     assert (longest > 2) == (drafter == "deepspark+lookup"), got["graphs"]["loop_firsts"]
     drafter = drafter.split("+")[0]
