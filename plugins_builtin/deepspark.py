@@ -51,11 +51,15 @@ Lookup first (``lookup``, on by default where steps run eagerly). Where a reques
 an earlier occurrence of its last n tokens (lookup_min_n <= n <= lookup_max_n, the longest and
 latest, as the ngram drafter finds it), the k tokens that followed it are a draft that costs
 nothing to make. A second table, indexed by (n, position) and learnt from the verifications the
-same way, gives their P_j; the request verifies the lookup's leading drafts with P_j at or above
-the threshold instead of running the draft model, when they are expected to gain at least as many
-tokens (the sum of those P_j) as the draft model's rounds accept on average (a moving average of
-its verifications). The draft model's KV catches up with the tokens it skipped in the request's
-next round it drafts.
+same way, gives their P_j, and the leading drafts with P_j at or above the threshold would be
+verified. A round takes the lookup's drafts for every request, and the draft model does not run,
+when every request has such drafts and rounds of lookups are measured to give tokens faster than
+the draft model's: 1 plus their expected accepted (the sum of those P_j, a mean over the batch)
+over a lookup round's time to the next proposal, against 1 plus what the draft model's verified
+drafts have gained a request (a moving average) over a model round's. Otherwise the requests whose
+lookup is expected to gain at least as many tokens as the model's drafts take it, and the draft
+model drafts for the rest. The draft model's KV catches up with the tokens it skipped in the
+request's next round it drafts (lookup.py).
 
 Drafting in one graph (``loop_graph``, on by default). With device graphs, a greedy round's k draft
 steps replay from one graph, so the round costs one launch and one copy to the host whatever its
@@ -76,7 +80,7 @@ from pydantic import Field, model_validator
 from deepinfer.plugins import DraftProposal, Request, hookimpl
 from deepinfer_builtin.draft_model import DraftModelDrafter, DraftModelOptions
 from deepinfer_builtin.draft_runner import Draft
-from deepinfer_builtin.ngram import SuffixIndex
+from deepinfer_builtin.lookup import LookupDrafts
 from deepinfer_builtin.round_rates import RoundCosts, RoundRates
 
 
@@ -192,9 +196,8 @@ class DeepSparkDrafter(DraftModelDrafter):
         o = options
         # an optimistic prior, so that every match length gets tried before the draft model's record
         # (which it starts without) can rule it out
-        self.lookup_table = AcceptanceTable(o.lookup_max_n - o.lookup_min_n + 1, self.k, o.prior_strength, 0.9)
-        self._indexes: dict[str, SuffixIndex] = {}
-        self.model_gain = 1.0  # tokens the draft model's verified drafts gain a request (moving average)
+        table = AcceptanceTable(o.lookup_max_n - o.lookup_min_n + 1, self.k, o.prior_strength, 0.9)
+        self.lookups = LookupDrafts(table, self.k, o.lookup_max_n, o.lookup_min_n)
         self.lookup = o.lookup is not False  # (the default turns it off when the engine enables graphs)
         self.costs = RoundCosts()
         self.rates = RoundRates(options.explore_every, margin=options.skip_margin)
@@ -317,6 +320,7 @@ class DeepSparkDrafter(DraftModelDrafter):
             out = self._draft(requests, start)
         else:
             self._ended = None  # (the plain step is not a speculative round's rest)
+            self.lookups.round_starts(start, None)
             out = {}
         if sample:  # every request gains one token, plus its accepted drafts (observe)
             self._round = _Round(speculate, batch, start, ids, batch, batch + sum(len(p.verified) for p in out.values()))
@@ -333,36 +337,20 @@ class DeepSparkDrafter(DraftModelDrafter):
                 self._round = None
             r.checked = True
 
-    def _lookups(self, requests: list[Request]) -> dict[str, DraftProposal]:
-        """Proposals of the requests whose lookup is expected to gain at least what the draft model
-        does (see the module's docstring)."""
-        o, out = self.options, {}
-        for req in requests:
-            index = self._indexes.get(req.request_id)
-            if index is None:
-                index = self._indexes[req.request_id] = SuffixIndex(o.lookup_max_n, o.lookup_min_n)
-            tokens, n = index.lookup(req.all_token_ids, self.k)
-            if not tokens:
-                continue
-            bucket, p, gain, verify = n - o.lookup_min_n, 1.0, 0.0, 0
-            for pos in range(len(tokens)):
-                p *= self.lookup_table.estimate(bucket, pos)
-                if p < self.verify_threshold:
-                    break
-                gain, verify = gain + p, verify + 1
-            if verify and gain >= self.model_gain:
-                self._buckets[req.request_id] = _Lookup(bucket)
-                out[req.request_id] = DraftProposal(tokens, None, verify)
-        return out
-
     def _draft(self, requests: list[Request], start: float) -> dict[str, DraftProposal]:
         go_on = self.worth_going_on if self.options.early_stop else None
         if self._ended is not None:
             self.costs.update("rest", start - self._ended)
-        looked_up = self._lookups(requests) if self.lookup else {}
+        looked_up = {}
+        if self.lookup:
+            self.lookups.round_starts(start, "model")
+            for rid, (proposal, bucket) in self.lookups.choose(requests, self.verify_threshold).items():
+                self._buckets[rid] = _Lookup(bucket)
+                looked_up[rid] = proposal
         if looked_up:
             requests = [r for r in requests if r.request_id not in looked_up]
-            if not requests:
+            if not requests:  # a round of lookups: the draft model does not run
+                self.lookups.set_kind("lookup")
                 self._ended = self.clock()
                 return looked_up
         # a round the loop graph takes drafts all k (then the rule chooses); the others step by step
@@ -400,11 +388,10 @@ class DeepSparkDrafter(DraftModelDrafter):
         # a_i is the chance draft i passes once drafts 1..i-1 have: the drafts after the first
         # rejected one were never put to that test, so they teach nothing
         tested = min(num_verified, num_accepted + 1)
-        if isinstance(buckets, _Lookup):
-            for pos in range(tested):
-                self.lookup_table.record(buckets.bucket, pos, pos < num_accepted)
+        lookup = isinstance(buckets, _Lookup)
+        self.lookups.observe(buckets.bucket if lookup else None, tested, num_accepted)
+        if lookup:
             return
-        self.model_gain += 0.05 * (num_accepted - self.model_gain)
         if isinstance(buckets, Draft):
             buckets = [self.table.bucket(c) for c in buckets.confidence]
         for pos in range(min(tested, len(buckets))):
@@ -412,5 +399,5 @@ class DeepSparkDrafter(DraftModelDrafter):
 
     def release(self, request: Request) -> None:
         self._buckets.pop(request.request_id, None)
-        self._indexes.pop(request.request_id, None)
+        self.lookups.release(request.request_id)
         super().release(request)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from deepinfer_builtin.deepspark import AcceptanceTable
+from deepinfer_builtin.lookup import LookupDrafts
 
 
 def test_deepspark_table_learns_and_budget_keeps_prefixes():
@@ -38,7 +39,8 @@ def _timed_deepspark(step_seconds: float, rest_seconds: float, tick: float | Non
         for i in range(999):
             d.table.record(0, pos, i % 5 < 3)
     d.costs = RoundCosts()
-    d.free_verification, d.lookup, d.model_gain = False, False, 1.0
+    d.free_verification, d.lookup = False, False
+    d.lookups = LookupDrafts(AcceptanceTable(3, 5, 1.0, 0.9), 5, 4, 2)
     d.costs.rest, d.costs.step = rest_seconds, step_seconds
     tick = step_seconds if tick is None else tick
     d.clock, d._mark = itertools.count(100.0, tick).__next__, 100.0 - tick
@@ -262,11 +264,13 @@ def test_deepspark_without_cost_awareness_always_goes_on():
     assert d.another_step(1, [[0.5]], [0])
 
 
-def test_deepspark_lookup_replaces_the_draft_model_where_it_is_expected_to_gain_more():
+def test_deepspark_lookup_replaces_the_draft_model_where_it_pays_better():
     """A request whose context repeats its last tokens gets the lookup's continuation (the draft
-    model is not asked for it), verified while its learnt P_j passes the threshold; matches whose
-    length has proved worse than the draft model's rounds go back to the model. Observations land
-    in the lookup's table, by match length, and the model's rounds move its average."""
+    model is not asked for it), verified while its learnt P_j passes the threshold. Observations
+    land in the lookup's table, by match length (up to the first rejected draft), and the model's
+    rounds move its average gain. In a batch where some request has no lookup the model runs, and
+    a lookup is taken only if it gains at least what the model's drafts do; in a round where every
+    request has one, lookups are taken while their rounds are measured to give tokens faster."""
     from types import SimpleNamespace
 
     from deepinfer_builtin.deepspark import _Lookup
@@ -274,30 +278,56 @@ def test_deepspark_lookup_replaces_the_draft_model_where_it_is_expected_to_gain_
 
     d = _timed_deepspark(step_seconds=0.001, rest_seconds=0.010)
     d.options = d.options.model_copy(update={"cost_aware": False})
-    d.k, d._buckets, d._indexes, d._ended, d.lookup = 5, {}, {}, None, True
-    d.lookup_table = AcceptanceTable(3, 5, 1.0, 0.9)  # match lengths 2, 3, 4
+    d.k, d._buckets, d._ended, d.lookup = 5, {}, None, True
+    now = [0.0]
+    d.clock = lambda: now[0]
+    lk = d.lookups
     asked = []
     d.runner = SimpleNamespace(propose=lambda requests, *a, **kw: asked.extend(r.request_id for r in requests)
                                or {r.request_id: Draft([7, 7], None, [0.9, 0.9]) for r in requests},
                                release=lambda rid: None)
     repeats = SimpleNamespace(request_id="a", all_token_ids=[1, 2, 3, 4, 5, 6, 9, 9, 1, 2, 3, 4])  # 4-gram
     fresh = SimpleNamespace(request_id="b", all_token_ids=[10, 11, 12, 13])
-    props = d.propose([repeats, fresh])
+
+    def round_(requests, seconds):
+        asked.clear()
+        props = d.propose(requests)
+        now[0] += seconds
+        return props
+
+    props = round_([repeats, fresh], 1.0)
     assert asked == ["b"] and props["b"].tokens == [7, 7]
-    # the prior: 0.9 a position, so P_j = 0.9 ** j; all five pass the threshold (0.25)
-    assert props["a"].tokens == [5, 6, 9, 9, 1, 2, 3, 4][:5] and props["a"].num_verify == 5
+    # the prior: 0.9 a position, so P_j = 0.9 ** j, a gain of 3.7 over the model's 1.0; all five
+    # pass the threshold (0.25)
+    assert props["a"].tokens == [5, 6, 9, 9, 1] and props["a"].num_verify == 5
     assert isinstance(d._buckets["a"], _Lookup) and d._buckets["a"].bucket == 2
     d.observe(repeats, 5, 1)  # the first accepted, the second not (the rest were not put to the test)
-    assert d.lookup_table.trials[2] == [2.0, 2.0, 1.0, 1.0, 1.0]
-    assert d.lookup_table.accepted[2][:2] == pytest.approx([1.9, 0.9])
+    assert lk.table.trials[2] == [2.0, 2.0, 1.0, 1.0, 1.0]
+    assert lk.table.accepted[2][:2] == pytest.approx([1.9, 0.9])
     d.observe(fresh, 2, 2)
-    assert d.model_gain == pytest.approx(1.05)
-    for _ in range(30):  # 4-grams keep failing at their second draft: worth less than the model's rounds
-        d.propose([repeats])
+    assert lk.model_gain == pytest.approx(1.05)
+    for _ in range(12):  # 4-grams fail at their second draft: worth less than the model's drafts
+        round_([repeats, fresh], 1.0)
         d.observe(repeats, 5, 1)
-    asked.clear()
-    props = d.propose([repeats])
-    assert asked == ["a"] and props["a"].tokens == [7, 7] and not isinstance(d._buckets["a"], _Lookup)
+    props = round_([repeats, fresh], 1.0)
+    assert asked == ["a", "b"] and not isinstance(d._buckets["a"], _Lookup)
+    assert lk.seconds == {"lookup": None, "model": 1.0}
+    # alone, its lookups make a round of their own: the model does not run (first to time them) ...
+    props = round_([repeats], 0.25)
+    assert asked == [] and props["a"].num_verify == 1
+    round_([repeats], 1.0)
+    assert lk.seconds["lookup"] == 0.25
+    # ... and while lookup rounds (1 + their gain g in their seconds) beat the model's (1 + its
+    # gain in 1 s), though g is below the model's gain
+    assert asked == [] and lk.seconds["model"] == 1.0
+    g = lk._candidate(repeats, d.verify_threshold)[2]
+    assert g < lk.model_gain
+    even = (1 + g) / (1 + lk.model_gain)  # the lookup rounds' seconds at which both pay alike
+    for seconds, model_runs in ((0.99 * even, False), (1.01 * even, True)):
+        lk.seconds["lookup"], lk.seconds["model"] = seconds, 1.0
+        lk._last = None  # (no round under way to time)
+        round_([repeats], 0.0)
+        assert asked == (["a"] if model_runs else [])
     # released, its index goes
     d.release(repeats)
-    assert "a" not in d._indexes
+    assert "a" not in lk.indexes

@@ -1,0 +1,82 @@
+"""deepspark's lookup: drafts taken from the context's earlier occurrence of its last tokens, where
+they are expected to pay better than the draft model's (see deepspark.py's docstring)."""
+from __future__ import annotations
+
+from deepinfer.plugins import DraftProposal, Request
+from deepinfer_builtin.ngram import SuffixIndex
+
+
+class LookupDrafts:
+    """Per request, a suffix index of its tokens; a table (match length, position) of how often
+    lookup drafts were accepted (``table``: deepspark's AcceptanceTable); what the draft model's
+    verified drafts gain a request (``model_gain``, a moving average); and how long rounds of
+    each kind take to the next proposal (``seconds``: "lookup", every request's drafts from the
+    lookup; "model", the draft model ran)."""
+
+    def __init__(self, table, k: int, max_n: int, min_n: int) -> None:
+        self.table, self.k, self.max_n, self.min_n = table, k, max_n, min_n
+        self.indexes: dict[str, SuffixIndex] = {}
+        self.model_gain = 1.0
+        self.seconds: dict[str, float | None] = {"lookup": None, "model": None}
+        self._last: tuple[str, float] | None = None  # the round under way: its kind and start
+
+    def round_starts(self, now: float, kind: str | None) -> None:
+        """A proposal starts at ``now``: the round before it (if it drafted) ends; ``kind`` is this
+        one's (None: a round that drafts nothing, which is no sample)."""
+        if self._last is not None:
+            last, start = self._last
+            old, took = self.seconds[last], now - start
+            # (a sample over 4x the average, an idle engine between rounds, counts as 4x)
+            self.seconds[last] = took if old is None else old + 0.2 * (min(took, 4 * old) - old)
+        self._last = None if kind is None else (kind, now)
+
+    def set_kind(self, kind: str) -> None:
+        if self._last is not None:
+            self._last = (kind, self._last[1])
+
+    def _candidate(self, req: Request, threshold: float) -> tuple[list[int], int, float, int] | None:
+        """(tokens, their table bucket, expected accepted, how many to verify), or None."""
+        index = self.indexes.get(req.request_id)
+        if index is None:
+            index = self.indexes[req.request_id] = SuffixIndex(self.max_n, self.min_n)
+        tokens, n = index.lookup(req.all_token_ids, self.k)
+        if not tokens:
+            return None
+        bucket, p, gain, verify = n - self.min_n, 1.0, 0.0, 0
+        for pos in range(len(tokens)):
+            p *= self.table.estimate(bucket, pos)
+            if p < threshold:
+                break
+            gain, verify = gain + p, verify + 1
+        return (tokens, bucket, gain, verify) if verify else None
+
+    def _faster(self, gain: float) -> bool:
+        """Whether a round of lookups gaining ``gain`` a request gives tokens faster than the draft
+        model's rounds (until both kinds are timed: yes, so that lookup rounds get timed)."""
+        lookup, model = self.seconds["lookup"], self.seconds["model"]
+        if lookup is None or model is None:
+            return True
+        return (1.0 + gain) * model >= (1.0 + self.model_gain) * lookup
+
+    def choose(self, requests: list[Request], threshold: float) -> dict[str, tuple[DraftProposal, int]]:
+        """The requests that take the lookup's drafts, with their proposals and table buckets: all
+        of them if every one has a lookup and such rounds are measured to pay better than the
+        model's; else those whose lookup is expected to gain at least what the model's drafts do."""
+        found = {r.request_id: c for r in requests if (c := self._candidate(r, threshold)) is not None}
+        if len(found) == len(requests) and self._faster(sum(c[2] for c in found.values()) / len(found)):
+            chosen = found
+        else:
+            chosen = {rid: c for rid, c in found.items() if c[2] >= self.model_gain}
+        return {rid: (DraftProposal(tokens, None, verify), bucket)
+                for rid, (tokens, bucket, _, verify) in chosen.items()}
+
+    def observe(self, bucket: int | None, tested: int, num_accepted: int) -> None:
+        """A verification of the lookup's drafts (``bucket``) or the model's (None)."""
+        if bucket is None:
+            self.model_gain += 0.05 * (num_accepted - self.model_gain)
+            return
+        for pos in range(tested):
+            self.table.record(bucket, pos, pos < num_accepted)
+
+    def release(self, request_id: str) -> None:
+        self.indexes.pop(request_id, None)
