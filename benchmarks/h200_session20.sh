@@ -44,3 +44,15 @@ if [ "${1:-a}" = d ]; then
   timeout 330 python3 -m deepinfer.cli bench spec --device sm90 --batch 1,64 --output-len 256 --repeats 5 \
     2>&1 | filter > "$OUT/spec.txt"
 fi
+if [ "${1:-a}" = e ]; then
+  # lookup rounds chosen by their measured rate against the model's (lookup.py): lookup off against
+  # on, alternating twice, at batch 1 and 64
+  for r in 1 2; do
+    for lk in false true; do
+      echo "== lookup $lk (run $r)" >> "$OUT/lookup.txt"
+      timeout 90 python3 -m deepinfer.cli bench spec --device sm90 --drafters none,deepspark --batch 1,64 \
+        --output-len 256 --repeats 3 --plugin-options "{\"deepspark\": {\"lookup\": $lk}}" \
+        2>&1 | filter >> "$OUT/lookup.txt"
+    done
+  done
+fi
