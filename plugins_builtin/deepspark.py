@@ -66,8 +66,9 @@ steps replay from one graph, so the round costs one launch and one copy to the h
 depth: deepspark then drafts all k (neither the early stop nor the round depth is consulted, as
 there is nothing to save by stopping) and the rule above chooses each request's verified prefix
 from the drafts' confidences, as the published DeepSpark does. Rounds that the loop graph does not
-cover (sampled requests, the round after a prompt, a batch or sequence beyond the captured sizes)
-draft step by step as above.
+cover (sampled requests, a batch or sequence beyond the captured sizes) draft step by step as
+above; a sequence with more new tokens than the loop's first step takes (after its prompt) first
+computes the surplus eagerly.
 """
 from __future__ import annotations
 
