@@ -31,7 +31,8 @@ def _timed_deepspark(step_seconds: float, rest_seconds: float, tick: float | Non
     from deepinfer_builtin.deepspark import DeepSparkDrafter, DeepSparkOptions, RoundCosts, RoundRates
 
     d = DeepSparkDrafter.__new__(DeepSparkDrafter)
-    d.options = DeepSparkOptions(buckets=1, prior_strength=1.0, min_value=0.25)
+    # (rounds skipped only in graphs, which these drafters are not in unless a test says so)
+    d.options = DeepSparkOptions(buckets=1, prior_strength=1.0, min_value=0.25, skip_when_slower="graphs")
     d.rates, d._round, d.in_graphs = RoundRates(d.options.explore_every), None, False
     d._last_kind, d._last_ids, d._after_plain, d._plan = None, set(), False, None
     d.table = AcceptanceTable(1, 5, 1.0)
@@ -200,8 +201,14 @@ def test_deepspark_drafts_nothing_while_plain_steps_are_faster():
 
     d = _timed_deepspark(step_seconds=0.001, rest_seconds=0.010)
     d.rates, d._ended, d._buckets, d.k = RoundRates(6), None, {}, 5  # (looks of 4 rounds)
-    d.options = d.options.model_copy(update={"skip_min_batch": 1})
-    assert d.options.skip_when_slower == "graphs" and not d.may_skip(1)
+    from deepinfer_builtin.deepspark import DeepSparkOptions
+
+    # by default, batches of at least 8 may skip, in eager steps too
+    d.options = DeepSparkOptions()
+    assert d.options.skip_when_slower == "always" and d.may_skip(8) and not d.may_skip(7)
+    d.options = DeepSparkOptions(buckets=1, prior_strength=1.0, min_value=0.25, skip_min_batch=1,
+                                 skip_when_slower="graphs")
+    assert not d.may_skip(1)
     d.in_graphs = True  # as if the engine verified in device graphs
     assert d.may_skip(1)
     d.runner = SimpleNamespace(propose=lambda requests, k, *a, whole_rounds, lazy: {"a": Draft([5], None, [0.9])})
