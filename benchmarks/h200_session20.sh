@@ -25,11 +25,13 @@ if [ "${1:-a}" = b ]; then
   timeout 330 python3 -m deepinfer.cli bench spec --device sm90 --batch 1,64 --output-len 256 --repeats 5 \
     2>&1 | filter > "$OUT/spec.txt"
 fi
-if [ "${1:-a}" = c ]; then
-  # the loop graph's first step takes up to k + 1 tokens where deepspark's lookup is on in graphs,
+if [ "${1:-a}" = c ] || [ "${1:-a}" = e ]; then
+  # c: the loop graph's first step takes up to k + 1 tokens where deepspark's lookup is on in graphs,
   # and a longer catch-up computes its surplus eagerly before the loop (after a prompt, after
-  # lookups): the gpu-marked tests; lookup off against on, alternating twice, at batch 1 and 64
-  timeout 180 python3 -m pytest -q -p no:cacheprovider -m gpu tests/plugins tests/core > "$OUT/gpu_tests.txt" 2>&1
+  # lookups); the gpu-marked tests first. e: lookup rounds chosen by their measured rate against the
+  # model's (lookup.py). Both: lookup off against on, alternating twice, at batch 1 and 64
+  [ "$1" = c ] && timeout 180 python3 -m pytest -q -p no:cacheprovider -m gpu tests/plugins tests/core \
+    > "$OUT/gpu_tests.txt" 2>&1
   for r in 1 2; do
     for lk in false true; do
       echo "== lookup $lk (run $r)" >> "$OUT/lookup.txt"
@@ -44,15 +46,7 @@ if [ "${1:-a}" = d ]; then
   timeout 330 python3 -m deepinfer.cli bench spec --device sm90 --batch 1,64 --output-len 256 --repeats 5 \
     2>&1 | filter > "$OUT/spec.txt"
 fi
-if [ "${1:-a}" = e ]; then
-  # lookup rounds chosen by their measured rate against the model's (lookup.py): lookup off against
-  # on, alternating twice, at batch 1 and 64
-  for r in 1 2; do
-    for lk in false true; do
-      echo "== lookup $lk (run $r)" >> "$OUT/lookup.txt"
-      timeout 90 python3 -m deepinfer.cli bench spec --device sm90 --drafters none,deepspark --batch 1,64 \
-        --output-len 256 --repeats 3 --plugin-options "{\"deepspark\": {\"lookup\": $lk}}" \
-        2>&1 | filter >> "$OUT/lookup.txt"
-    done
-  done
+if [ "${1:-a}" = f ]; then
+  # the final code: the gpu-marked tests of the plugins and the core
+  timeout 180 python3 -m pytest -q -p no:cacheprovider -m gpu tests/plugins tests/core > "$OUT/gpu_tests.txt" 2>&1
 fi
