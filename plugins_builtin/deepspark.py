@@ -35,19 +35,20 @@ longer than ``max_seq_len_to_capture``, a prefill chunk in the step) then verify
 Rounds that draft nothing (``skip_when_slower``). Speculating pays only where a round's extra
 tokens outweigh its cost. Where the engine verifies in device graphs, a round drafts and verifies
 all k whatever the batch (loop graph, verification free), so nothing above adapts to the batch, and
-at large batches plain decode steps give more tokens a second (H200, demo pair: none 1.35-1.64x
-of draft-model at 64 requests); so do eager steps of large batches on a CPU, where the round
-depth does not price the verification's growth with the drafts verified (demo pair, 64 requests:
+at large batches plain decode steps give more tokens a second (H200, demo pair: none 1.35-1.64x of
+draft-model at 64 requests); so do eager steps of large batches on a CPU, where the round depth
+does not price the verification's growth with the drafts verified (demo pair, 64 requests:
 deepspark 0.45x of no drafter speculating every round, 0.91x skipping). There (``"always"``, the
-default; ``"graphs"``: only where the engine verifies in device graphs), batches of at least ``skip_min_batch`` requests draft nothing for a round (the engine then
-runs a plain decode step) unless speculating is measured ``skip_margin`` faster, and once it
-speculates, it goes on while speculating is faster at all (RoundRates: rounds'
-generated tokens a request, one plus the accepted drafts, against their time to the next
-proposal, per batch size class; only rounds whose step computed just their own tokens, with the
-same requests throughout, after a round of their kind, are samples: see docs/plugins.md). Now and
-then four rounds of the other kind run, so that a change is noticed: after ``explore_every``
-rounds at first, then ever less often. The greedy output is the target's either way. This is
-vLLM's disabling of speculation by batch size, measured instead of set.
+default; ``"graphs"``: only where the engine verifies in device graphs), batches of at least
+``skip_min_batch`` requests draft nothing for a round (the engine then runs a plain decode step)
+unless speculating is measured ``skip_margin`` faster, and once it speculates, it goes on while
+speculating is faster at all (RoundRates: rounds' generated tokens a request, one plus the accepted
+drafts, against their time to the next proposal, per batch size class; only rounds whose step
+computed just their own tokens, with the same requests throughout, after a round of their kind, are
+samples: see docs/plugins.md). Now and then four rounds of the other kind run, so that a change is
+noticed: after ``explore_every`` rounds at first, then ever less often. The greedy output is the
+target's either way. This is vLLM's disabling of speculation by batch size, measured instead of
+set.
 
 Lookup first (``lookup``, on by default where steps run eagerly). Where a request's context holds
 an earlier occurrence of its last n tokens (lookup_min_n <= n <= lookup_max_n, the longest and
@@ -123,10 +124,10 @@ class DeepSparkOptions(DraftModelOptions):
                                                           "by the host's work)")
     lookup: bool | None = Field(None, description="where the context holds an earlier occurrence of its last "
                                                   "tokens, propose what followed it instead of running the draft "
-                                                  "model, when that is expected to gain at least as many tokens "
-                                                  "(both learnt from verifications); default: where the engine "
-                                                  "runs its steps eagerly (on the CPU; with device graphs it "
-                                                  "gained nothing on an H200)")
+                                                  "model, where that is expected to pay better (learnt from "
+                                                  "verifications and round times; lookup.py); default: where the "
+                                                  "engine runs its steps eagerly (on the CPU; with device graphs "
+                                                  "it gained nothing on an H200)")
     lookup_max_n: int = Field(4, ge=1, description="with lookup: the longest suffix looked up")
     lookup_min_n: int = Field(2, ge=1, description="with lookup: the shortest suffix looked up")
     buckets: int = Field(10, ge=1, le=100)

@@ -64,12 +64,12 @@ class DraftLoopGraphs(DecodeGraphs):
     """A greedy round's k draft steps in one replay. The first step computes each sequence's new
     tokens, one to ``first`` of them (2 by default: the target's token, behind the last accepted
     draft when all were accepted; more where rounds may follow a lookup's), laid out as in the
-    verification graphs (``run_padded``); then each step's argmax
-    becomes the next step's one token, on the device. The later steps' positions, slots and lengths
-    follow from the first's, so the host writes them for all k - 1 steps with the round's inputs
-    (padding rows stay at slot -1 and length 0: they write nothing). The output holds every step's
-    token and probability, [size, 2, k] (float32: token ids below 2^24 are exact): one launch and
-    one copy to the host a round, instead of k launches each waiting for its token."""
+    verification graphs (``run_padded``); then each step's argmax becomes the next step's one
+    token, on the device. The later steps' positions, slots and lengths follow from the first's,
+    so the host writes them for all k - 1 steps with the round's inputs (padding rows stay at
+    slot -1 and length 0: they write nothing). The output holds every step's token and
+    probability, [size, 2, k] (float32: token ids below 2^24 are exact): one launch and one copy
+    to the host a round, instead of k launches each waiting for its token."""
 
     def __init__(self, one: DecodeGraphs, steps: int, first: int = 2) -> None:
         self.steps = steps  # (before the base class lays out its inputs, which hold the later steps' too)
