@@ -85,7 +85,7 @@ from deepinfer.plugins import DraftProposal, Request, hookimpl
 from deepinfer_builtin.draft_model import DraftModelDrafter, DraftModelOptions
 from deepinfer_builtin.draft_runner import Draft
 from deepinfer_builtin.lookup import LookupDrafts
-from deepinfer_builtin.round_rates import RoundCosts, RoundRates
+from deepinfer_builtin.round_rates import AcceptanceTable, RoundCosts, RoundRates
 
 
 class DeepSparkOptions(DraftModelOptions):
@@ -158,31 +158,6 @@ class _Round:
     tokens: int     # generated: one a request, plus the accepted drafts
     computed: int   # what its step should compute: one token a request, plus the drafts sent
     checked: bool = False  # its step ended as expected
-
-
-class AcceptanceTable:
-    """Observed acceptances per (confidence bucket, draft position), with a prior."""
-
-    def __init__(self, buckets: int, positions: int, prior_strength: float, prior: float | None = None) -> None:
-        self.buckets = buckets
-        # (the prior: the confidence bucket's midpoint, or one for all)
-        mid = [(b + 0.5) / buckets if prior is None else prior for b in range(buckets)]
-        self.accepted = [[prior_strength * mid[b]] * positions for b in range(buckets)]
-        self.trials = [[prior_strength] * positions for _ in range(buckets)]
-
-    def bucket(self, confidence: float) -> int:
-        return min(self.buckets - 1, int(confidence * self.buckets))
-
-    def estimate(self, bucket: int, pos: int) -> float:
-        return self.accepted[bucket][pos] / self.trials[bucket][pos]
-
-    def position_rate(self, pos: int) -> float:
-        """Acceptance at a draft position over all buckets, observations weighted as they came."""
-        return sum(a[pos] for a in self.accepted) / sum(t[pos] for t in self.trials)
-
-    def record(self, bucket: int, pos: int, accepted: bool) -> None:
-        self.trials[bucket][pos] += 1
-        self.accepted[bucket][pos] += accepted
 
 
 class DeepSparkDrafter(DraftModelDrafter):

@@ -4,20 +4,21 @@ from __future__ import annotations
 
 from deepinfer.plugins import DraftProposal, Request
 from deepinfer_builtin.ngram import SuffixIndex
+from deepinfer_builtin.round_rates import RoundCosts
 
 
 class LookupDrafts:
     """Per request, a suffix index of its tokens; a table (match length, position) of how often
-    lookup drafts were accepted (``table``: deepspark's AcceptanceTable); what the draft model's
-    verified drafts gain a request (``model_gain``, a moving average); and how long rounds of
-    each kind take to the next proposal (``seconds``: "lookup", every request's drafts from the
-    lookup; "model", the draft model ran)."""
+    lookup drafts were accepted (``table``, an AcceptanceTable); what the draft model's verified
+    drafts gain a request (``model_gain``, a moving average); and how long rounds of each kind take
+    to the next proposal (``seconds``, a RoundCosts: ``lookup``, every request's drafts from the
+    lookup; ``model``, the draft model ran)."""
 
     def __init__(self, table, k: int, max_n: int, min_n: int) -> None:
         self.table, self.k, self.max_n, self.min_n = table, k, max_n, min_n
         self.indexes: dict[str, SuffixIndex] = {}
         self.model_gain = 1.0
-        self.seconds: dict[str, float | None] = {"lookup": None, "model": None}
+        self.seconds = RoundCosts(names=("lookup", "model"))
         self._last: tuple[str, float] | None = None  # the round under way: its kind and start
 
     def round_starts(self, now: float, kind: str | None) -> None:
@@ -25,9 +26,7 @@ class LookupDrafts:
         one's (None: a round that drafts nothing, which is no sample)."""
         if self._last is not None:
             last, start = self._last
-            old, took = self.seconds[last], now - start
-            # (a sample over 4x the average, an idle engine between rounds, counts as 4x)
-            self.seconds[last] = took if old is None else old + 0.2 * (min(took, 4 * old) - old)
+            self.seconds.update(last, now - start)
         self._last = None if kind is None else (kind, now)
 
     def set_kind(self, kind: str) -> None:
@@ -53,10 +52,8 @@ class LookupDrafts:
     def _faster(self, gain: float) -> bool:
         """Whether a round of lookups gaining ``gain`` a request gives tokens faster than the draft
         model's rounds (until both kinds are timed: yes, so that lookup rounds get timed)."""
-        lookup, model = self.seconds["lookup"], self.seconds["model"]
-        if lookup is None or model is None:
-            return True
-        return (1.0 + gain) * model >= (1.0 + self.model_gain) * lookup
+        s = self.seconds
+        return not s.known or (1.0 + gain) * s.model >= (1.0 + self.model_gain) * s.lookup
 
     def choose(self, requests: list[Request], threshold: float) -> dict[str, tuple[DraftProposal, int]]:
         """The requests that take the lookup's drafts, with their proposals and table buckets: all

@@ -1,20 +1,50 @@
-"""What deepspark measures as it runs: a round's parts (RoundCosts, for the round depth) and the
-seconds a generated token of speculative rounds and of plain steps (RoundRates, for rounds that
-draft nothing). See deepspark.py's docstring."""
+"""What deepspark measures as it runs: how often drafts are accepted (AcceptanceTable, for what
+to verify), a round's parts (RoundCosts, for the round depth) and the seconds a generated token of
+speculative rounds and of plain steps (RoundRates, for rounds that draft nothing). See
+deepspark.py's docstring."""
 from __future__ import annotations
 
 from collections import deque
 
 
-class RoundCosts:
-    """Moving averages of a round's parts, in seconds: ``rest`` (from the end of one proposal to
-    the start of the next: verification and the engine's work) and ``step`` (a draft step). A
-    sample over 4x the average (an idle engine between proposals) counts as 4x."""
+class AcceptanceTable:
+    """Observed acceptances per (confidence bucket, draft position), with a prior."""
 
-    def __init__(self, weight: float = 0.2) -> None:
-        self.weight = weight
-        self.rest: float | None = None
-        self.step: float | None = None
+    def __init__(self, buckets: int, positions: int, prior_strength: float, prior: float | None = None) -> None:
+        self.buckets = buckets
+        # (the prior: the confidence bucket's midpoint, or one for all)
+        mid = [(b + 0.5) / buckets if prior is None else prior for b in range(buckets)]
+        self.accepted = [[prior_strength * mid[b]] * positions for b in range(buckets)]
+        self.trials = [[prior_strength] * positions for _ in range(buckets)]
+
+    def bucket(self, confidence: float) -> int:
+        return min(self.buckets - 1, int(confidence * self.buckets))
+
+    def estimate(self, bucket: int, pos: int) -> float:
+        return self.accepted[bucket][pos] / self.trials[bucket][pos]
+
+    def position_rate(self, pos: int) -> float:
+        """Acceptance at a draft position over all buckets, observations weighted as they came."""
+        return sum(a[pos] for a in self.accepted) / sum(t[pos] for t in self.trials)
+
+    def record(self, bucket: int, pos: int, accepted: bool) -> None:
+        self.trials[bucket][pos] += 1
+        self.accepted[bucket][pos] += accepted
+
+
+class RoundCosts:
+    """Moving averages of a round's parts, in seconds, one attribute each (None until measured):
+    by default ``rest`` (from the end of one proposal to the start of the next: verification and
+    the engine's work) and ``step`` (a draft step). A sample over 4x the average (an idle engine
+    between proposals) counts as 4x."""
+
+    rest: float | None
+    step: float | None
+
+    def __init__(self, weight: float = 0.2, names: tuple[str, ...] = ("rest", "step")) -> None:
+        self.weight, self.names = weight, names
+        for name in names:
+            setattr(self, name, None)
 
     def update(self, name: str, seconds: float) -> None:
         old = getattr(self, name)
@@ -23,7 +53,8 @@ class RoundCosts:
 
     @property
     def known(self) -> bool:
-        return None not in (self.rest, self.step) and self.step > 0
+        """Every part measured (each average stays above 0)."""
+        return all(getattr(self, name) is not None for name in self.names)
 
 
 class RoundRates:

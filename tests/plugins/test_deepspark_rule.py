@@ -318,20 +318,20 @@ def test_deepspark_lookup_replaces_the_draft_model_where_it_pays_better():
         d.observe(repeats, 5, 1)
     props = round_([repeats, fresh], 1.0)
     assert asked == ["a", "b"] and not isinstance(d._buckets["a"], _Lookup)
-    assert lk.seconds == {"lookup": None, "model": 1.0}
+    assert (lk.seconds.lookup, lk.seconds.model) == (None, 1.0)
     # alone, its lookups make a round of their own: the model does not run (first to time them) ...
     props = round_([repeats], 0.25)
     assert asked == [] and props["a"].num_verify == 1
     round_([repeats], 1.0)
-    assert lk.seconds["lookup"] == 0.25
+    assert lk.seconds.lookup == 0.25
     # ... and while lookup rounds (1 + their gain g in their seconds) beat the model's (1 + its
     # gain in 1 s), though g is below the model's gain
-    assert asked == [] and lk.seconds["model"] == 1.0
+    assert asked == [] and lk.seconds.model == 1.0
     g = lk._candidate(repeats, d.verify_threshold)[2]
     assert g < lk.model_gain
     even = (1 + g) / (1 + lk.model_gain)  # the lookup rounds' seconds at which both pay alike
     for seconds, model_runs in ((0.99 * even, False), (1.01 * even, True)):
-        lk.seconds["lookup"], lk.seconds["model"] = seconds, 1.0
+        lk.seconds.lookup, lk.seconds.model = seconds, 1.0
         lk._last = None  # (no round under way to time)
         round_([repeats], 0.0)
         assert asked == (["a"] if model_runs else [])
