@@ -1,0 +1,10 @@
+# H200, session 21, one call each:
+#   run(command="bash benchmarks/h200_session21.sh a", carry=[".whl"], timeout_s=600)
+# after ../shared/gpu/wheels.sh.
+. benchmarks/h200_common.sh
+if [ "${1:-a}" = a ]; then
+  # where deepspark's batch-1 rounds go with lookup in graphs: rounds of lookups against the draft
+  # model's, their tokens and wall time (lookup_rounds.py), interleaved with no drafter and ngram
+  timeout 400 python3 benchmarks/lookup_rounds.py --device sm90 none off on force ngram --runs 7 \
+    2>&1 | filter > "$OUT/rounds.txt"
+fi
