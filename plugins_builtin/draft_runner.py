@@ -143,6 +143,8 @@ class DraftRunner:
     """Keeps one draft sequence per request, catches it up with the request's accepted tokens,
     then decodes k tokens for all requests together."""
 
+    CATCH_UP_CHUNKS = 4  # the most replays of the first-step graphs a catch-up takes (else one eager step)
+
     def __init__(self, ctx: EngineContext, model_dir: str, num_blocks: int, dtype: torch.dtype | None = None,
                  compile_steps: bool = False) -> None:
         self.block_size = ctx.config.block_size
@@ -157,7 +159,7 @@ class DraftRunner:
         self.seqs: dict[str, _DraftSeq] = {}
         self.vocab_size = self.model.config.vocab_size
         self.graphs: DecodeGraphs | None = None
-        self.first_graphs: DecodeGraphs | None = None  # a round's first step: 1 or 2 tokens a sequence
+        self.first_graphs: DecodeGraphs | None = None  # a round's first step: up to max(2, loop_first) tokens
         self.loop: DraftLoopGraphs | None = None  # a greedy round's k steps in one replay
         target_vocab = ctx.model_config.get("vocab_size")
         if target_vocab is not None and target_vocab != self.vocab_size:
@@ -173,42 +175,70 @@ class DraftRunner:
     def enable_graphs(self, graphs: DeviceGraphs, batch_sizes: list[int], max_seq_len: int,
                       loop_steps: int = 0, loop_first: int = 2) -> None:
         """Replay the draft's steps from graphs captured for these batch sizes: one-token steps
-        (every draft step after a round's first) and steps of up to two tokens a sequence (a
-        round's first after the prompt: the target's token, behind the last accepted draft when all
-        were accepted). Steps they do not cover run eagerly. With ``loop_steps`` (k), rounds that
-        draft greedily to the end replay all their steps from one graph (``DraftLoopGraphs``), whose
+        (every draft step after a round's first) and steps of up to ``max(2, loop_first)`` tokens a
+        sequence (a round's first: the target's token, behind the last accepted draft when all
+        were accepted, or more after rounds the draft did not draft; a longer catch-up replays them
+        in chunks). Steps they do not cover run eagerly. With ``loop_steps`` (k), rounds that draft
+        greedily to the end replay all their steps from one graph (``DraftLoopGraphs``), whose
         first step takes up to ``loop_first`` new tokens a sequence."""
         if not self.attention.supports_graphs:
             raise ValueError(f"the attention plugin {self.attention.name!r} cannot run in device graphs; "
                              "the draft model runs eagerly with it (do not enable graphs)")
-        one, two = (DecodeGraphs(self.model, self.attention, self.kv_caches, graphs, self.device, self.block_size,
-                                 batch_sizes, max_seq_len, query_len=q, placeholders=False) for q in (1, 2))
+        one, first = (DecodeGraphs(self.model, self.attention, self.kv_caches, graphs, self.device, self.block_size,
+                                   batch_sizes, max_seq_len, query_len=q, placeholders=False)
+                      for q in (1, max(2, loop_first)))
         one.capture()
-        two.capture()
-        self.graphs, self.first_graphs = one, two
+        first.capture()
+        self.graphs, self.first_graphs = one, first
         if loop_steps > 0:
             self.loop = DraftLoopGraphs(one, loop_steps, loop_first)
             self.loop.capture()
 
     def _forward_last(self, feeds: list[tuple[list[int], int, list[int]]]) -> torch.Tensor:
         """Logits (float32) of each feed's last token, after computing the feeds' tokens."""
-        longest = max(len(t) for t, _, _ in feeds)
-        if self.graphs is not None and longest <= 2:
+        end = max(start + len(t) for t, start, _ in feeds)
+        if self.graphs is not None and self.first_graphs.size_for(len(feeds), end) is not None:
+            feeds = self._catch_up(feeds, self.first_graphs.query_len)
+            longest = max(len(t) for t, _, _ in feeds)
             g = self.graphs if longest == 1 else self.first_graphs
-            size = g.size_for(len(feeds), max(start + len(t) for t, start, _ in feeds))
+            size = g.size_for(len(feeds), end)
             if size is not None:
                 tokens, starts, tables = zip(*feeds, strict=True)
                 if longest == 1:
                     hidden = g.run(size, [t[0] for t in tokens], starts, tables, prev_tokens=None)
-                else:  # sequence i's rows are 2i and 2i + 1
+                else:  # sequence i's rows are q i to q i + q - 1
                     hidden = g.run_padded(size, tokens, starts, tables)
-                    hidden = hidden[[2 * i + len(t) - 1 for i, t in enumerate(tokens)]]
+                    hidden = hidden[[g.query_len * i + len(t) - 1 for i, t in enumerate(tokens)]]
                 return self.model.compute_logits(hidden).float()
         batch = build_step_batch(feeds, self.block_size, self.device)
         meta = self.attention.build_metadata(batch)
         hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, meta)
         last = batch.query_start_loc[1:].long() - 1
         return self.model.compute_logits(hidden[last]).float()
+
+    def _catch_up(self, feeds: list[tuple[list[int], int, list[int]]], q: int) -> list[tuple[list[int], int, list[int]]]:
+        """Computes the KV of all but each feed's last ``q`` tokens and returns what is left to feed:
+        in chunks of q tokens a sequence from the first-step graphs (the sequences with more than q
+        left: the tokens of a few rounds the draft did not draft), or where they do not cover it or
+        it would take more than ``CATCH_UP_CHUNKS`` replays (after a prompt), the whole surplus in one
+        eager step."""
+        longest = max(len(t) for t, _, _ in feeds)
+        chunked = longest <= q * (self.CATCH_UP_CHUNKS + 1)
+        while longest > q:
+            long = [(t, start, blocks) for t, start, blocks in feeds if len(t) > q]
+            g = self.first_graphs
+            size = None if g is None or not chunked else g.size_for(len(long), max(s + q for _, s, _ in long))
+            if size is None:
+                batch = build_step_batch([(t[:-q], start, blocks) for t, start, blocks in long], self.block_size,
+                                         self.device)
+                self.model(batch.input_ids, batch.positions, self.kv_caches, self.attention.build_metadata(batch))
+                return [(t[-q:], start + len(t) - q, blocks) if len(t) > q else (t, start, blocks)
+                        for t, start, blocks in feeds]
+            tokens, starts, tables = zip(*((t[:q], start, blocks) for t, start, blocks in long), strict=True)
+            g.run_padded(size, tokens, starts, tables)
+            feeds = [(t[q:], start + q, blocks) if len(t) > q else (t, start, blocks) for t, start, blocks in feeds]
+            longest -= q
+        return feeds
 
     def release(self, request_id: str) -> None:
         seq = self.seqs.pop(request_id, None)
@@ -318,7 +348,7 @@ class DraftRunner:
         """Greedy rounds of k drafts for every request from the loop graph, with one copy to the
         host (waited for here, or with ``lazy`` when first read). A sequence with more new tokens
         than the loop's first step takes (after its prompt, or rounds it did not draft) first
-        computes the others in an eager step. None when it does not cover the round (a batch or a
+        computes the others (``_catch_up``). None when it does not cover the round (a batch or a
         length beyond the captured ones)."""
         loop = self.loop
         if loop is None or loop.steps != k:
@@ -326,11 +356,7 @@ class DraftRunner:
         size = loop.size_for(len(feeds), max(start + len(t) for t, start, _ in feeds) + k - 1)
         if size is None:
             return None
-        q = loop.query_len
-        if max(len(t) for t, _, _ in feeds) > q:
-            self._forward_last([(t[:-q], start, blocks) for t, start, blocks in feeds if len(t) > q])
-            feeds = [(t[-q:], start + len(t) - q, blocks) if len(t) > q else (t, start, blocks)
-                     for t, start, blocks in feeds]
+        feeds = self._catch_up(feeds, loop.query_len)
         tokens, starts, tables = zip(*feeds, strict=True)
         result = loop.run_padded(size, tokens, starts, tables)[:len(feeds)]
         rnd = _RoundOnDevice(result)
