@@ -193,7 +193,7 @@ def draft_both(model_dir: str, graphs_factory, drafter: str = "draft-model", loo
     from deepinfer.core.graphs import DecodeGraphs
     from deepinfer_builtin.draft_runner import DraftLoopGraphs, DraftRunner
 
-    prompts = [{"prompt_token_ids": p} for p in _prompts([5, 3, 30, 9])]
+    prompts = [{"prompt_token_ids": p} for p in _prompts([5, 3, 29, 9])]
     greedy = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (12, 34, 24)]
     # penalised: never speculates; it rides in verification graphs as a one-token run, flagged so
     # that attention gives it the decode kernel, as in an eager step
@@ -319,7 +319,7 @@ def check_draft_graphs(got: dict, drafter: str, loop: bool) -> None:
     # before its last drafts and so never has two; with the loop, those steps are the loop's)
     if drafter == "draft-model" and not loop:
         assert sum(replayed["draft-first"].values()) > 0
-    # with the lookup, a catch-up longer than the loop's first step (here the prompts of 9 and 30
+    # with the lookup, a catch-up longer than the loop's first step (here the prompts of 9 and 29
     # tokens) replays the first-step graphs in chunks of k + 1 tokens a sequence
     if longest > 2:
         assert sum(replayed["draft-first"].values()) > 0
