@@ -16,3 +16,8 @@ if [ "${1:-a}" = b ]; then
   timeout 330 python3 benchmarks/lookup_rounds.py --device sm90 none off on force ngram --runs 7 \
     2>&1 | filter > "$OUT/rounds.txt"
 fi
+if [ "${1:-a}" = c ]; then
+  # call b's comparison with ngram's rounds timed too (lookup rounds, and plain ones)
+  timeout 330 python3 benchmarks/lookup_rounds.py --device sm90 none on ngram off --runs 7 \
+    2>&1 | filter > "$OUT/rounds.txt"
+fi

@@ -29,9 +29,9 @@ def instrument(drafter, stats: collections.Counter) -> None:
         if state["kind"] is not None:
             stats[state["kind"], "s"] += now - state["start"]
         out = propose(requests)
-        kinds = {"lookup" if p.source is None and isinstance(drafter._buckets.get(rid), object)
-                 and type(drafter._buckets.get(rid)).__name__ == "_Lookup" else "model"
-                 for rid, p in out.items()}
+        buckets = getattr(drafter, "_buckets", None)  # deepspark's; ngram's rounds are all lookups
+        kinds = {"model" if buckets is not None and type(buckets.get(rid)).__name__ != "_Lookup" else "lookup"
+                 for rid in out}
         kind = "plain" if not out else (kinds.pop() if len(kinds) == 1 else "mixed")
         stats[kind, "rounds"] += 1
         state["kind"], state["start"] = kind, now
@@ -73,7 +73,7 @@ def main() -> None:
         d = llm.engine.drafter
         if name == "force":
             d.lookups._faster = lambda gain: True
-        if plugins == ["deepspark"]:
+        if plugins:
             stats[cfg] = collections.Counter()
             instrument(d, stats[cfg])
         llms[cfg] = llm
