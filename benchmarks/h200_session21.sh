@@ -21,3 +21,17 @@ if [ "${1:-a}" = c ]; then
   timeout 330 python3 benchmarks/lookup_rounds.py --device sm90 none on ngram off --runs 7 \
     2>&1 | filter > "$OUT/rounds.txt"
 fi
+if [ "${1:-a}" = d ]; then
+  # the demo target's greedy continuations of lookup_rounds.py's prompts on this GPU (bf16), for
+  # /tmp-side replays of round policies (which lookups and drafts the target would accept)
+  timeout 120 python3 - > "$OUT/seqs.log" 2>&1 <<'PY'
+import json, os
+from deepinfer.bench.spec import Workload
+from deepinfer.llm import LLM
+llm = LLM(None, progress=False, device="sm90", kv_cache_memory_gb=2)
+wl = Workload(llm, 1, {"prompts": 8, "input_len": 64, "output_len": 256})
+outs = llm.generate([{"prompt_token_ids": p} for p in wl.prompts], wl.params, use_tqdm=False)
+json.dump([[list(p), list(o.outputs[0].token_ids)] for p, o in zip(wl.prompts, outs)],
+          open(os.environ["OUT"] + "/seqs.json", "w"))
+PY
+fi
