@@ -338,3 +338,48 @@ def test_deepspark_lookup_replaces_the_draft_model_where_it_pays_better():
     # released, its index goes
     d.release(repeats)
     assert "a" not in lk.indexes
+
+
+def test_deepspark_lookup_in_graphs_runs_plain_steps_where_no_lookup_is_likely():
+    """With the lookup in device graphs, rounds may be plain (overlapped) steps at any batch size.
+    A round where every request has a lookup, or before the step left running gives its token is
+    likely to have one (its known tokens end in a suffix seen before), waits for the tokens and
+    speculates, outside RoundRates; the others are RoundRates' choice between the draft model's
+    rounds and plain steps, and a round in which some request took a lookup is no sample."""
+    from types import SimpleNamespace
+
+    from deepinfer.plugins import PLACEHOLDER_TOKEN
+    from deepinfer_builtin.deepspark import DeepSparkOptions, _Lookup
+    from deepinfer_builtin.draft_runner import Draft
+
+    d = _timed_deepspark(step_seconds=0.001, rest_seconds=0.010)
+    d.options = DeepSparkOptions(buckets=1, prior_strength=1.0)  # skip_when_slower "always"
+    d.k, d._buckets, d._ended, d.in_graphs, d.free_verification = 5, {}, None, True, True
+    assert not d.may_skip(1) and not d.skips_rounds  # without the lookup, batches under 8 speculate
+    d.lookup = True
+    assert d.may_skip(1) and d.skips_rounds
+    d.runner = SimpleNamespace(propose=lambda requests, *a, **kw: {r.request_id: Draft([7], None, [0.9])
+                                                                   for r in requests})
+    asked = []
+    d.rates.speculate = lambda batch: asked.append(batch) or (False, True)  # plain steps are faster
+    likely = SimpleNamespace(request_id="a", all_token_ids=[1, 2, 3, 9, 1, 2, PLACEHOLDER_TOKEN])
+    unlikely = SimpleNamespace(request_id="b", all_token_ids=[1, 2, 3, 4, PLACEHOLDER_TOKEN])
+    assert d.needs_tokens([likely]) is True and asked == []
+    assert d.needs_tokens([unlikely]) is False and asked == [1]
+    assert d.needs_tokens([likely, unlikely]) is False and asked == [1, 2]
+    d._plan = None
+    # with the tokens known: every request with a lookup speculates, and takes the lookup's drafts
+    likely.all_token_ids[-1] = 3  # [.., 1, 2, 3]: what followed the 3-gram's occurrence is 9, 1, 2, 3
+    props = d.propose([likely])
+    assert asked == [1, 2] and props["a"].tokens == [9, 1, 2, 3] and isinstance(d._buckets["a"], _Lookup)
+    # RoundRates chooses the model's round where not every request has a lookup; a request with
+    # one takes it (its gain beats the model's average), and the round is no sample
+    d.rates.speculate = lambda batch: asked.append(batch) or (True, True)
+    d._last_kind, d._last_ids = True, {"a", "b"}
+    unlikely.all_token_ids[-1] = 5
+    props = d.propose([likely, unlikely])
+    assert asked == [1, 2, 2] and props["b"].tokens == [7] and isinstance(d._buckets["a"], _Lookup)
+    assert d._round is None
+    # a round of the model alone may be a sample
+    props = d.propose([unlikely])
+    assert props["b"].tokens == [7] and d._round is not None and d._round.speculative
