@@ -35,3 +35,11 @@ json.dump([[list(p), list(o.outputs[0].token_ids)] for p, o in zip(wl.prompts, o
           open(os.environ["OUT"] + "/seqs.json", "w"))
 PY
 fi
+if [ "${1:-a}" = e ]; then
+  # with the lookup in graphs, rounds without a likely lookup may be plain overlapped steps at any
+  # batch size (RoundRates against the model's rounds): on (the new rule) against on-always (every
+  # round speculates, the rule before), off and ngram; the gpu-marked tests first
+  timeout 180 python3 -m pytest -q -p no:cacheprovider -m gpu tests/plugins tests/core > "$OUT/gpu_tests.txt" 2>&1
+  timeout 300 python3 benchmarks/lookup_rounds.py --device sm90 none on 'on={"skip_when_slower": "never"}' \
+    off ngram --runs 7 2>&1 | filter > "$OUT/rounds.txt"
+fi
