@@ -34,6 +34,8 @@ def instrument(drafter, stats: collections.Counter) -> None:
                  for rid in out}
         kind = "plain" if not out else (kinds.pop() if len(kinds) == 1 else "mixed")
         stats[kind, "rounds"] += 1
+        if kind == "plain":  # one token a request, never observed
+            stats[kind, "tokens"] += len(requests)
         state["kind"], state["start"] = kind, now
         return out
 
