@@ -216,21 +216,15 @@ class DeepSparkDrafter(DraftModelDrafter):
         return mode == "always" or (mode == "graphs" and self.in_graphs)
 
     @property
-    def _lookup_or_plain(self) -> bool:
-        """Rounds without a lookup for every request may be plain steps at any batch size, kept
-        overlapped: with the lookup in device graphs (see the module's docstring)."""
-        return self.lookup and self.in_graphs
-
-    @property
     def skips_rounds(self) -> bool:
-        return (self.options.overlap_plain_rounds or self._lookup_or_plain) and self._skipping
+        return self.options.overlap_plain_rounds and self._skipping
 
     def needs_tokens(self, requests: list[Request]) -> bool:
         """The next round's kind, chosen now: a plain round needs no tokens (the engine may leave
         the last step running meanwhile). A plain round before a speculative one is no sample: its
         time to the next proposal would include the wait for the step left running."""
         batch = len(requests)
-        speculate, sample = self._choose(requests)
+        speculate, sample = self._choose(batch)
         self._plan = (speculate, sample, self.rates.size_class(batch))
         if speculate and self._round is not None and not self._round.speculative:
             self._round = None
@@ -238,19 +232,12 @@ class DeepSparkDrafter(DraftModelDrafter):
 
     def may_skip(self, batch: int) -> bool:
         """Whether a round of ``batch`` requests may draft nothing (``skip_when_slower``)."""
-        return (batch >= self.options.skip_min_batch or self._lookup_or_plain) and self._skipping
+        return batch >= self.options.skip_min_batch and self._skipping
 
-    def _choose(self, requests: list[Request]) -> tuple[bool, bool]:
-        """(whether the next round drafts, whether it may be a sample): where rounds may be plain,
-        a round that is no sample if every request has a lookup (or, before the step left running
-        gives its token, likely has: ``LookupDrafts.found``) and RoundRates' choice otherwise; where
-        they may not, a speculative round that is no sample."""
-        batch = len(requests)
-        if not self.may_skip(batch):
-            return True, False
-        if self._lookup_or_plain and all(self.lookups.found(r) for r in requests):
-            return True, False
-        return self.rates.speculate(batch)
+    def _choose(self, batch: int) -> tuple[bool, bool]:
+        """(whether the next round drafts, whether it may be a sample): RoundRates' choice where
+        the round may draft nothing, else a speculative round that is no sample."""
+        return self.rates.speculate(batch) if self.may_skip(batch) else (True, False)
 
     def value_chain(self, confidence: list[float]) -> tuple[list[int], list[float]]:
         """Buckets and P_j (chance drafts 1..j all pass) for one request's drafts."""
@@ -302,7 +289,7 @@ class DeepSparkDrafter(DraftModelDrafter):
             speculate, sample, size = self._plan  # requests that finished since left its class)
             self._plan, sample = None, sample and size == self.rates.size_class(batch)
         else:
-            speculate, sample = self._choose(requests)
+            speculate, sample = self._choose(batch)
         # a sample only after a round of its kind, and without a newcomer (whose prompt the draft
         # computes in this round)
         sample = sample and self._last_kind is speculate and ids <= self._last_ids
@@ -314,10 +301,7 @@ class DeepSparkDrafter(DraftModelDrafter):
             self._ended = None  # (the plain step is not a speculative round's rest)
             self.lookups.round_starts(start, None)
             out = {}
-        # every request gains one token, plus its accepted drafts (observe); rounds of lookups
-        # are chosen by their own rule, not RoundRates': no sample of its speculative rounds
-        sample = sample and not any(isinstance(self._buckets.get(rid), _Lookup) for rid in out)
-        if sample:
+        if sample:  # every request gains one token, plus its accepted drafts (observe)
             self._round = _Round(speculate, batch, start, ids, batch, batch + sum(len(p.verified) for p in out.values()))
         return out
 

@@ -2,7 +2,7 @@
 they are expected to pay better than the draft model's (see deepspark.py's docstring)."""
 from __future__ import annotations
 
-from deepinfer.plugins import PLACEHOLDER_TOKEN, DraftProposal, Request
+from deepinfer.plugins import DraftProposal, Request
 from deepinfer_builtin.ngram import SuffixIndex
 from deepinfer_builtin.round_rates import RoundCosts
 
@@ -33,23 +33,12 @@ class LookupDrafts:
         if self._last is not None:
             self._last = (kind, self._last[1])
 
-    def _index(self, req: Request) -> SuffixIndex:
+    def _candidate(self, req: Request, threshold: float) -> tuple[list[int], int, float, int] | None:
+        """(tokens, their table bucket, expected accepted, how many to verify), or None."""
         index = self.indexes.get(req.request_id)
         if index is None:
             index = self.indexes[req.request_id] = SuffixIndex(self.max_n, self.min_n)
-        return index
-
-    def found(self, req: Request) -> bool:
-        """Whether the request's known tokens (a last placeholder left out: the token of a step
-        still running) end in a suffix that occurred before, so that its next round likely has a
-        lookup (once the running step's token is what followed the occurrence)."""
-        tokens = req.all_token_ids
-        known = len(tokens) - (1 if tokens and tokens[-1] == PLACEHOLDER_TOKEN else 0)
-        return bool(self._index(req).lookup(tokens, 1, known)[0])
-
-    def _candidate(self, req: Request, threshold: float) -> tuple[list[int], int, float, int] | None:
-        """(tokens, their table bucket, expected accepted, how many to verify), or None."""
-        tokens, n = self._index(req).lookup(req.all_token_ids, self.k)
+        tokens, n = index.lookup(req.all_token_ids, self.k)
         if not tokens:
             return None
         bucket, p, gain, verify = n - self.min_n, 1.0, 0.0, 0

@@ -49,11 +49,10 @@ class SuffixIndex:
         self.index: dict[tuple[int, ...], int] = {}
         self._ends = 0  # n-grams ending (exclusively) at or before this position are indexed
 
-    def lookup(self, tokens: list[int], k: int, length: int | None = None) -> tuple[list[int], int]:
+    def lookup(self, tokens: list[int], k: int) -> tuple[list[int], int]:
         """(up to k tokens after the latest earlier occurrence of the longest matching suffix, its
-        length n); ([], 0) when no suffix of at least min_n tokens occurred before. ``length``: of
-        the sequence's first tokens only (default: all)."""
-        length = len(tokens) if length is None else length
+        length n); ([], 0) when no suffix of at least min_n tokens occurred before."""
+        length = len(tokens)
         if length < self._ends + 1:  # not the sequence indexed so far (it never shrinks): start over
             self.index.clear()
             self._ends = 0
@@ -63,9 +62,9 @@ class SuffixIndex:
                 index[tuple(tokens[end - n:end])] = end - n
         self._ends = max(self._ends, length - 1)
         for n in range(min(self.max_n, length - 1), self.min_n - 1, -1):
-            start = index.get(tuple(tokens[length - n:length]))
+            start = index.get(tuple(tokens[length - n:]))
             if start is not None:
-                return tokens[start + n:min(start + n + k, length)], n
+                return tokens[start + n:start + n + k], n
         return [], 0
 
 
