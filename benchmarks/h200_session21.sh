@@ -43,3 +43,29 @@ if [ "${1:-a}" = e ]; then
   timeout 300 python3 benchmarks/lookup_rounds.py --device sm90 none on 'on={"skip_when_slower": "never"}' \
     off ngram --runs 7 2>&1 | filter > "$OUT/rounds.txt"
 fi
+if [ "${1:-a}" = f ]; then
+  # deepspark's lookup on by default in graphs too: the gpu-marked tests; whether no drafter's,
+  # ngram's and deepspark's greedy outputs are the same in bf16 here; then lookup off against the
+  # new default, at batch 1 and 64
+  timeout 180 python3 -m pytest -q -p no:cacheprovider -m gpu tests/plugins tests/core > "$OUT/gpu_tests.txt" 2>&1
+  timeout 120 python3 - > "$OUT/identity.txt" 2>&1 <<'PY'
+from deepinfer.bench.spec import Workload
+from deepinfer.llm import LLM
+outs = {}
+for name in ("none", "ngram", "deepspark"):
+    llm = LLM(None, progress=False, device="sm90", kv_cache_memory_gb=2, plugins=[] if name == "none" else [name])
+    wl = Workload(llm, 1, {"prompts": 8, "input_len": 64, "output_len": 256})
+    outs[name] = [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p} for p in wl.prompts],
+                                                               wl.params, use_tqdm=False)]
+    del llm
+for name in ("ngram", "deepspark"):
+    firsts = [next((i for i, (a, b) in enumerate(zip(x, y)) if a != b), None) for x, y in zip(outs["none"], outs[name])]
+    print(name, "outputs equal to no drafter's:", sum(f is None for f in firsts), "of 8; first difference at", firsts)
+PY
+  for lk in false true; do
+    echo "== lookup $lk" >> "$OUT/lookup.txt"
+    timeout 100 python3 -m deepinfer.cli bench spec --device sm90 --drafters none,deepspark --batch 1,64 \
+      --output-len 256 --repeats 3 --plugin-options "{\"deepspark\": {\"lookup\": $lk}}" \
+      2>&1 | filter >> "$OUT/lookup.txt"
+  done
+fi

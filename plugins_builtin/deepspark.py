@@ -50,7 +50,7 @@ noticed: after ``explore_every`` rounds at first, then ever less often. The gree
 target's either way. This is vLLM's disabling of speculation by batch size, measured instead of
 set.
 
-Lookup first (``lookup``, on by default where steps run eagerly). Where a request's context holds
+Lookup first (``lookup``, on by default). Where a request's context holds
 an earlier occurrence of its last n tokens (lookup_min_n <= n <= lookup_max_n, the longest and
 latest, as the ngram drafter finds it), the k tokens that followed it are a draft that costs
 nothing to make. A second table, indexed by (n, position) and learnt from the verifications the
@@ -122,12 +122,10 @@ class DeepSparkOptions(DraftModelOptions):
                                                           "nothing keep overlap scheduling (off by default: it "
                                                           "gained nothing on an H200, where such steps are bound "
                                                           "by the host's work)")
-    lookup: bool | None = Field(None, description="where the context holds an earlier occurrence of its last "
-                                                  "tokens, propose what followed it instead of running the draft "
-                                                  "model, where that is expected to pay better (learnt from "
-                                                  "verifications and round times; lookup.py); default: where the "
-                                                  "engine runs its steps eagerly (on the CPU; with device graphs "
-                                                  "it gained nothing on an H200)")
+    lookup: bool = Field(True, description="where the context holds an earlier occurrence of its last tokens, "
+                                           "propose what followed it instead of running the draft model, where "
+                                           "that is expected to pay better (learnt from verifications and round "
+                                           "times; lookup.py)")
     lookup_max_n: int = Field(4, ge=1, description="with lookup: the longest suffix looked up")
     lookup_min_n: int = Field(2, ge=1, description="with lookup: the shortest suffix looked up")
     buckets: int = Field(10, ge=1, le=100)
@@ -177,7 +175,7 @@ class DeepSparkDrafter(DraftModelDrafter):
         # (which it starts without) can rule it out
         table = AcceptanceTable(o.lookup_max_n - o.lookup_min_n + 1, self.k, o.prior_strength, 0.9)
         self.lookups = LookupDrafts(table, self.k, o.lookup_max_n, o.lookup_min_n)
-        self.lookup = o.lookup is not False  # (the default turns it off when the engine enables graphs)
+        self.lookup = o.lookup
         self.costs = RoundCosts()
         self.rates = RoundRates(options.explore_every, margin=options.skip_margin)
         #: the round under way, if it is to be a sample (closed by the next proposal)
@@ -200,7 +198,6 @@ class DeepSparkDrafter(DraftModelDrafter):
         return 0.0 if self.free_verification else self.options.min_value
 
     def enable_graphs(self, graphs, batch_sizes, max_seq_len) -> None:
-        self.lookup = bool(self.options.lookup)
         if self.lookup:  # the round after a lookup's feeds the draft up to k + 1 tokens
             self.loop_first = self.k + 1
         super().enable_graphs(graphs, batch_sizes, max_seq_len)

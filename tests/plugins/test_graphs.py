@@ -286,8 +286,8 @@ def draft_both(model_dir: str, graphs_factory, drafter: str = "draft-model", loo
 def check_draft_graphs(got: dict, drafter: str, loop: bool) -> None:
     assert got["graphs"]["proposals"] == got["eager"]["proposals"]  # draft for draft, the same tokens
     # with the lookup on, the loop graph's first step takes up to k + 1 tokens a sequence (rounds
-    # after a lookup's; here at least the rounds after a prompt, whose surplus an eager step
-    # computes first); without it, at most two
+    # after a lookup's; here at least the rounds after a prompt, whose surplus is computed first);
+    # without it, at most two
     longest = max(map(int, got["graphs"]["loop_firsts"]), default=0)
     assert (longest > 2) == (drafter == "deepspark+lookup"), got["graphs"]["loop_firsts"]
     drafter = drafter.split("+")[0]

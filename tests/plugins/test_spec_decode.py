@@ -42,7 +42,7 @@ def test_greedy_outputs_identical_on_the_demo_pair(drafter, demo_reference):
     assert m["deepinfer:spec_decode_num_drafts"] > 0 and m["deepinfer:spec_decode_num_accepted_tokens"] > 0
     assert m["deepinfer:spec_decode_num_accepted_tokens"] <= m["deepinfer:spec_decode_num_verified_tokens"]
     assert m["deepinfer:spec_decode_num_verified_tokens"] <= m["deepinfer:spec_decode_num_draft_tokens"]
-    if drafter == "deepspark":  # some of its rounds took the lookup's drafts (on by default on the CPU)
+    if drafter == "deepspark":  # some of its rounds took the lookup's drafts (on by default)
         table = llm.engine.drafter.lookups.table
         assert sum(row[0] for row in table.trials) > table.buckets * llm.engine.drafter.options.prior_strength
     _assert_pools_free(llm)
