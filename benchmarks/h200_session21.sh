@@ -74,3 +74,21 @@ if [ "${1:-a}" = g ]; then
   timeout 400 python3 -m deepinfer.cli bench spec --device sm90 --batch 1,64 --output-len 256 --repeats 5 \
     2>&1 | filter > "$OUT/spec.txt"
 fi
+if [ "${1:-a}" = h ]; then
+  # where a batch-1 deepspark round's host time goes now: the timeline of its landmarks, then
+  # cProfile's top functions by own time over four prompts
+  timeout 120 python3 benchmarks/h200_round_timeline.py > "$OUT/timeline.txt" 2>&1
+  timeout 150 python3 - > "$OUT/profile.txt" 2>&1 <<'PY'
+import cProfile, pstats
+from deepinfer.bench.spec import Workload
+from deepinfer.llm import LLM
+llm = LLM(None, progress=False, device="sm90", kv_cache_memory_gb=2, plugins=["deepspark"])
+wl = Workload(llm, 1, {"prompts": 4, "input_len": 64, "output_len": 256})
+wl.run(llm)
+pr = cProfile.Profile()
+pr.enable()
+wl.run(llm)
+pr.disable()
+pstats.Stats(pr).sort_stats("tottime").print_stats(45)
+PY
+fi
