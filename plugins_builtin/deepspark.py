@@ -70,8 +70,8 @@ depth: deepspark then drafts all k (neither the early stop nor the round depth i
 there is nothing to save by stopping) and the rule above chooses each request's verified prefix
 from the drafts' confidences, as the published DeepSpark does. Rounds that the loop graph does not
 cover (sampled requests, a batch or sequence beyond the captured sizes) draft step by step as
-above; a sequence with more new tokens than the loop's first step takes (after its prompt) first
-computes the surplus eagerly.
+above; a sequence with more new tokens than the loop's first step takes (after its prompt, or
+lookup rounds) first computes the surplus (``DraftRunner._catch_up``).
 """
 from __future__ import annotations
 
