@@ -92,3 +92,8 @@ pr.disable()
 pstats.Stats(pr).sort_stats("tottime").print_stats(45)
 PY
 fi
+if [ "${1:-a}" = i ]; then
+  # the device's kernels at batch 1, no drafter against deepspark (torch profiler; cProfile too)
+  cd benchmarks && timeout 200 python3 h200_spec_profile.py --out "$OUT/prof" --drafters none,deepspark --batch 1 \
+    --output-len 128 > "$OUT/prof.log" 2>&1
+fi
