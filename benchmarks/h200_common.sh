@@ -31,3 +31,13 @@ latency_vs() {
     esac | filter | grep -e "tok/s" -e "first" -e rror >> "$OUT/latency.txt"
   done
 }
+# deepspark's lookup off, then on: `bench spec --drafters none,deepspark --batch 1,64` each, into
+# $OUT/lookup.txt under "== lookup false$1" and "== lookup true$1".
+lookup_off_on() {
+  for lk in false true; do
+    echo "== lookup $lk$1" >> "$OUT/lookup.txt"
+    timeout 100 python3 -m deepinfer.cli bench spec --device sm90 --drafters none,deepspark --batch 1,64 \
+      --output-len 256 --repeats 3 --plugin-options "{\"deepspark\": {\"lookup\": $lk}}" \
+      2>&1 | filter >> "$OUT/lookup.txt"
+  done
+}

@@ -33,12 +33,7 @@ if [ "${1:-a}" = c ] || [ "${1:-a}" = e ]; then
   [ "$1" = c ] && timeout 180 python3 -m pytest -q -p no:cacheprovider -m gpu tests/plugins tests/core \
     > "$OUT/gpu_tests.txt" 2>&1
   for r in 1 2; do
-    for lk in false true; do
-      echo "== lookup $lk (run $r)" >> "$OUT/lookup.txt"
-      timeout 90 python3 -m deepinfer.cli bench spec --device sm90 --drafters none,deepspark --batch 1,64 \
-        --output-len 256 --repeats 3 --plugin-options "{\"deepspark\": {\"lookup\": $lk}}" \
-        2>&1 | filter >> "$OUT/lookup.txt"
-    done
+    lookup_off_on " (run $r)"
   done
 fi
 if [ "${1:-a}" = d ]; then

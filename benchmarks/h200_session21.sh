@@ -62,12 +62,7 @@ for name in ("ngram", "deepspark"):
     firsts = [next((i for i, (a, b) in enumerate(zip(x, y)) if a != b), None) for x, y in zip(outs["none"], outs[name])]
     print(name, "outputs equal to no drafter's:", sum(f is None for f in firsts), "of 8; first difference at", firsts)
 PY
-  for lk in false true; do
-    echo "== lookup $lk" >> "$OUT/lookup.txt"
-    timeout 100 python3 -m deepinfer.cli bench spec --device sm90 --drafters none,deepspark --batch 1,64 \
-      --output-len 256 --repeats 3 --plugin-options "{\"deepspark\": {\"lookup\": $lk}}" \
-      2>&1 | filter >> "$OUT/lookup.txt"
-  done
+  lookup_off_on ""
 fi
 if [ "${1:-a}" = g ]; then
   # the final code: issue 8's recorded command
