@@ -217,14 +217,19 @@ class DraftRunner:
         return self.model.compute_logits(hidden[last]).float()
 
     def _catch_up(self, feeds: list[tuple[list[int], int, list[int]]], q: int) -> list[tuple[list[int], int, list[int]]]:
-        """Computes the KV of all but each feed's last ``q`` tokens and returns what is left to feed:
-        in chunks of q tokens a sequence from the first-step graphs (the sequences with more than q
-        left: the tokens of a few rounds the draft did not draft), or where they do not cover it or
-        it would take more than ``CATCH_UP_CHUNKS`` replays (after a prompt), the whole surplus in one
-        eager step."""
+        """Computes the KV of each feed's tokens but its last ones (at most ``q``) and returns what
+        is left to feed: in chunks of q tokens a sequence from the first-step graphs (those with more
+        than q left: a few rounds' tokens the draft did not draft), or where they do not cover it or
+        it would take over ``CATCH_UP_CHUNKS`` replays (after a prompt), all but the last q eagerly.
+        The graphs' inputs are filled in two host buffers in turn, and a replay's copy of them may
+        still be queued behind the replay before it: before a buffer is filled again (the chunk
+        after next, or the caller's replay), the host waits for the replay that last read it."""
         longest = max(len(t) for t, _, _ in feeds)
         chunked = longest <= q * (self.CATCH_UP_CHUNKS + 1)
+        done: list[torch.Event] = []  # after each chunk's replay (on a device that queues work)
         while longest > q:
+            if len(done) >= 2:
+                done[-2].synchronize()
             long = [(t, start, blocks) for t, start, blocks in feeds if len(t) > q]
             g = self.first_graphs
             size = None if g is None or not chunked else g.size_for(len(long), max(s + q for _, s, _ in long))
@@ -236,8 +241,13 @@ class DraftRunner:
                         for t, start, blocks in feeds]
             tokens, starts, tables = zip(*((t[:q], start, blocks) for t, start, blocks in long), strict=True)
             g.run_padded(size, tokens, starts, tables)
+            if self.device.type != "cpu":
+                done.append(torch.Event(self.device))
+                done[-1].record()
             feeds = [(t[q:], start + q, blocks) if len(t) > q else (t, start, blocks) for t, start, blocks in feeds]
             longest -= q
+        if len(done) >= 2:
+            done[-2].synchronize()
         return feeds
 
     def release(self, request_id: str) -> None:

@@ -212,13 +212,15 @@ def draft_both(model_dir: str, graphs_factory, drafter: str = "draft-model", loo
     out = {"reference": [o.outputs[0].token_ids for o in base.generate(prompts, params, use_tqdm=False)]}
     del base
     replayed: dict[str, Counter[int]] = {"one-token": Counter(), "verify": Counter(), "verify-multi": Counter(),
-                                         "draft-first": Counter(), "loop": Counter()}
+                                         "draft-first": Counter(), "catch-up": Counter(), "loop": Counter()}
     proposals: list = []
     flags_wrong: list = []  # padded steps whose one-token flags disagree with their runs
     routing_wrong: list = []  # verification steps without a one-token run in the graphs with the decode pass
     draft_firsts: list = []  # the draft's graphs for a round's first step
     loop_firsts: Counter[int] = Counter()  # the loop replays' first steps, by their most new tokens a sequence
-    run, run_padded, propose = DecodeGraphs.run, DecodeGraphs.run_padded, DraftRunner.propose
+    run, run_padded, propose, catch_up = (DecodeGraphs.run, DecodeGraphs.run_padded, DraftRunner.propose,
+                                          DraftRunner._catch_up)
+    catching_up = [False]  # the draft's first-step graphs replayed in chunks of a catch-up
 
     def counting(self, size, *args, **kwargs):
         replayed["one-token"][size] += 1
@@ -227,7 +229,7 @@ def draft_both(model_dir: str, graphs_factory, drafter: str = "draft-model", loo
     def counting_padded(self, size, tokens, *args, **kwargs):
         kind = "loop" if isinstance(self, DraftLoopGraphs) else "verify" if self.takes_single_runs else "verify-multi"
         if any(self is g for g in draft_firsts):
-            kind = "draft-first"
+            kind = "catch-up" if catching_up[0] else "draft-first"
         replayed[kind][size] += 1
         if kind == "loop":
             loop_firsts[max(len(t) for t in tokens)] += 1
@@ -245,6 +247,13 @@ def draft_both(model_dir: str, graphs_factory, drafter: str = "draft-model", loo
         proposals.append(sorted(drafts.items()))  # read after the run: drafts left on the device stay there
         return drafts
 
+    def chunked(self, *args, **kwargs):
+        catching_up[0] = True
+        try:
+            return catch_up(self, *args, **kwargs)
+        finally:
+            catching_up[0] = False
+
     def values(rounds: list) -> list:
         """Each round's drafts as token values, and how many rounds left theirs on the device."""
         lazy = sum(any(d.source is not None for _, d in r) for r in rounds)
@@ -252,6 +261,7 @@ def draft_both(model_dir: str, graphs_factory, drafter: str = "draft-model", loo
                 for r in rounds], lazy
 
     DecodeGraphs.run, DecodeGraphs.run_padded, DraftRunner.propose = counting, counting_padded, recording
+    DraftRunner._catch_up = chunked
     try:
         for name in ("eager", "graphs"):
             for c in (*replayed.values(), loop_firsts):
@@ -262,7 +272,7 @@ def draft_both(model_dir: str, graphs_factory, drafter: str = "draft-model", loo
             if name == "graphs":
                 d = llm.engine.drafter
                 graphs = graphs_factory()  # one for all three, as the engine does (one memory pool)
-                # sequences grow to 68 tokens: the last rounds of the longest outgrow the graphs
+                # sequences grow to 67 tokens: the last rounds of the longest outgrow the graphs
                 # (a loop round needs room for its k - 1 later steps) and run eagerly
                 d.enable_graphs(graphs, [1, 2, 4], 64)
                 draft_firsts.append(d.runner.first_graphs)
@@ -280,6 +290,7 @@ def draft_both(model_dir: str, graphs_factory, drafter: str = "draft-model", loo
             del llm
     finally:
         DecodeGraphs.run, DecodeGraphs.run_padded, DraftRunner.propose = run, run_padded, propose
+        DraftRunner._catch_up = catch_up
     return out
 
 
@@ -319,13 +330,14 @@ def check_draft_graphs(got: dict, drafter: str, loop: bool) -> None:
     # before its last drafts and so never has two; with the loop, those steps are the loop's)
     if drafter == "draft-model" and not loop:
         assert sum(replayed["draft-first"].values()) > 0
-    # with the lookup, a catch-up longer than the loop's first step (here the prompts of 9 and 29
-    # tokens) replays the first-step graphs in chunks of k + 1 tokens a sequence
-    if longest > 2:
-        assert sum(replayed["draft-first"].values()) > 0
+    # with the lookup, a catch-up longer than the loop's first step (here the first round, whose
+    # longest feed, the 29-token prompt and its token, takes four chunks of k + 1 = 6 and the loop's
+    # first step the rest) replays the first-step graphs in chunks; without it, that round's feeds
+    # are over four chunks of 2 and run eagerly
+    assert (sum(replayed["catch-up"].values()) > 0) == (longest > 2), replayed["catch-up"]
     assert got["graphs"]["flags_wrong"] == []
     assert got["eager"]["replayed"] == {"one-token": {}, "verify": {}, "verify-multi": {}, "draft-first": {},
-                                        "loop": {}}
+                                        "catch-up": {}, "loop": {}}
     assert got["graphs"]["accepted"] > 0  # the draft is the target itself: drafts are accepted
 
 
