@@ -210,35 +210,36 @@ class DraftRunner:
                     hidden = g.run_padded(size, tokens, starts, tables)
                     hidden = hidden[[g.query_len * i + len(t) - 1 for i, t in enumerate(tokens)]]
                 return self.model.compute_logits(hidden).float()
-        batch = build_step_batch(feeds, self.block_size, self.device)
-        meta = self.attention.build_metadata(batch)
-        hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, meta)
+        hidden, batch = self._eager(feeds)
         last = batch.query_start_loc[1:].long() - 1
         return self.model.compute_logits(hidden[last]).float()
 
+    def _eager(self, feeds: list[tuple[list[int], int, list[int]]]):
+        """(hidden states, the step's batch) of one eager forward over the feeds' tokens."""
+        batch = build_step_batch(feeds, self.block_size, self.device)
+        return self.model(batch.input_ids, batch.positions, self.kv_caches, self.attention.build_metadata(batch)), batch
+
     def _catch_up(self, feeds: list[tuple[list[int], int, list[int]]], q: int) -> list[tuple[list[int], int, list[int]]]:
-        """Computes the KV of each feed's tokens but its last ones (at most ``q``) and returns what
-        is left to feed: in chunks of q tokens a sequence from the first-step graphs (those with more
-        than q left: a few rounds' tokens the draft did not draft), or where they do not cover it or
-        it would take over ``CATCH_UP_CHUNKS`` replays (after a prompt), all but the last q eagerly.
-        The graphs' inputs are filled in two host buffers in turn, and a replay's copy of them may
-        still be queued behind the replay before it: before a buffer is filled again (the chunk
-        after next, or the caller's replay), the host waits for the replay that last read it."""
+        """Computes the KV of each feed's tokens but its last ones (at most ``q``); returns what is
+        left to feed. In chunks of q tokens a sequence from the first-step graphs (a few rounds'
+        tokens the draft did not draft), or where they do not cover it or it would take over
+        ``CATCH_UP_CHUNKS`` replays (after a prompt), all but the last q eagerly. The graphs' inputs
+        fill two host buffers in turn, and a replay's copy may still be queued behind the one before:
+        the host waits for the replay that last read a buffer before it fills it again."""
         longest = max(len(t) for t, _, _ in feeds)
         chunked = longest <= q * (self.CATCH_UP_CHUNKS + 1)
         done: list[torch.Event] = []  # after each chunk's replay (on a device that queues work)
+        g = self.first_graphs
         while longest > q:
-            if len(done) >= 2:
-                done[-2].synchronize()
+            for e in done[-2:-1]:  # (the replay before last)
+                e.synchronize()
             long = [(t, start, blocks) for t, start, blocks in feeds if len(t) > q]
-            g = self.first_graphs
             size = None if g is None or not chunked else g.size_for(len(long), max(s + q for _, s, _ in long))
-            if size is None:
-                batch = build_step_batch([(t[:-q], start, blocks) for t, start, blocks in long], self.block_size,
-                                         self.device)
-                self.model(batch.input_ids, batch.positions, self.kv_caches, self.attention.build_metadata(batch))
-                return [(t[-q:], start + len(t) - q, blocks) if len(t) > q else (t, start, blocks)
-                        for t, start, blocks in feeds]
+            if size is None:  # all but the last q in one step
+                self._eager([(t[:-q], start, blocks) for t, start, blocks in long])
+                feeds = [(t[-q:], start + len(t) - q, blocks) if len(t) > q else (t, start, blocks)
+                         for t, start, blocks in feeds]
+                break
             tokens, starts, tables = zip(*((t[:q], start, blocks) for t, start, blocks in long), strict=True)
             g.run_padded(size, tokens, starts, tables)
             if self.device.type != "cpu":
@@ -246,8 +247,8 @@ class DraftRunner:
                 done[-1].record()
             feeds = [(t[q:], start + q, blocks) if len(t) > q else (t, start, blocks) for t, start, blocks in feeds]
             longest -= q
-        if len(done) >= 2:
-            done[-2].synchronize()
+        for e in done[-2:-1]:
+            e.synchronize()
         return feeds
 
     def release(self, request_id: str) -> None:
