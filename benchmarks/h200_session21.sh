@@ -100,3 +100,7 @@ if [ "${1:-a}" = j ]; then
   timeout 300 python3 -m deepinfer.cli bench spec --device sm90 --batch 1,64 --output-len 256 --repeats 5 \
     2>&1 | filter > "$OUT/spec.txt"
 fi
+if [ "${1:-a}" = k ]; then
+  # after the review's refactor of the draft runner (one eager-forward helper): the gpu-marked tests
+  timeout 180 python3 -m pytest -q -p no:cacheprovider -m gpu tests/plugins tests/core > "$OUT/gpu_tests.txt" 2>&1
+fi
