@@ -27,3 +27,11 @@ if [ "${1:-a}" = b ]; then
     --num-requests 256 --min-len 100 --max-len 1024 --repeats 1 --peer hf --peer-requests 64 --peer-repeats 1 \
     2>&1 | filter > "$OUT/throughput.txt"
 fi
+if [ "${1:-a}" = c ]; then
+  # where the host's time goes in batch-1 rounds, function by function (h200_host_parts.py), for
+  # deepspark, no drafter and ngram; the round timeline of deepspark
+  for d in deepspark none ngram; do
+    timeout 100 python3 benchmarks/h200_host_parts.py --drafter $d --prompts 4 2>&1 | filter >> "$OUT/parts.txt"
+  done
+  timeout 100 python3 benchmarks/h200_round_timeline.py --prompts 4 2>&1 | filter > "$OUT/timeline.txt"
+fi

@@ -1,6 +1,9 @@
 """Random-weight models at named shapes, built from a config and saved with safetensors in the run."""
 from __future__ import annotations
 
+import atexit
+import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -53,6 +56,10 @@ def build_random_model(shape: str, dtype: str = "float32", device: str = "cpu", 
     with torch.device(device):
         model = model_cls(cfg_cls(**cfg, torch_dtype=getattr(torch, dtype))).to(getattr(torch, dtype))
     model.save_pretrained(path)
+    # on disk now, before a benchmark times anything: the kernel writes dirty pages back about 30 s
+    # later, and on an H200 host two of six batch-1 runs started one after another were 8-13% slower
+    # (four runs with the previous run's files flushed first were not)
+    os.sync()
     return str(path)
 
 
@@ -68,4 +75,5 @@ def bench_model(args, overrides: dict, default_dtype: str) -> tuple[str | None, 
         on_gpu = overrides.get("device", "auto") != "cpu" and torch.cuda.is_available()
         model = build_random_model(args.random_model, default_dtype if dtype == "auto" else dtype,
                                    "cuda" if on_gpu else "cpu")
+        atexit.register(shutil.rmtree, model, True)  # (a temporary directory, gone with the run)
     return model, overrides

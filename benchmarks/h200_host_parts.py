@@ -1,0 +1,109 @@
+"""Where the host's time goes in deepspark's batch-1 rounds on the GPU, function by function: each
+listed function is wrapped to add up its inclusive wall time (perf_counter, no profiler, so the host
+runs near its own speed), and the report gives each one's calls and microseconds a verification
+step (inclusive: nested functions are also in their callers' figures; those that wait for the
+device include the wait).
+
+    python3 benchmarks/h200_host_parts.py [--drafter deepspark] [--device sm90] [--prompts 4]
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import time
+
+from deepinfer.bench.spec import stdlib_prompts
+from deepinfer.core.sampling_params import SamplingParams
+from deepinfer.llm import LLM
+
+# (module, class or None, function)
+PARTS = [
+    ("deepinfer.llm", "LLM", "_run"),
+    ("deepinfer.core.engine", "LLMEngine", "step"),
+    ("deepinfer.core.engine", "LLMEngine", "_propose"),
+    ("deepinfer.core.engine", "LLMEngine", "_decoding"),
+    ("deepinfer.core.engine", "LLMEngine", "_take"),
+    ("deepinfer.core.engine", "LLMEngine", "_account"),
+    ("deepinfer.core.engine", "LLMEngine", "_deliver"),
+    ("deepinfer.core.engine", "LLMEngine", "_finish"),
+    ("deepinfer.core.engine", "LLMEngine", "_emit"),
+    ("deepinfer.core.engine", "LLMEngine", "_update_gauges"),
+    ("deepinfer.core.output", "RequestState", "to_output"),
+    ("deepinfer.core.detokenizer", "IncrementalDetokenizer", "add"),
+    ("deepinfer_builtin.fcfs", "FCFSScheduler", "schedule"),
+    ("deepinfer_builtin.fcfs", "FCFSScheduler", "update_after_step"),
+    ("deepinfer.core.model_runner", "ModelRunner", "launch"),
+    ("deepinfer.core.model_runner", "ModelRunner", "_inputs"),
+    ("deepinfer.core.model_runner", "ModelRunner", "_verify"),
+    ("deepinfer.core.model_runner", "ModelRunner", "collect"),
+    ("deepinfer.core.graphs", "DecodeGraphs", "run_padded"),
+    ("deepinfer.core.graphs", "DecodeGraphs", "_upload_and_replay"),
+    ("deepinfer_builtin.deepspark", "DeepSparkDrafter", "propose"),
+    ("deepinfer_builtin.deepspark", "DeepSparkDrafter", "_draft"),
+    ("deepinfer_builtin.deepspark", "DeepSparkDrafter", "observe"),
+    ("deepinfer_builtin.deepspark", "DeepSparkDrafter", "needs_tokens"),
+    ("deepinfer_builtin.lookup", "LookupDrafts", "choose"),
+    ("deepinfer_builtin.lookup", "LookupDrafts", "round_starts"),
+    ("deepinfer_builtin.draft_runner", "DraftRunner", "propose"),
+    ("deepinfer_builtin.draft_runner", "DraftRunner", "_propose_in_loop"),
+    ("deepinfer_builtin.draft_runner", "DraftRunner", "_catch_up"),
+    ("deepinfer_builtin.draft_runner", "DraftLoopGraphs", "run_padded"),
+    ("deepinfer_builtin.draft_runner", "_RoundOnDevice", "lists"),
+    ("deepinfer_builtin.draft_runner", "_RoundOnDevice", "__init__"),
+]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--drafter", default="deepspark")
+    ap.add_argument("--device", default="sm90")
+    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--output-len", type=int, default=256)
+    a = ap.parse_args()
+    llm = LLM(None, progress=False, device=a.device, plugins=[] if a.drafter == "none" else [a.drafter],
+              kv_cache_memory_gb=2)
+    prompts = stdlib_prompts(llm.get_tokenizer(), a.prompts, 64)
+    params = SamplingParams(temperature=0, max_tokens=a.output_len, ignore_eos=True)
+    clock = time.perf_counter
+    totals: dict[str, list[float]] = {}  # name -> [calls, seconds]
+
+    def wrap(name, fn):
+        acc = totals.setdefault(name, [0, 0.0])
+
+        def timed(*args, **kwargs):
+            t = clock()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                acc[0] += 1
+                acc[1] += clock() - t
+        return timed
+
+    originals = []
+    for mod, cls, fn in PARTS:
+        owner = getattr(importlib.import_module(mod), cls)
+        originals.append((owner, fn, owner.__dict__[fn]))
+        setattr(owner, fn, wrap(f"{cls}.{fn}", owner.__dict__[fn]))
+    try:
+        llm.generate([{"prompt_token_ids": prompts[0]}], params, use_tqdm=False)  # warm-up
+        for acc in totals.values():
+            acc[:] = [0, 0.0]
+        t = clock()
+        for p in prompts:
+            llm.generate([{"prompt_token_ids": p}], params, use_tqdm=False)
+        wall = clock() - t
+    finally:
+        for owner, fn, orig in originals:
+            setattr(owner, fn, orig)
+    steps = totals["LLMEngine.step"][0]
+    tokens = a.prompts * a.output_len
+    print(f"{a.drafter} batch 1, {a.prompts} prompts x {a.output_len} tokens: {tokens / wall:.1f} tok/s, "
+          f"{steps} steps, {wall / steps * 1e6:.1f} us a step")
+    print(f"  {'function':40s} {'calls/step':>10s} {'us/step':>9s} {'us/call':>9s}")
+    for name, (calls, secs) in totals.items():
+        if calls:
+            print(f"  {name:40s} {calls / steps:10.2f} {secs / steps * 1e6:9.1f} {secs / calls * 1e6:9.1f}")
+
+
+if __name__ == "__main__":
+    main()
