@@ -35,3 +35,13 @@ if [ "${1:-a}" = c ]; then
   done
   timeout 100 python3 benchmarks/h200_round_timeline.py --prompts 4 2>&1 | filter > "$OUT/timeline.txt"
 fi
+if [ "${1:-a}" = d ]; then
+  # the engine proposes the next round's drafts before the step's text and outputs (early_propose),
+  # and graph inputs are filled from Python lists: the gpu-marked tests of the plugins and the core;
+  # the host's time by function; early against late proposals, interleaved with no drafter and ngram
+  timeout 180 python3 -m pytest -q -p no:cacheprovider -m gpu tests/plugins tests/core > "$OUT/gpu_tests.txt" 2>&1
+  timeout 100 python3 benchmarks/h200_host_parts.py --prompts 4 2>&1 | filter > "$OUT/parts.txt"
+  timeout 100 python3 benchmarks/h200_round_timeline.py --prompts 4 2>&1 | filter > "$OUT/timeline.txt"
+  timeout 200 python3 benchmarks/lookup_rounds.py --device sm90 none on late ngram --runs 7 \
+    2>&1 | filter > "$OUT/rounds.txt"
+fi

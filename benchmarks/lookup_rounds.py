@@ -5,7 +5,7 @@ their tokens and their wall time (from one proposal to the next), run interleave
 
 Configurations: ``none`` (no drafter), ``off``/``on`` (deepspark with ``lookup`` off/on),
 ``force`` (lookup on, and a round takes the lookup whenever it has one: its rate rule bypassed),
-``ngram``; a JSON object after ``=`` adds deepspark options, e.g. ``on={"loop_graph": false}``.
+``late`` (lookup on, the engine's ``early_propose`` off: drafts proposed at the next step's start), ``ngram``; a JSON object after ``=`` adds deepspark options, e.g. ``on={"loop_graph": false}``.
 """
 from __future__ import annotations
 
@@ -75,6 +75,8 @@ def main() -> None:
         d = llm.engine.drafter
         if name == "force":
             d.lookups._faster = lambda gain: True
+        if name == "late":
+            llm.engine.early_propose = False
         if plugins:
             stats[cfg] = collections.Counter()
             instrument(d, stats[cfg])

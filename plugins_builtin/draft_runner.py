@@ -4,7 +4,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-import numpy as np
 import torch
 
 from deepinfer.plugins import (
@@ -84,14 +83,14 @@ class DraftLoopGraphs(DecodeGraphs):
 
     def run_padded(self, size, tokens, starts, tables, on_device=None, prev_tokens=None) -> torch.Tensor:
         host = self.inputs.host(self._turn, size)  # the buffer the base class's run_padded fills next
-        pos, slots, lens = (host[k] for k in ("step_pos", "step_slots", "step_lens"))
-        pos[:], slots[:], lens[:] = 0, -1, 0
-        bs, ahead = self.block_size, np.arange(1, self.steps)
+        later, bs = self.steps - 1, self.block_size
+        pos, slots, lens = [0] * (later * size), [-1] * (later * size), [0] * (later * size)  # [later, size]
         for i, (toks, start, blocks) in enumerate(zip(tokens, starts, tables, strict=True)):
-            p = start + len(toks) - 1 + ahead  # step j's one token sits j places after the first step's last
-            pos[:, i] = p
-            lens[:, i] = p + 1
-            slots[:, i] = np.asarray(blocks, dtype=np.int64)[p // bs] * bs + p % bs
+            for j in range(later):  # step j + 1's one token sits j + 1 places after the first step's last
+                p = start + len(toks) + j
+                pos[j * size + i], lens[j * size + i], slots[j * size + i] = p, p + 1, blocks[p // bs] * bs + p % bs
+        for name, values in (("step_pos", pos), ("step_slots", slots), ("step_lens", lens)):
+            host[name].reshape(-1)[:] = values
         return super().run_padded(size, tokens, starts, tables, on_device=on_device, prev_tokens=prev_tokens)
 
     def captured_work(self, batch) -> torch.Tensor:

@@ -66,6 +66,14 @@ class LLMEngine:
         self.overlap = (scheduler.overlap and (drafter is None or drafter.skips_rounds)
                         and (device is None or device.asynchronous))
         self._in_flight: StepInFlight | None = None
+        #: with a drafter, propose the next step's drafts as soon as a step's tokens are taken, before
+        #: the step's text and outputs are made: a speculative round's device then waits only for
+        #: the host work its drafts depend on (tests turn it off to compare)
+        self.early_propose = True
+        self._proposed = False  # this step's drafts were proposed at the end of the last step
+        #: (detokenizer, tokens) that the step's text still has to take: requests without stop
+        #: strings detokenize after the early proposal (see ``_append``)
+        self._text_later: list[tuple[IncrementalDetokenizer, list[int]]] = []
         for name in ("prompt_tokens", "prompt_tokens_computed", "generation_tokens", "num_preemptions",
                      "request_success", "request_aborted", "request_sampling_steps"):
             self.metrics.counter(f"deepinfer:{name}")
@@ -143,8 +151,9 @@ class LLMEngine:
         """
         self.hooks.deepinfer_step_begin(engine=self)
         touched: dict[str, RequestState] = {}
-        if self.drafter is not None:
+        if self.drafter is not None and not self._proposed:
             self._propose(touched)
+        self._proposed = False
         sched = self.scheduler.schedule()
         for req in sched.preempted:
             self._drop_draft(req)
@@ -155,12 +164,22 @@ class LLMEngine:
         defer = flight is not None and self.overlap and not flight.must_sync
         if flight is not None and not defer:
             self._take(flight, touched)
-        outputs = self._emit(touched)
         if defer:
             self._begin_deferred(flight)
             self._in_flight = flight
-        self._update_gauges()
         self.hooks.deepinfer_step_end(engine=self, num_tokens=sched.num_tokens)
+        if self.drafter is not None and self.early_propose and flight is not None and not defer:
+            # the next step's drafts now: its draft work is queued on the device while the host
+            # makes this step's text and outputs (the next step's schedule may still preempt
+            # or finish a request; its draft is then dropped as it would be otherwise)
+            self._propose(touched)
+            self._proposed = True
+        for detok, tokens in self._text_later:
+            for token in tokens:  # one at a time, as _append would have (the same text)
+                detok.add([token])
+        self._text_later.clear()
+        outputs = self._emit(touched)
+        self._update_gauges()
         return outputs
 
     def _account(self, sched: SchedulerOutput, result: RunnerOutput) -> None:
@@ -244,6 +263,7 @@ class LLMEngine:
         touched[state.request_id] = state
         if req.first_token_time is None:
             req.first_token_time = now
+        later = not detok.stop  # no stop string: the text decides nothing here, and is made later
         for i, token in enumerate(tokens):
             if i == 0 and req.all_token_ids[-1] == PLACEHOLDER_TOKEN:
                 req.all_token_ids[-1] = token  # sampled by a step that was left running
@@ -252,8 +272,12 @@ class LLMEngine:
             if logprobs and logprobs[i] is not None:
                 req.logprobs.append(logprobs[i])
             self.metrics.inc("deepinfer:generation_tokens")
-            if check_stop(req, token, detok.add([token])):
+            if check_stop(req, token, None if later else detok.add([token])):
+                if later:
+                    self._text_later.append((detok, tokens[:i + 1]))
                 return True
+        if later:
+            self._text_later.append((detok, tokens))
         return False
 
     # ------------------------------------------------------------------------------ speculation

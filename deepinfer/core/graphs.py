@@ -180,37 +180,41 @@ class DecodeGraphs:
         (the padding rows see the same keys as its last real row), so attention reads exactly the
         keys, in the same tiles, as an eager step would. A negative token -(r+1) stands for row r
         of ``prev_tokens`` (on the device), as in ``run``."""
-        q, bs = self.query_len, self.block_size
+        q, bs, mb = self.query_len, self.block_size, self.max_blocks
         host = self._next_host(size)
-        ids, pos, slots, lens, tab = (host[k] for k in ("ids", "pos", "slots", "lens", "tables"))
-        ctx, single = host.get("ctx"), host.get("single")  # (not in one-token graphs' inputs)
-        ids[:] = 0
-        pos[:] = 0
-        slots[:] = -1
-        lens[:] = 0
+        tab = host["tables"]
         tab[:] = 0  # (the host buffer is shared by the sizes' layouts: no stale entries)
-        for extra in (ctx, single):
-            if extra is not None:
-                extra[:] = 0
-        offsets = np.arange(q)
+        # the rows are laid out in Python lists and written with one conversion a field: at the
+        # batch sizes graphs take, cheaper than numpy's calls per sequence (this host work is on
+        # the critical path of a speculative round at batch 1)
+        rows = size * q
+        ids, pos, slots = [0] * rows, [0] * rows, [-1] * rows
+        lens, ctx = [0] * size, [0] * size
         least = 1 if self.takes_single_runs else 2
         for i, (toks, start, blocks) in enumerate(zip(tokens, starts, tables, strict=True)):
             n = len(toks)
             if not least <= n <= q:
                 raise ValueError(f"a sequence of this step has {n} tokens; these graphs take {least} to {q}")
-            nb = min(len(blocks), self.max_blocks)
+            nb = min(len(blocks), mb)  # blocks reserved past max_seq_len are never read
             tab[i, :nb] = blocks[:nb]
             row = i * q
             ids[row:row + n] = toks
-            p = start + np.minimum(offsets, n - 1)  # padding rows repeat the last position (rotary stays in range)
-            pos[row:row + q] = p
-            slots[row:row + n] = tab[i, p[:n] // bs].astype(np.int64) * bs + p[:n] % bs
-            lens[i] = start + n
-            if ctx is not None:
-                ctx[i] = start
-            if single is not None:
-                single[i] = n == 1
-        self._check_placeholders(int(ids.min()), prev_tokens)
+            for j in range(n):
+                p = start + j
+                pos[row + j] = p
+                slots[row + j] = blocks[p // bs] * bs + p % bs
+            pos[row + n:row + q] = [start + n - 1] * (q - n)  # padding rows repeat the last position
+            lens[i] = start + n                               # (rotary stays in range)
+            ctx[i] = start
+        host["ids"][:] = ids
+        host["pos"][:] = pos
+        host["slots"][:] = slots
+        host["lens"][:] = lens
+        if "ctx" in host:  # (not in one-token graphs' inputs)
+            host["ctx"][:] = ctx
+        if "single" in host:
+            host["single"][:] = [n == 1 for n in map(len, tokens)] + [False] * (size - len(tokens))
+        self._check_placeholders(min(ids), prev_tokens)
         if on_device is not None:
             on_device()
         return self._upload_and_replay(size, prev_tokens)[:size * q]

@@ -287,3 +287,51 @@ def test_draft_dtype_follows_the_option_and_stays_lossless():
         assert [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)] == want
         assert llm.get_metrics()["deepinfer:spec_decode_num_accepted_tokens"] > 0
         _assert_pools_free(llm)
+
+
+@pytest.mark.parametrize("early", [True, False])
+def test_drafts_proposed_early_keep_text_stops_and_pools(early):
+    """With ``early_propose`` the engine proposes the next step's drafts as soon as a step's tokens
+    are taken, and makes the step's text after: the outputs (tokens, text, finish and stop reasons,
+    stop strings included) stay no drafter's, and an abort while such drafts are pending frees
+    their blocks."""
+    params = [SamplingParams(temperature=0, max_tokens=40, ignore_eos=True),
+              SamplingParams(temperature=0, max_tokens=40, stop=["\n\n", "return"]),
+              SamplingParams(temperature=0, max_tokens=40, stop=["self"], include_stop_str_in_output=True),
+              SamplingParams(temperature=0, max_tokens=40)]
+
+    def summary(outs):
+        return [(c.token_ids, c.text, c.finish_reason, c.stop_reason) for c in (o.outputs[0] for o in outs)]
+
+    base = LLM(progress=False, dtype="float32")
+    ref = summary(base.generate(DEMO_PROMPTS, params, use_tqdm=False))
+    assert sum(isinstance(r[3], str) for r in ref) >= 1  # a stop string ended some request
+    decode = base.get_tokenizer().decode
+    for (tokens, text, _, stop), p in zip(ref, params, strict=True):  # the text against the tokenizer's
+        full = decode(tokens, True)
+        cut = full.find(stop) + (len(stop) if p.include_stop_str_in_output else 0) if isinstance(stop, str) else None
+        assert text == full[:cut]
+    llm = LLM(progress=False, dtype="float32", plugins=["deepspark"])
+    eng = llm.engine
+    eng.early_propose = early
+    pending, step = [], eng.step
+
+    def stepping():
+        out = step()
+        pending.append(any(s.draft is not None for st in eng.requests.values() for s in st.seqs))
+        return out
+
+    eng.step = stepping
+    assert summary(llm.generate(DEMO_PROMPTS, params, use_tqdm=False)) == ref
+    assert any(pending) is early  # drafts were waiting for the next step exactly when proposed early
+    _assert_pools_free(llm)
+    prompt = llm.get_tokenizer().encode(DEMO_PROMPTS[1])
+    eng.add_request("a", prompt, params[0])
+    eng.add_request("b", prompt, params[0])
+    for _ in range(3):  # the prompts, then two rounds (of at most 6 tokens of 40)
+        eng.step()
+    assert pending[-1] is early
+    assert eng.abort_request("a")
+    while eng.has_unfinished_requests():
+        eng.step()
+    _assert_pools_free(llm)
