@@ -147,7 +147,9 @@ class LLMEngine:
 
         With overlap, the step is launched on the device and left running: the previous step's
         results are taken in meanwhile, and this step's next call. Steps that need host-side
-        state (drafts, logprobs, penalties) are waited for at once.
+        state (drafts, logprobs, penalties) are waited for at once; with a drafter
+        (``early_propose``), the next step's drafts are then proposed before this step's text and
+        outputs are made, so that the draft's device work runs meanwhile.
         """
         self.hooks.deepinfer_step_begin(engine=self)
         touched: dict[str, RequestState] = {}
