@@ -54,3 +54,9 @@ if [ "${1:-a}" = e ]; then
   timeout 330 python3 -m deepinfer.cli bench spec --device sm90 --batch 1,64 --output-len 256 --repeats 5 \
     2>&1 | filter > "$OUT/spec.txt"
 fi
+if [ "${1:-a}" = f ]; then
+  # deepspark at 64 requests fell to 0.78x draft-model in call e: early proposals against late ones
+  # (the engine's early_propose), interleaved with no drafter and draft-model, at batch 64
+  timeout 240 python3 benchmarks/lookup_rounds.py --device sm90 --batch 64 --prompts 64 none on late draft-model \
+    --runs 7 2>&1 | filter > "$OUT/rounds64.txt"
+fi

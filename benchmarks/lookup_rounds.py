@@ -1,11 +1,13 @@
-"""Where deepspark's rounds go at batch 1: rounds of lookups against rounds of the draft model,
+"""Where deepspark's rounds go (at batch 1 by default): rounds of lookups against rounds of the draft model,
 their tokens and their wall time (from one proposal to the next), run interleaved with no drafter.
 
     python3 benchmarks/lookup_rounds.py --device sm90 none off on force [--runs 5]
 
 Configurations: ``none`` (no drafter), ``off``/``on`` (deepspark with ``lookup`` off/on),
 ``force`` (lookup on, and a round takes the lookup whenever it has one: its rate rule bypassed),
-``late`` (lookup on, the engine's ``early_propose`` off: drafts proposed at the next step's start), ``ngram``; a JSON object after ``=`` adds deepspark options, e.g. ``on={"loop_graph": false}``.
+``late`` (lookup on, the engine's ``early_propose`` off: drafts proposed at the next step's start), ``ngram``,
+``draft-model``; ``--batch`` decodes that many prompts at once (8 prompts or one batch a run); a
+JSON object after ``=`` adds deepspark options, e.g. ``on={"loop_graph": false}``.
 """
 from __future__ import annotations
 
@@ -30,8 +32,8 @@ def instrument(drafter, stats: collections.Counter) -> None:
             stats[state["kind"], "s"] += now - state["start"]
         out = propose(requests)
         buckets = getattr(drafter, "_buckets", None)  # deepspark's; ngram's rounds are all lookups
-        kinds = {"model" if buckets is not None and type(buckets.get(rid)).__name__ != "_Lookup" else "lookup"
-                 for rid in out}
+        kinds = {"lookup" if drafter.name == "ngram" or type((buckets or {}).get(rid)).__name__ == "_Lookup"
+                 else "model" for rid in out}
         kind = "plain" if not out else (kinds.pop() if len(kinds) == 1 else "mixed")
         stats[kind, "rounds"] += 1
         if kind == "plain":  # one token a request, never observed
@@ -58,6 +60,7 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--output-len", type=int, default=256)
     ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--batch", type=int, default=1)
     a = ap.parse_args()
     llms, stats = {}, {}
     for cfg in a.configs:
@@ -65,8 +68,8 @@ def main() -> None:
         opts = json.loads(extra) if extra else {}
         if name == "none":
             plugins, popts = [], {}
-        elif name == "ngram":
-            plugins, popts = ["ngram"], {}
+        elif name in ("ngram", "draft-model"):
+            plugins, popts = [name], {}
         else:
             plugins = ["deepspark"]
             popts = {"deepspark": {"lookup": name != "off", **opts}}
@@ -81,7 +84,7 @@ def main() -> None:
             stats[cfg] = collections.Counter()
             instrument(d, stats[cfg])
         llms[cfg] = llm
-    wl = Workload(next(iter(llms.values())), 1, {"prompts": a.prompts, "input_len": 64, "output_len": a.output_len})
+    wl = Workload(next(iter(llms.values())), a.batch, {"prompts": a.prompts, "input_len": 64, "output_len": a.output_len})
 
     def run(llm):
         s = wl.run(llm)
