@@ -60,3 +60,9 @@ if [ "${1:-a}" = f ]; then
   timeout 240 python3 benchmarks/lookup_rounds.py --device sm90 --batch 64 --prompts 64 none on late draft-model \
     --runs 7 2>&1 | filter > "$OUT/rounds64.txt"
 fi
+if [ "${1:-a}" = g ]; then
+  # at 64 requests, deepspark's plain rounds overlapped (overlap_plain_rounds), with the lookup on
+  # and off, against the defaults and draft-model, interleaved
+  timeout 150 python3 benchmarks/lookup_rounds.py --device sm90 --batch 64 --prompts 64 draft-model on \
+    'on={"overlap_plain_rounds": true}' 'off={"overlap_plain_rounds": true}' --runs 7 2>&1 | filter > "$OUT/rounds64.txt"
+fi
