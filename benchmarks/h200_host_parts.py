@@ -8,13 +8,10 @@ device include the wait).
 """
 from __future__ import annotations
 
-import argparse
 import importlib
 import time
 
-from deepinfer.bench.spec import stdlib_prompts
-from deepinfer.core.sampling_params import SamplingParams
-from deepinfer.llm import LLM
+from host_profile import demo_batch1
 
 # (module, class or None, function)
 PARTS = [
@@ -54,16 +51,7 @@ PARTS = [
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--drafter", default="deepspark")
-    ap.add_argument("--device", default="sm90")
-    ap.add_argument("--prompts", type=int, default=4)
-    ap.add_argument("--output-len", type=int, default=256)
-    a = ap.parse_args()
-    llm = LLM(None, progress=False, device=a.device, plugins=[] if a.drafter == "none" else [a.drafter],
-              kv_cache_memory_gb=2)
-    prompts = stdlib_prompts(llm.get_tokenizer(), a.prompts, 64)
-    params = SamplingParams(temperature=0, max_tokens=a.output_len, ignore_eos=True)
+    a, llm, prompts, params = demo_batch1(__doc__)
     clock = time.perf_counter
     totals: dict[str, list[float]] = {}  # name -> [calls, seconds]
 

@@ -18,32 +18,22 @@ Segments (each from one landmark to the next, in the order a round meets them):
 """
 from __future__ import annotations
 
-import argparse
 import collections
 import itertools
 import statistics
 import time
 
-from deepinfer.bench.spec import stdlib_prompts
+from host_profile import demo_batch1
+
 from deepinfer.core import engine as engine_mod
 from deepinfer.core import model_runner as runner_mod
 from deepinfer.core.graphs import DecodeGraphs
-from deepinfer.core.sampling_params import SamplingParams
-from deepinfer.llm import LLM
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--drafter", default="deepspark")
-    ap.add_argument("--device", default="sm90")
-    ap.add_argument("--prompts", type=int, default=4)
-    ap.add_argument("--output-len", type=int, default=256)
-    a = ap.parse_args()
+    a, llm, prompts, params = demo_batch1(__doc__)
     from deepinfer_builtin.draft_runner import DraftLoopGraphs
 
-    llm = LLM(None, progress=False, device=a.device, plugins=[a.drafter], kv_cache_memory_gb=2)
-    prompts = stdlib_prompts(llm.get_tokenizer(), a.prompts, 64)
-    params = SamplingParams(temperature=0, max_tokens=a.output_len, ignore_eos=True)
     marks: list[tuple[str, float]] = []
     clock = time.perf_counter
 

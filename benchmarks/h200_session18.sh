@@ -31,27 +31,12 @@ if [ "${1:-a}" = b ]; then
 fi
 if [ "${1:-a}" = c ]; then
   # the final code (gemv_mlp removed again): every gpu-marked test; the recorded batch-1 command three times
-  timeout 250 python3 -m pytest -q -p no:cacheprovider -m gpu tests --ignore=tests/serve > "$OUT/gpu_tests.txt" 2>&1
-  for r in 1 2 3; do
-    timeout 40 $LAT --repeats 3 2>&1 | filter | grep -e "tok/s" -e "first" -e rror >> "$OUT/latency.txt"
-  done
+  # (issue6_tests_and_latency in h200_common.sh; the tests' limit was 250 s then)
+  issue6_tests_and_latency
 fi
 if [ "${1:-a}" = d ]; then
-  # issue 6's other goals again on the final code: device idle at 64 requests with overlap on and off;
-  # prefill 4 x 4,096; float32 greedy equality triton vs torch (h200_triton_equal.py); the nano-vllm
-  # throughput workload with its transformers peer in the same call
-  for opts in '{}' '{"fcfs": {"overlap": false}}'; do
-    echo "== plugin options $opts" >> "$OUT/idle.txt"
-    timeout 60 python3 -m deepinfer.cli bench latency --random-model llama-1b --dtype bfloat16 --device sm90 \
-      --batch 64 --input-len 512 --output-len 256 --repeats 1 --kv-cache-memory-gb 16 --gpu-idle \
-      --plugin-options "$opts" 2>&1 | filter >> "$OUT/idle.txt"
-  done
-  timeout 60 python3 -m deepinfer.cli bench prefill --random-model llama-1b --dtype bfloat16 --device sm90 \
-    --batch 4 --input-len 4096 --repeats 3 --kv-cache-memory-gb 16 2>&1 | filter > "$OUT/prefill.txt"
-  timeout 120 python3 benchmarks/h200_triton_equal.py "$OUT/triton_equal.md" > "$OUT/equal_log.txt" 2>&1
-  timeout 290 python3 -m deepinfer.cli bench throughput --random-model qwen3-0.6b --dtype bfloat16 --device sm90 \
-    --num-requests 256 --min-len 100 --max-len 1024 --repeats 1 --peer hf --peer-requests 64 --peer-repeats 1 \
-    2>&1 | filter > "$OUT/throughput.txt"
+  # issue 6's other goals again on the final code (issue6_other_goals in h200_common.sh)
+  issue6_other_goals
 fi
 if [ "${1:-a}" = e ]; then
   # after the drafters' dtype option (auto keeps the target's dtype on CUDA): the gpu-marked tests of

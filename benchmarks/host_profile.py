@@ -1,6 +1,8 @@
-"""Shared by the H200 profiling scripts: one timed run, then one under cProfile."""
+"""Shared by the H200 profiling scripts: one timed run, then one under cProfile; the demo pair's
+batch-1 setup of the host-timing scripts."""
 from __future__ import annotations
 
+import argparse
 import cProfile
 import io
 import pstats
@@ -28,3 +30,22 @@ def profiled(run: Callable[[], object], top: int, sorts: tuple[str, ...] = ("tot
     for key in sorts:
         stats.sort_stats(key).print_stats(top)
     return s.getvalue()
+
+
+def demo_batch1(description: str):
+    """(args, LLM, prompts, params) for a host-timing script on the demo pair at batch 1: options
+    --drafter (or "none"), --device, --prompts and --output-len."""
+    from deepinfer.bench.spec import stdlib_prompts
+    from deepinfer.core.sampling_params import SamplingParams
+    from deepinfer.llm import LLM
+
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--drafter", default="deepspark")
+    ap.add_argument("--device", default="sm90")
+    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--output-len", type=int, default=256)
+    a = ap.parse_args()
+    llm = LLM(None, progress=False, device=a.device, plugins=[] if a.drafter == "none" else [a.drafter],
+              kv_cache_memory_gb=2)
+    prompts = stdlib_prompts(llm.get_tokenizer(), a.prompts, 64)
+    return a, llm, prompts, SamplingParams(temperature=0, max_tokens=a.output_len, ignore_eos=True)
