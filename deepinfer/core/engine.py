@@ -68,9 +68,12 @@ class LLMEngine:
         self._in_flight: StepInFlight | None = None
         #: with a drafter, propose the next step's drafts as soon as a step's tokens are taken, before
         #: the step's text and outputs are made: a speculative round's device then waits only for
-        #: the host work its drafts depend on (tests turn it off to compare)
-        self.early_propose = True
+        #: the host work its drafts depend on. On a device that runs queued work asynchronously
+        #: (elsewhere drafting is done when propose returns, and the outputs would only wait for
+        #: it); tests and benchmarks set it to compare
+        self.early_propose = device is None or device.asynchronous
         self._proposed = False  # this step's drafts were proposed at the end of the last step
+        self._propose_error: Exception | None = None  # an early proposal's, raised at the next step
         #: (detokenizer, tokens) that the step's text still has to take: requests without stop
         #: strings detokenize after the early proposal (see ``_append``)
         self._text_later: list[tuple[IncrementalDetokenizer, list[int]]] = []
@@ -152,6 +155,9 @@ class LLMEngine:
         outputs are made, so that the draft's device work runs meanwhile.
         """
         self.hooks.deepinfer_step_begin(engine=self)
+        if self._propose_error is not None:  # where the proposal would have raised it
+            error, self._propose_error = self._propose_error, None
+            raise error
         touched: dict[str, RequestState] = {}
         if self.drafter is not None and not self._proposed:
             self._propose(touched)
@@ -173,9 +179,13 @@ class LLMEngine:
         if self.drafter is not None and self.early_propose and flight is not None and not defer:
             # the next step's drafts now: its draft work is queued on the device while the host
             # makes this step's text and outputs (the next step's schedule may still preempt
-            # or finish a request; its draft is then dropped as it would be otherwise)
-            self._propose(touched)
-            self._proposed = True
+            # or finish a request; its draft is then dropped as it would be otherwise). A failure
+            # is raised at the next step, as before: this step's outputs still go out
+            try:
+                self._propose(touched)
+                self._proposed = True
+            except Exception as e:
+                self._propose_error = e
         for detok, tokens in self._text_later:
             for token in tokens:  # one at a time, as _append would have (the same text)
                 detok.add([token])

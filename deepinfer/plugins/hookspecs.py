@@ -40,7 +40,10 @@ def deepinfer_step_begin(engine: Any) -> None:
 
 @hookspec
 def deepinfer_step_end(engine: Any, num_tokens: int) -> None:
-    """A step finished after computing ``num_tokens`` tokens."""
+    """A step finished after computing ``num_tokens`` tokens: its tokens are appended and the
+    requests it finished are done, but its outputs are not built yet (the text of requests without
+    stop strings, the request-finished hooks and the gauges come after; with a drafter, so does
+    the next step's proposal)."""
 
 
 @hookspec

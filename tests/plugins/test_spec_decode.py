@@ -292,9 +292,9 @@ def test_draft_dtype_follows_the_option_and_stays_lossless():
 @pytest.mark.parametrize("early", [True, False])
 def test_drafts_proposed_early_keep_text_stops_and_pools(early):
     """With ``early_propose`` the engine proposes the next step's drafts as soon as a step's tokens
-    are taken, and makes the step's text after: the outputs (tokens, text, finish and stop reasons,
-    stop strings included) stay no drafter's, and an abort while such drafts are pending frees
-    their blocks."""
+    are taken (once a step), and makes the step's text after: the outputs (tokens, text, finish and
+    stop reasons, stop strings included) stay no drafter's, and an abort while such drafts are
+    pending frees them. (Off by default on the CPU, where drafting is done when propose returns.)"""
     params = [SamplingParams(temperature=0, max_tokens=40, ignore_eos=True),
               SamplingParams(temperature=0, max_tokens=40, stop=["\n\n", "return"]),
               SamplingParams(temperature=0, max_tokens=40, stop=["self"], include_stop_str_in_output=True),
@@ -313,25 +313,58 @@ def test_drafts_proposed_early_keep_text_stops_and_pools(early):
         assert text == full[:cut]
     llm = LLM(progress=False, dtype="float32", plugins=["deepspark"])
     eng = llm.engine
+    assert eng.early_propose is False  # (a synchronous CPU)
     eng.early_propose = early
-    pending, step = [], eng.step
+    pending, proposals, step, propose = [], [], eng.step, eng.drafter.propose
 
     def stepping():
+        proposals.append(0)
         out = step()
         pending.append(any(s.draft is not None for st in eng.requests.values() for s in st.seqs))
         return out
 
-    eng.step = stepping
+    def proposing(requests):
+        proposals[-1] += 1
+        return propose(requests)
+
+    eng.step, eng.drafter.propose = stepping, proposing
     assert summary(llm.generate(DEMO_PROMPTS, params, use_tqdm=False)) == ref
+    assert max(proposals) == 1  # one proposal a step, early or not
     assert any(pending) is early  # drafts were waiting for the next step exactly when proposed early
     _assert_pools_free(llm)
     prompt = llm.get_tokenizer().encode(DEMO_PROMPTS[1])
-    eng.add_request("a", prompt, params[0])
-    eng.add_request("b", prompt, params[0])
-    for _ in range(3):  # the prompts, then two rounds (of at most 6 tokens of 40)
+    long = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
+    eng.add_request("a", prompt, long)
+    eng.add_request("b", prompt, long)
+    for _ in range(30):
         eng.step()
+        if pending[-1] or not early:
+            break
     assert pending[-1] is early
-    assert eng.abort_request("a")
+    assert ("a" in eng.drafter.runner.seqs) is early  # (a late proposal's draft state is made at the next step)
+    eng.abort_request("a")
+    assert "a" not in eng.drafter.runner.seqs
     while eng.has_unfinished_requests():
         eng.step()
     _assert_pools_free(llm)
+
+
+def test_an_early_proposal_that_fails_raises_at_the_next_step():
+    """A drafter error in an early proposal comes where the proposal used to run, at the next
+    step's start: the step that made it still returns its outputs."""
+    llm = LLM(progress=False, dtype="float32", plugins=["deepspark"])
+    eng = llm.engine
+    eng.early_propose = True
+    prompt = llm.get_tokenizer().encode(DEMO_PROMPTS[0])
+    eng.add_request("a", prompt, SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
+    eng.add_request("b", prompt, SamplingParams(temperature=0, max_tokens=50, ignore_eos=True))
+    eng.step()  # the prompts, then an early proposal
+
+    def failing(requests):
+        raise RuntimeError("draft failed")
+
+    eng.drafter.propose = failing
+    outs = {o.request_id: o for o in eng.step()}  # "a" ends; the early proposal for "b" fails
+    assert outs["a"].finished and len(outs["a"].outputs[0].token_ids) == 2
+    with pytest.raises(RuntimeError, match="draft failed"):
+        eng.step()
