@@ -184,7 +184,7 @@ class LLMEngine:
             try:
                 self._propose(touched)
                 self._proposed = True
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 (not swallowed: raised at the next step)
                 self._propose_error = e
         for detok, tokens in self._text_later:
             for token in tokens:  # one at a time, as _append would have (the same text)
