@@ -189,7 +189,7 @@ class DecodeGraphs:
         # the critical path of a speculative round at batch 1)
         rows = size * q
         ids, pos, slots = [0] * rows, [0] * rows, [-1] * rows
-        lens, ctx = [0] * size, [0] * size
+        lens, ctx, single = [0] * size, [0] * size, [False] * size
         least = 1 if self.takes_single_runs else 2
         for i, (toks, start, blocks) in enumerate(zip(tokens, starts, tables, strict=True)):
             n = len(toks)
@@ -206,6 +206,7 @@ class DecodeGraphs:
             pos[row + n:row + q] = [start + n - 1] * (q - n)  # padding rows repeat the last position
             lens[i] = start + n                               # (rotary stays in range)
             ctx[i] = start
+            single[i] = n == 1
         host["ids"][:] = ids
         host["pos"][:] = pos
         host["slots"][:] = slots
@@ -213,7 +214,7 @@ class DecodeGraphs:
         if "ctx" in host:  # (not in one-token graphs' inputs)
             host["ctx"][:] = ctx
         if "single" in host:
-            host["single"][:] = [n == 1 for n in map(len, tokens)] + [False] * (size - len(tokens))
+            host["single"][:] = single
         self._check_placeholders(min(ids), prev_tokens)
         if on_device is not None:
             on_device()
