@@ -1,10 +1,11 @@
-"""Where the host's time goes in deepspark's batch-1 rounds on the GPU, function by function: each
+"""Where the host's time goes in deepspark's rounds on the GPU (batch 1 by default), function by function: each
 listed function is wrapped to add up its inclusive wall time (perf_counter, no profiler, so the host
 runs near its own speed), and the report gives each one's calls and microseconds a verification
 step (inclusive: nested functions are also in their callers' figures; those that wait for the
 device include the wait).
 
-    python3 benchmarks/h200_host_parts.py [--drafter deepspark] [--device sm90] [--prompts 4]
+    python3 benchmarks/h200_host_parts.py [--drafter deepspark] [--device sm90] [--prompts 4] [--batch 1]
+        [--options '{"lookup": false}']
 """
 from __future__ import annotations
 
@@ -44,6 +45,9 @@ PARTS = [
     ("deepinfer_builtin.draft_runner", "DraftRunner", "propose"),
     ("deepinfer_builtin.draft_runner", "DraftRunner", "_propose_in_loop"),
     ("deepinfer_builtin.draft_runner", "DraftRunner", "_catch_up"),
+    ("deepinfer_builtin.draft_runner", "DraftRunner", "_eager"),
+    ("deepinfer_builtin.draft_runner", "DraftRunner", "_forward_last"),
+    ("deepinfer_builtin.lookup", "LookupDrafts", "_candidate"),
     ("deepinfer_builtin.draft_runner", "DraftLoopGraphs", "run_padded"),
     ("deepinfer_builtin.draft_runner", "_RoundOnDevice", "lists"),
     ("deepinfer_builtin.draft_runner", "_RoundOnDevice", "__init__"),
@@ -51,7 +55,8 @@ PARTS = [
 
 
 def main() -> None:
-    a, llm, prompts, params = demo_batch1(__doc__)
+    a, llm, prompts, params = demo_batch1(__doc__, batched=True)
+    runs = [[{"prompt_token_ids": p} for p in prompts[i:i + a.batch]] for i in range(0, len(prompts), a.batch)]
     clock = time.perf_counter
     totals: dict[str, list[float]] = {}  # name -> [calls, seconds]
 
@@ -73,19 +78,19 @@ def main() -> None:
         originals.append((owner, fn, owner.__dict__[fn]))
         setattr(owner, fn, wrap(f"{cls}.{fn}", owner.__dict__[fn]))
     try:
-        llm.generate([{"prompt_token_ids": prompts[0]}], params, use_tqdm=False)  # warm-up
+        llm.generate(runs[0], params, use_tqdm=False)  # warm-up
         for acc in totals.values():
             acc[:] = [0, 0.0]
         t = clock()
-        for p in prompts:
-            llm.generate([{"prompt_token_ids": p}], params, use_tqdm=False)
+        for run in runs:
+            llm.generate(run, params, use_tqdm=False)
         wall = clock() - t
     finally:
         for owner, fn, orig in originals:
             setattr(owner, fn, orig)
     steps = totals["LLMEngine.step"][0]
     tokens = a.prompts * a.output_len
-    print(f"{a.drafter} batch 1, {a.prompts} prompts x {a.output_len} tokens: {tokens / wall:.1f} tok/s, "
+    print(f"{a.drafter} {a.options or ''} batch {a.batch}, {a.prompts} prompts x {a.output_len} tokens: {tokens / wall:.1f} tok/s, "
           f"{steps} steps, {wall / steps * 1e6:.1f} us a step")
     print(f"  {'function':40s} {'calls/step':>10s} {'us/step':>9s} {'us/call':>9s}")
     for name, (calls, secs) in totals.items():

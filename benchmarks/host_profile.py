@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
+import json
 import pstats
 import time
 from collections.abc import Callable
@@ -32,9 +33,10 @@ def profiled(run: Callable[[], object], top: int, sorts: tuple[str, ...] = ("tot
     return s.getvalue()
 
 
-def demo_batch1(description: str):
+def demo_batch1(description: str, batched: bool = False):
     """(args, LLM, prompts, params) for a host-timing script on the demo pair at batch 1: options
-    --drafter (or "none"), --device, --prompts and --output-len."""
+    --drafter (or "none"), --device, --prompts and --output-len; with ``batched``, also --batch
+    (prompts decoded together) and --options (the drafter's, as JSON)."""
     from deepinfer.bench.spec import stdlib_prompts
     from deepinfer.core.sampling_params import SamplingParams
     from deepinfer.llm import LLM
@@ -44,8 +46,12 @@ def demo_batch1(description: str):
     ap.add_argument("--device", default="sm90")
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--output-len", type=int, default=256)
+    if batched:
+        ap.add_argument("--batch", type=int, default=1)
+        ap.add_argument("--options", type=json.loads, default={})
     a = ap.parse_args()
+    options = {a.drafter: a.options} if batched and a.options else {}
     llm = LLM(None, progress=False, device=a.device, plugins=[] if a.drafter == "none" else [a.drafter],
-              kv_cache_memory_gb=2)
+              kv_cache_memory_gb=2, plugin_options=options)
     prompts = stdlib_prompts(llm.get_tokenizer(), a.prompts, 64)
     return a, llm, prompts, SamplingParams(temperature=0, max_tokens=a.output_len, ignore_eos=True)

@@ -1,0 +1,18 @@
+# H200, session 23, one call each:
+#   run(command="bash benchmarks/h200_session23.sh a", carry=[".whl"], timeout_s=600)
+# after ../shared/gpu/wheels.sh.
+. benchmarks/h200_common.sh
+parts64() {  # $1: label; the host's time by function at 64 requests for no drafter, draft-model and deepspark
+  for d in none draft-model; do
+    timeout 100 python3 benchmarks/h200_host_parts.py --drafter $d --batch 64 --prompts 128 2>&1 | filter >> "$OUT/parts64$1.txt"
+  done
+  for o in '{}' '{"lookup": false}' '{"overlap_plain_rounds": true}'; do
+    timeout 100 python3 benchmarks/h200_host_parts.py --drafter deepspark --options "$o" --batch 64 --prompts 128 \
+      2>&1 | filter >> "$OUT/parts64$1.txt"
+  done
+}
+if [ "${1:-a}" = a ]; then
+  # session 22's code at 64 requests: where deepspark's host time goes against draft-model's and no
+  # drafter's (its mixed rounds took 5.3-5.9 ms in session 22's calls f and g)
+  parts64 ""
+fi
