@@ -16,3 +16,13 @@ if [ "${1:-a}" = a ]; then
   # drafter's (its mixed rounds took 5.3-5.9 ms in session 22's calls f and g)
   parts64 ""
 fi
+if [ "${1:-a}" = b ]; then
+  # after the lookups' requests joined the loop graph's rounds, with the leaner _propose and
+  # observe: the host's time by function at 64 requests; deepspark against draft-model there,
+  # interleaved
+  for d in draft-model deepspark; do
+    timeout 100 python3 benchmarks/h200_host_parts.py --drafter $d --batch 64 --prompts 128 2>&1 | filter >> "$OUT/parts64.txt"
+  done
+  timeout 300 python3 benchmarks/lookup_rounds.py --device sm90 --batch 64 --prompts 64 none draft-model on off \
+    'on={"overlap_plain_rounds": true}' --runs 7 2>&1 | filter > "$OUT/rounds64.txt"
+fi

@@ -324,11 +324,17 @@ class DeepSparkDrafter(DraftModelDrafter):
                 self._buckets[rid] = _Lookup(bucket)
                 looked_up[rid] = proposal
         if looked_up:
-            requests = [r for r in requests if r.request_id not in looked_up]
-            if not requests:  # a round of lookups: the draft model does not run
+            rest = [r for r in requests if r.request_id not in looked_up]
+            if not rest:  # a round of lookups: the draft model does not run
                 self.lookups.set_kind("lookup")
                 self._ended = self.clock()
                 return looked_up
+            # where the loop graph drafts for the others, the lookups' requests join it (their
+            # drafts unused): it computes their new tokens at almost no cost, so that their draft
+            # never falls behind by a streak of lookups (a long catch-up runs eagerly)
+            if not (self.in_graphs and all(r.params.greedy for r in requests) and self.runner.loop_size(
+                    len(requests), max(len(r.all_token_ids) for r in requests), self.k) is not None):
+                requests = rest
         # a round the loop graph takes drafts all k (then the rule chooses); the others step by step
         budget = self.options.verify_budget
         verify_all = self.verify_threshold == 0.0 and not budget  # every P_j passes
@@ -336,6 +342,8 @@ class DeepSparkDrafter(DraftModelDrafter):
         drafts = self.runner.propose(list(requests), self.k, go_on, self.another_step, whole_rounds=True,
                                      lazy=verify_all and self.options.device_drafts)
         self._ended = self.clock() if drafts or looked_up else None
+        if looked_up:
+            drafts = {rid: d for rid, d in drafts.items() if rid not in looked_up}
         if verify_all:  # the buckets are taken from the confidences when the result comes (observe)
             self._buckets.update(drafts)
             return {rid: DraftProposal(d.tokens, d.probs, len(d.tokens), d.source)
@@ -364,14 +372,14 @@ class DeepSparkDrafter(DraftModelDrafter):
         # a_i is the chance draft i passes once drafts 1..i-1 have: the drafts after the first
         # rejected one were never put to that test, so they teach nothing
         tested = min(num_verified, num_accepted + 1)
-        lookup = isinstance(buckets, _Lookup)
-        self.lookups.observe(buckets.bucket if lookup else None, tested, num_accepted)
-        if lookup:
+        if isinstance(buckets, _Lookup):
+            self.lookups.observe(buckets.bucket, tested, num_accepted)
             return
-        if isinstance(buckets, Draft):
-            buckets = [self.table.bucket(c) for c in buckets.confidence]
-        for pos in range(min(tested, len(buckets))):
-            self.table.record(buckets[pos], pos, pos < num_accepted)
+        self.lookups.observe(None, tested, num_accepted)
+        if isinstance(buckets, Draft):  # (asked of every request of a round: written out for speed)
+            n = self.table.buckets
+            buckets = [min(n - 1, int(c * n)) for c in buckets.confidence[:tested]]
+        self.table.record_tested(buckets[:tested], num_accepted)
 
     def release(self, request: Request) -> None:
         self._buckets.pop(request.request_id, None)

@@ -360,12 +360,10 @@ class DraftRunner:
         than the loop's first step takes (after its prompt, or rounds it did not draft) first
         computes the others (``_catch_up``). None when it does not cover the round (a batch or a
         length beyond the captured ones)."""
-        loop = self.loop
-        if loop is None or loop.steps != k:
-            return None
-        size = loop.size_for(len(feeds), max(start + len(t) for t, start, _ in feeds) + k - 1)
+        size = self.loop_size(len(feeds), max(start + len(t) for t, start, _ in feeds), k)
         if size is None:
             return None
+        loop = self.loop
         feeds = self._catch_up(feeds, loop.query_len)
         tokens, starts, tables = zip(*feeds, strict=True)
         result = loop.run_padded(size, tokens, starts, tables)[:len(feeds)]
@@ -381,6 +379,12 @@ class DraftRunner:
                 out[req.request_id] = Draft([-(i * k + j + 1) for j in range(k)], None,
                                             lambda i=i: rnd.lists()[1][i], source)
         return out
+
+    def loop_size(self, num_seqs: int, longest: int, k: int) -> int | None:
+        """The loop graph's batch size for a greedy round of k drafts over sequences of at most
+        ``longest`` tokens (before the round), or None where it does not take the round."""
+        loop = self.loop
+        return None if loop is None or loop.steps != k else loop.size_for(num_seqs, longest + k - 1)
 
     def _sample(self, logits: torch.Tensor, req: Request, seq: _DraftSeq) -> tuple[int, torch.Tensor]:
         """A draft token drawn from the request's sampling distribution, and that distribution."""

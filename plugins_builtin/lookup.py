@@ -33,7 +33,21 @@ class LookupDrafts:
         if self._last is not None:
             self._last = (kind, self._last[1])
 
-    def _candidate(self, req: Request, threshold: float) -> tuple[list[int], int, float, int] | None:
+    def _chains(self, threshold: float) -> list[list[float]]:
+        """For each match length (table bucket), the P_j of its drafts that would be verified (those
+        at or above ``threshold``: a prefix, as P_j only shrinks along j)."""
+        chains = []
+        for bucket in range(self.table.buckets):
+            chain, p = [], 1.0
+            for pos in range(self.k):
+                p *= self.table.estimate(bucket, pos)
+                if p < threshold:
+                    break
+                chain.append(p)
+            chains.append(chain)
+        return chains
+
+    def _candidate(self, req: Request, chains: list[list[float]]) -> tuple[list[int], int, float, int] | None:
         """(tokens, their table bucket, expected accepted, how many to verify), or None."""
         index = self.indexes.get(req.request_id)
         if index is None:
@@ -41,13 +55,9 @@ class LookupDrafts:
         tokens, n = index.lookup(req.all_token_ids, self.k)
         if not tokens:
             return None
-        bucket, p, gain, verify = n - self.min_n, 1.0, 0.0, 0
-        for pos in range(len(tokens)):
-            p *= self.table.estimate(bucket, pos)
-            if p < threshold:
-                break
-            gain, verify = gain + p, verify + 1
-        return (tokens, bucket, gain, verify) if verify else None
+        bucket = n - self.min_n
+        chain = chains[bucket][:len(tokens)]
+        return (tokens, bucket, sum(chain), len(chain)) if chain else None
 
     def _faster(self, gain: float) -> bool:
         """Whether a round of lookups gaining ``gain`` a request gives tokens faster than the draft
@@ -59,7 +69,8 @@ class LookupDrafts:
         """The requests that take the lookup's drafts, with their proposals and table buckets: all
         of them if every one has a lookup and such rounds are measured to pay better than the
         model's; else those whose lookup is expected to gain at least what the model's drafts do."""
-        found = {r.request_id: c for r in requests if (c := self._candidate(r, threshold)) is not None}
+        chains = self._chains(threshold)
+        found = {r.request_id: c for r in requests if (c := self._candidate(r, chains)) is not None}
         if len(found) == len(requests) and self._faster(sum(c[2] for c in found.values()) / len(found)):
             chosen = found
         else:
@@ -72,8 +83,7 @@ class LookupDrafts:
         if bucket is None:
             self.model_gain += 0.05 * (num_accepted - self.model_gain)
             return
-        for pos in range(tested):
-            self.table.record(bucket, pos, pos < num_accepted)
+        self.table.record_tested([bucket] * tested, num_accepted)
 
     def release(self, request_id: str) -> None:
         self.indexes.pop(request_id, None)

@@ -31,6 +31,15 @@ class AcceptanceTable:
         self.trials[bucket][pos] += 1
         self.accepted[bucket][pos] += accepted
 
+    def record_tested(self, buckets: list[int], accepted: int) -> None:
+        """One verification: the drafts at positions 0.. (of these buckets) were tested, and the
+        first ``accepted`` of them passed."""
+        trials, passed = self.trials, self.accepted
+        for pos, b in enumerate(buckets):
+            trials[b][pos] += 1
+            if pos < accepted:
+                passed[b][pos] += 1
+
 
 class RoundCosts:
     """Moving averages of a round's parts, in seconds, one attribute each (None until measured):

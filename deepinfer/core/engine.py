@@ -22,9 +22,11 @@ class PromptTooLongError(ValueError):
 
 
 def _may_speculate(req: Request) -> bool:
-    """Penalties and min_tokens depend on every earlier output token: such requests decode plainly."""
+    """Penalties and min_tokens depend on every earlier output token: such requests decode plainly.
+    (Asked of every decoding sequence at every step: written out for speed.)"""
     p = req.params
-    return not p.needs_penalties and req.num_output_tokens >= p.min_tokens
+    return (not p.needs_penalties
+            and (not p.min_tokens or len(req.all_token_ids) - len(req.prompt_token_ids) >= p.min_tokens))
 
 
 class _NoHooks:
@@ -82,6 +84,7 @@ class LLMEngine:
             self.metrics.counter(f"deepinfer:{name}")
         for name in ("kv_cache_usage", "num_requests_running", "num_requests_waiting"):
             self.metrics.gauge(f"deepinfer:{name}")
+        self._position_names: list[str] = []  # the metric of accepted drafts at each position
         if drafter is not None:
             for name in ("num_drafts", "num_draft_tokens", "num_verified_tokens", "num_accepted_tokens"):
                 self.metrics.counter(f"deepinfer:spec_decode_{name}")
@@ -307,6 +310,10 @@ class LLMEngine:
             raise RuntimeError(f"the drafter {self.drafter.name!r} answered needs_tokens() False, then proposed "
                                "drafts for requests whose last tokens were not known yet; after False it must "
                                "propose nothing")
+        if not proposals:  # a round without drafts (every step, for some drafters at large batches)
+            for seq in decoding:
+                seq.draft = None
+            return
         m = self.metrics
         for seq in decoding:
             prop = proposals.get(seq.request_id)
@@ -319,8 +326,9 @@ class LLMEngine:
                 seq.draft = None
 
     def _decoding(self) -> list[Request]:
+        running = RequestStatus.RUNNING
         return [seq for state in self.requests.values() for seq in state.seqs
-                if seq.status is RequestStatus.RUNNING and seq.num_computed_tokens == seq.num_tokens - 1
+                if seq.status is running and seq.num_computed_tokens == len(seq.all_token_ids) - 1
                 and _may_speculate(seq)]
 
     def _observe(self, req: Request, num_verified: int, num_rejected: int) -> None:
@@ -328,8 +336,11 @@ class LLMEngine:
         m = self.metrics
         m.inc("deepinfer:spec_decode_num_verified_tokens", num_verified)
         m.inc("deepinfer:spec_decode_num_accepted_tokens", accepted)
+        names = self._position_names
+        while len(names) < accepted:
+            names.append(f"deepinfer:spec_decode_num_accepted_tokens_pos_{len(names)}")
         for pos in range(accepted):
-            m.inc(f"deepinfer:spec_decode_num_accepted_tokens_pos_{pos}")
+            m.inc(names[pos])
         self.drafter.observe(req, num_verified, accepted)
         req.draft = None
 

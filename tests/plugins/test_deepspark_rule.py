@@ -327,7 +327,7 @@ def test_deepspark_lookup_replaces_the_draft_model_where_it_pays_better():
     # ... and while lookup rounds (1 + their gain g in their seconds) beat the model's (1 + its
     # gain in 1 s), though g is below the model's gain
     assert asked == [] and lk.seconds.model == 1.0
-    g = lk._candidate(repeats, d.verify_threshold)[2]
+    g = lk._candidate(repeats, lk._chains(d.verify_threshold))[2]
     assert g < lk.model_gain
     even = (1 + g) / (1 + lk.model_gain)  # the lookup rounds' seconds at which both pay alike
     for seconds, model_runs in ((0.99 * even, False), (1.01 * even, True)):
@@ -338,3 +338,40 @@ def test_deepspark_lookup_replaces_the_draft_model_where_it_pays_better():
     # released, its index goes
     d.release(repeats)
     assert "a" not in lk.indexes
+
+
+@pytest.mark.parametrize("loop_takes", [True, False])
+def test_deepspark_in_graphs_feeds_the_lookups_requests_to_the_loop_graph(loop_takes):
+    """In graphs, where the loop graph drafts a round that mixes lookups and the model's drafts,
+    the requests that take lookups join it (it computes their new tokens, so that their draft
+    never falls a streak of lookups behind); their proposals stay the lookup's, and what is learnt
+    from them goes to the lookup's table. Where the loop would not take the round, they stay out."""
+    from types import SimpleNamespace
+
+    from deepinfer_builtin.deepspark import _Lookup
+    from deepinfer_builtin.draft_runner import Draft
+
+    d = _timed_deepspark(step_seconds=0.001, rest_seconds=0.010)
+    d.k, d._buckets, d._ended, d.lookup, d.in_graphs = 5, {}, None, True, True
+    d.free_verification = True  # (verification in graphs: every draft verified)
+    d.options = d.options.model_copy(update={"device_drafts": False})
+    asked, sizes = [], []
+
+    def loop_size(num_seqs, longest, k):
+        sizes.append((num_seqs, longest, k))
+        return 8 if loop_takes else None
+
+    d.runner = SimpleNamespace(propose=lambda requests, *a, **kw: asked.extend(r.request_id for r in requests)
+                               or {r.request_id: Draft([7, 7, 7, 7, 7], None, [0.9] * 5) for r in requests},
+                               loop_size=loop_size, release=lambda rid: None)
+    greedy = SimpleNamespace(greedy=True)
+    repeats = SimpleNamespace(request_id="a", all_token_ids=[1, 2, 3, 4, 5, 6, 9, 9, 1, 2, 3, 4], params=greedy)
+    fresh = SimpleNamespace(request_id="b", all_token_ids=[10, 11, 12, 13], params=greedy)
+    props = d.propose([repeats, fresh])
+    assert sizes == [(2, 12, 5)]
+    assert asked == (["a", "b"] if loop_takes else ["b"])
+    assert props["a"].tokens == [5, 6, 9, 9, 1] and props["b"].tokens == [7] * 5
+    assert isinstance(d._buckets["a"], _Lookup) and isinstance(d._buckets["b"], Draft)
+    trials = list(d.lookups.table.trials[2])
+    d.observe(repeats, 5, 2)
+    assert [t - t0 for t, t0 in zip(d.lookups.table.trials[2], trials, strict=True)] == [1, 1, 1, 0, 0]
