@@ -26,3 +26,9 @@ if [ "${1:-a}" = b ]; then
   timeout 300 python3 benchmarks/lookup_rounds.py --device sm90 --batch 64 --prompts 64 none draft-model on off \
     'on={"overlap_plain_rounds": true}' --runs 7 2>&1 | filter > "$OUT/rounds64.txt"
 fi
+if [ "${1:-a}" = c ]; then
+  # the lookup only below 8 requests (lookup_max_batch): deepspark at 64 requests against
+  # draft-model and no drafter, with and without overlapped plain rounds, interleaved
+  timeout 300 python3 benchmarks/lookup_rounds.py --device sm90 --batch 64 --prompts 64 none draft-model on \
+    'on={"overlap_plain_rounds": true}' --runs 9 2>&1 | filter > "$OUT/rounds64.txt"
+fi

@@ -126,6 +126,9 @@ class DeepSparkOptions(DraftModelOptions):
                                            "propose what followed it instead of running the draft model, where "
                                            "that is expected to pay better (learnt from verifications and round "
                                            "times; lookup.py)")
+    lookup_max_batch: int = Field(8, ge=1, description="with lookup: only rounds of fewer requests than this "
+                                                       "look up (at larger batches the search for every "
+                                                       "request costs more host time than its drafts save)")
     lookup_max_n: int = Field(4, ge=1, description="with lookup: the longest suffix looked up")
     lookup_min_n: int = Field(2, ge=1, description="with lookup: the shortest suffix looked up")
     buckets: int = Field(10, ge=1, le=100)
@@ -318,8 +321,10 @@ class DeepSparkDrafter(DraftModelDrafter):
         if self._ended is not None:
             self.costs.update("rest", start - self._ended)
         looked_up = {}
-        if self.lookup:
-            self.lookups.round_starts(start, "model")
+        search = self.lookup and len(requests) < self.options.lookup_max_batch
+        if self.lookup:  # (the lookup's comparison times only the model rounds of batches it serves)
+            self.lookups.round_starts(start, "model" if search else None)
+        if search:
             for rid, (proposal, bucket) in self.lookups.choose(requests, self.verify_threshold).items():
                 self._buckets[rid] = _Lookup(bucket)
                 looked_up[rid] = proposal
