@@ -11,12 +11,12 @@ per-step ``verify_budget`` (tokens), the budget goes to the (request, j) pairs o
 the batch; since P_j shrinks along j, the chosen drafts of each request stay a prefix.
 
 Round depth (``cost_aware``). A round costs C0 (the target's verification step and the engine's
-work around it) plus t per draft step, both measured as it runs (moving averages of wall time;
-every round times its first draft step, so t stays current even when rounds stop there; the first
-step costs a little more than later ones, and C0 leaves out that eager verification grows with
-the drafts verified: both lean towards shallow rounds). After j
-drafts the round expects E tokens (per request, 1 plus the P_i of its verified drafts) for
-T = C0 + j t. Another draft step adds
+work around it), t1 for its first draft step (which also feeds the draft the round's new tokens,
+after the proposal's own work) and t for each later one, all measured as it runs (moving averages
+of wall time; until a round goes past its first step, t is taken as t1; C0 leaves out that eager
+verification grows with the drafts verified, which leans towards deep rounds). After j drafts
+the round expects E tokens (per request, 1 plus the P_i of its verified drafts) for
+T = C0 + t1 + (j - 1) t. Another draft step adds
 G = sum over the requests still drafting of P_j * a_j (a_j: the table's acceptance at the next
 position over all buckets), counting only drafts that would be verified. The round drafts on while
 G / t > E / T: while the next step adds tokens faster than the round so far. Where verification is
@@ -179,7 +179,7 @@ class DeepSparkDrafter(DraftModelDrafter):
         table = AcceptanceTable(o.lookup_max_n - o.lookup_min_n + 1, self.k, o.prior_strength, 0.9)
         self.lookups = LookupDrafts(table, self.k, o.lookup_max_n, o.lookup_min_n)
         self.lookup = o.lookup
-        self.costs = RoundCosts()
+        self.costs = RoundCosts(names=("rest", "first", "step"))
         self.rates = RoundRates(options.explore_every, margin=options.skip_margin)
         #: the round under way, if it is to be a sample (closed by the next proposal)
         self._round: _Round | None = None
@@ -263,18 +263,21 @@ class DeepSparkDrafter(DraftModelDrafter):
         """After ``steps`` draft steps: whether one more is expected to add tokens at least as fast
         as the round so far (see the module's docstring); ``still``: the requests that would go on."""
         now = self.clock()
-        if steps > 1 or not self._after_plain:  # (after plain steps, the first feeds the tokens missed)
+        if steps > 1:
             self.costs.update("step", now - self._mark)
+        elif not self._after_plain:  # (after plain steps, the first feeds the tokens missed)
+            self.costs.update("first", now - self._mark)
         self._mark = now
         c = self.costs
-        if not self.options.cost_aware or not c.known:
+        if not self.options.cost_aware or c.rest is None or c.first is None:
             return True
+        step = c.first if c.step is None else c.step  # what the next step costs
         chains = [self.value_chain(conf)[1] for conf in confidences]
         expected = sum(self.expected_tokens(chain) for chain in chains)
-        spent = c.rest + steps * c.step
+        spent = c.rest + c.first + (steps - 1) * step
         rate = self.table.position_rate(steps)
         gain = sum(v for v in (chains[i][-1] * rate for i in still) if v >= self.verify_threshold)
-        return gain * spent > expected * c.step
+        return gain * spent > expected * step
 
     def propose(self, requests: list[Request]) -> dict[str, DraftProposal]:
         start = self._mark = self.clock()

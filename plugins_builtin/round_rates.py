@@ -44,10 +44,12 @@ class AcceptanceTable:
 class RoundCosts:
     """Moving averages of a round's parts, in seconds, one attribute each (None until measured):
     by default ``rest`` (from the end of one proposal to the start of the next: verification and
-    the engine's work) and ``step`` (a draft step). A sample over 4x the average (an idle engine
+    the engine's work) and ``step`` (a draft step); deepspark's also ``first`` (a round's first
+    draft step, ``step`` then being the later ones). A sample over 4x the average (an idle engine
     between proposals) counts as 4x."""
 
     rest: float | None
+    first: float | None
     step: float | None
 
     def __init__(self, weight: float = 0.2, names: tuple[str, ...] = ("rest", "step")) -> None:

@@ -39,10 +39,10 @@ def _timed_deepspark(step_seconds: float, rest_seconds: float, tick: float | Non
     for pos in range(5):
         for i in range(999):
             d.table.record(0, pos, i % 5 < 3)
-    d.costs = RoundCosts()
+    d.costs = RoundCosts(names=("rest", "first", "step"))
     d.free_verification, d.lookup = False, False
     d.lookups = LookupDrafts(AcceptanceTable(3, 5, 1.0, 0.9), 5, 4, 2)
-    d.costs.rest, d.costs.step = rest_seconds, step_seconds
+    d.costs.rest, d.costs.first, d.costs.step = rest_seconds, step_seconds, step_seconds
     tick = step_seconds if tick is None else tick
     d.clock, d._mark = itertools.count(100.0, tick).__next__, 100.0 - tick
     return d
@@ -70,19 +70,35 @@ def test_deepspark_round_depth_follows_the_measured_costs(batch):
     cheap.free_verification = True
     assert cheap.verify_threshold == 0.0
     assert cheap.another_step(2, [conf[1]] * batch, list(range(batch)))
-    # the costs are learnt from the clock: a draft step timed at 3 ms moves a 1 ms average by 20%
-    # (the first draft step of a round too: a round that stops there still measures one)
+    # the costs are learnt from the clock: a draft step timed at 3 ms moves a 1 ms average by 20%;
+    # a round's first draft step (which also feeds the round's new tokens) has an average of its own
     learning = _timed_deepspark(step_seconds=0.001, rest_seconds=0.010, tick=0.003)
     learning.another_step(1, [conf[0]], [0])
-    assert learning.costs.step == pytest.approx(0.0014)
+    assert (learning.costs.first, learning.costs.step) == (pytest.approx(0.0014), 0.001)
     # the first draft step of a round after plain steps feeds the draft the tokens it missed: not
-    # timed; the next one is
+    # timed; the next one is, as a later step
     learning._after_plain = True
     learning.another_step(1, [conf[0]], [0])
-    assert learning.costs.step == pytest.approx(0.0014)
+    assert (learning.costs.first, learning.costs.step) == (pytest.approx(0.0014), 0.001)
     learning.another_step(2, [conf[1]], [0])
-    assert learning.costs.step == pytest.approx(0.00172)
+    assert (learning.costs.first, learning.costs.step) == (pytest.approx(0.0014), pytest.approx(0.0014))
     assert learning.costs.rest == 0.010
+
+
+def test_deepspark_round_depth_prices_the_next_step_at_a_later_steps_cost():
+    """The first draft step counts in the round's time, but another step costs what a later one
+    does (until one is measured, what the first does). With P_j = 0.6^j over the threshold (free
+    verification), after 1 draft E = 1.6, and another step adds G = 0.36: with the first step at
+    3 ms, later ones at 1 ms and C0 = 4 ms, 0.36 / 1 ms > 1.6 / 7 ms goes on, where pricing the
+    next step as the first (0.36 / 3 ms < 1.6 / 7 ms) would stop."""
+    d = _timed_deepspark(step_seconds=0.001, rest_seconds=0.004, tick=0.0)
+    d.free_verification = True
+    d.costs.first = 0.003
+    d._after_plain = True  # (so that these calls leave the first step's average as set)
+    assert d.another_step(1, [[0.5]], [0])
+    d.costs.step = None  # no later step measured yet: priced as the first
+    assert not d.another_step(1, [[0.5]], [0])
+    assert (d.costs.rest, d.costs.first) == (0.004, 0.003)
 
 
 def test_deepspark_verifying_everything_skips_the_chains_and_learns_the_same():
