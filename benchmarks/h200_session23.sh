@@ -38,3 +38,11 @@ if [ "${1:-a}" = d ]; then
   timeout 330 python3 -m deepinfer.cli bench spec --device sm90 --batch 1,64 --output-len 256 --repeats 5 \
     2>&1 | filter > "$OUT/spec.txt"
 fi
+if [ "${1:-a}" = e ]; then
+  # 64 requests: deepspark held to plain rounds (skip_margin 0.95: speculation must be 20x faster to
+  # take over), with and without overlapped plain rounds, against the defaults, draft-model and no
+  # drafter, interleaved
+  timeout 300 python3 benchmarks/lookup_rounds.py --device sm90 --batch 64 --prompts 64 none draft-model on \
+    'on={"skip_margin": 0.95}' 'on={"skip_margin": 0.95, "overlap_plain_rounds": true}' --runs 7 \
+    2>&1 | filter > "$OUT/rounds64.txt"
+fi
