@@ -46,3 +46,9 @@ if [ "${1:-a}" = e ]; then
     'on={"skip_margin": 0.95}' 'on={"skip_margin": 0.95, "overlap_plain_rounds": true}' --runs 7 \
     2>&1 | filter > "$OUT/rounds64.txt"
 fi
+if [ "${1:-a}" = f ]; then
+  # 64 requests: plain rounds of batches under 32 gave tokens at half the rate of speculative ones
+  # in call e; deepspark speculating below 32 requests, and always, against the defaults
+  timeout 300 python3 benchmarks/lookup_rounds.py --device sm90 --batch 64 --prompts 64 none draft-model on \
+    'on={"skip_min_batch": 32}' 'on={"skip_when_slower": "never"}' --runs 7 2>&1 | filter > "$OUT/rounds64.txt"
+fi
