@@ -372,22 +372,24 @@ class DeepSparkDrafter(DraftModelDrafter):
         return out
 
     def observe(self, request: Request, num_verified: int, num_accepted: int) -> None:
-        if self._round is not None:
-            self._round.tokens += num_accepted
+        r = self._round
+        if r is not None:
+            r.tokens += num_accepted
         buckets = self._buckets.pop(request.request_id, None)
         if buckets is None:
             return
         # a_i is the chance draft i passes once drafts 1..i-1 have: the drafts after the first
         # rejected one were never put to that test, so they teach nothing
-        tested = min(num_verified, num_accepted + 1)
-        if isinstance(buckets, _Lookup):
+        tested = num_verified if num_verified <= num_accepted else num_accepted + 1
+        kind = type(buckets)
+        if kind is _Lookup:
             self.lookups.observe(buckets.bucket, tested, num_accepted)
             return
         self.lookups.observe(None, tested, num_accepted)
-        if isinstance(buckets, Draft):  # (asked of every request of a round: written out for speed)
-            n = self.table.buckets
-            buckets = [min(n - 1, int(c * n)) for c in buckets.confidence[:tested]]
-        self.table.record_tested(buckets[:tested], num_accepted)
+        if kind is Draft:  # (the confidences' buckets taken now)
+            self.table.record_tested(buckets.confidence[:tested], num_accepted, confidences=True)
+        else:
+            self.table.record_tested(buckets[:tested], num_accepted)
 
     def release(self, request: Request) -> None:
         self._buckets.pop(request.request_id, None)

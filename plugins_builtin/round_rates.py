@@ -31,11 +31,16 @@ class AcceptanceTable:
         self.trials[bucket][pos] += 1
         self.accepted[bucket][pos] += accepted
 
-    def record_tested(self, buckets: list[int], accepted: int) -> None:
-        """One verification: the drafts at positions 0.. (of these buckets) were tested, and the
-        first ``accepted`` of them passed."""
-        trials, passed = self.trials, self.accepted
-        for pos, b in enumerate(buckets):
+    def record_tested(self, cells: list[int] | list[float], accepted: int, confidences: bool = False) -> None:
+        """One verification: the drafts at positions 0.. (of these buckets, or with ``confidences``
+        of these confidences) were tested, and the first ``accepted`` of them passed. (Called for
+        every request of a round: written out for speed.)"""
+        trials, passed, n = self.trials, self.accepted, self.buckets
+        for pos, b in enumerate(cells):
+            if confidences:
+                b = int(b * n)
+                if b >= n:
+                    b = n - 1
             trials[b][pos] += 1
             if pos < accepted:
                 passed[b][pos] += 1
