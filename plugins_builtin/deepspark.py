@@ -62,7 +62,10 @@ over a lookup round's time to the next proposal, against 1 plus what the draft m
 drafts have gained a request (a moving average) over a model round's. Otherwise the requests whose
 lookup is expected to gain at least as many tokens as the model's drafts take it, and the draft
 model drafts for the rest. The draft model's KV catches up with the tokens it skipped in the
-request's next round it drafts (lookup.py).
+request's next round it drafts (lookup.py); where the loop graph (below) drafts such a mixed round,
+the lookups' requests join it, their drafts unused, so that a streak of lookups never leaves a
+long catch-up (which runs eagerly). Only rounds of fewer than ``lookup_max_batch`` requests look
+up: at larger batches the search for every request costs more host time than its drafts save.
 
 Drafting in one graph (``loop_graph``, on by default). With device graphs, a greedy round's k draft
 steps replay from one graph, so the round costs one launch and one copy to the host whatever its
