@@ -52,3 +52,13 @@ if [ "${1:-a}" = f ]; then
   timeout 300 python3 benchmarks/lookup_rounds.py --device sm90 --batch 64 --prompts 64 none draft-model on \
     'on={"skip_min_batch": 32}' 'on={"skip_when_slower": "never"}' --runs 7 2>&1 | filter > "$OUT/rounds64.txt"
 fi
+if [ "${1:-a}" = g ]; then
+  # the final code: the gpu-marked tests of the plugins and the core; issue 8's recorded command;
+  # at 64 requests deepspark (with RoundRates' per-token seconds) and deepspark speculating every
+  # round, against draft-model, interleaved
+  timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/plugins tests/core > "$OUT/gpu_tests.txt" 2>&1
+  timeout 330 python3 -m deepinfer.cli bench spec --device sm90 --batch 1,64 --output-len 256 --repeats 5 \
+    2>&1 | filter > "$OUT/spec.txt"
+  timeout 200 python3 benchmarks/lookup_rounds.py --device sm90 --batch 64 --prompts 64 draft-model on \
+    'on={"skip_when_slower": "never"}' --runs 7 2>&1 | filter > "$OUT/rounds64.txt"
+fi

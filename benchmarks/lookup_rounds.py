@@ -108,6 +108,11 @@ def main() -> None:
                 print(f"    {kind:7s} rounds {n:6d}  tokens/round {st[kind, 'tokens'] / n:5.2f}  verified/round "
                       f"{st[kind, 'verified'] / n:5.2f}  us/round {st[kind, 's'] / n * 1e6:8.1f}  "
                       f"share of tokens {st[kind, 'tokens'] / sum(v for (k, f), v in st.items() if f == 'tokens'):.2f}")
+        rates = getattr(llms[cfg].engine.drafter, "rates", None)  # deepspark's: us a token a request
+        if rates is not None and rates.rounds:
+            print("    RoundRates: " + "  ".join(
+                f"{'spec' if spec else 'plain'}@{size} {sec * 1e6:.0f} us ({len(rates.rounds[spec, size])})"
+                for (spec, size), sec in sorted(rates.seconds.items(), key=lambda kv: (kv[0][1], kv[0][0]))))
 
 
 if __name__ == "__main__":
