@@ -62,3 +62,11 @@ if [ "${1:-a}" = g ]; then
   timeout 200 python3 benchmarks/lookup_rounds.py --device sm90 --batch 64 --prompts 64 draft-model on \
     'on={"skip_when_slower": "never"}' --runs 7 2>&1 | filter > "$OUT/rounds64.txt"
 fi
+if [ "${1:-a}" = h ]; then
+  # the lookup at batches 2-7: rounds that mix lookups and the model's drafts took 1.2 ms in the tail of
+  # call g's 64-request runs; lookup_max_batch 2 (batch 1 only) against 8, at 4 and 64 requests
+  for b in 4 64; do
+    timeout 200 python3 benchmarks/lookup_rounds.py --device sm90 --batch $b --prompts 64 draft-model on \
+      'on={"lookup_max_batch": 2}' --runs 5 2>&1 | filter > "$OUT/rounds$b.txt"
+  done
+fi
