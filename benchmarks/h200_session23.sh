@@ -70,3 +70,10 @@ if [ "${1:-a}" = h ]; then
       'on={"lookup_max_batch": 2}' --runs 5 2>&1 | filter > "$OUT/rounds$b.txt"
   done
 fi
+if [ "${1:-a}" = i ]; then
+  # the final code (the lookup only at batch 1 by default): the gpu-marked tests of the plugins and
+  # the core; issue 8's recorded command
+  timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu tests/plugins tests/core > "$OUT/gpu_tests.txt" 2>&1
+  timeout 330 python3 -m deepinfer.cli bench spec --device sm90 --batch 1,64 --output-len 256 --repeats 5 \
+    2>&1 | filter > "$OUT/spec.txt"
+fi

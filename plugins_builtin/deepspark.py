@@ -65,7 +65,8 @@ model drafts for the rest. The draft model's KV catches up with the tokens it sk
 request's next round it drafts (lookup.py); where the loop graph (below) drafts such a mixed round,
 the lookups' requests join it, their drafts unused, so that a streak of lookups never leaves a
 long catch-up (which runs eagerly). Only rounds of fewer than ``lookup_max_batch`` requests look
-up: at larger batches the search for every request costs more host time than its drafts save.
+up (by default rounds of one): in larger batches, rounds that mix lookups and the model's drafts,
+and the search for every request, cost more than they save (on an H200, benchmarks.md).
 
 Drafting in one graph (``loop_graph``, on by default). With device graphs, a greedy round's k draft
 steps replay from one graph, so the round costs one launch and one copy to the host whatever its
@@ -129,9 +130,10 @@ class DeepSparkOptions(DraftModelOptions):
                                            "propose what followed it instead of running the draft model, where "
                                            "that is expected to pay better (learnt from verifications and round "
                                            "times; lookup.py)")
-    lookup_max_batch: int = Field(8, ge=1, description="with lookup: only rounds of fewer requests than this "
-                                                       "look up (at larger batches the search for every "
-                                                       "request costs more host time than its drafts save)")
+    lookup_max_batch: int = Field(2, ge=1, description="with lookup: only rounds of fewer requests than this "
+                                                       "look up (by default rounds of one: in larger batches "
+                                                       "rounds that mix lookups and the model's drafts, and the "
+                                                       "search for every request, cost more than they save)")
     lookup_max_n: int = Field(4, ge=1, description="with lookup: the longest suffix looked up")
     lookup_min_n: int = Field(2, ge=1, description="with lookup: the shortest suffix looked up")
     buckets: int = Field(10, ge=1, le=100)

@@ -143,10 +143,10 @@ def test_cuda_graphs_of_speculative_steps_give_the_eager_drafts_and_tokens(tmp_p
     from tests.tiny_models import hybrid, make_model
 
     make_model(tmp_path, "qwen3", **hybrid(12))
-    for loop in (True, False):
-        check_draft_graphs(draft_both(str(tmp_path), lambda: CUDAGraphs(torch.device("cuda")), loop=loop,
+    for drafter, loop in (("draft-model", True), ("draft-model", False), ("deepspark+lookup", True)):
+        check_draft_graphs(draft_both(str(tmp_path), lambda: CUDAGraphs(torch.device("cuda")), drafter, loop=loop,
                                       device="sm90", dtype="float32", block_size=4, num_kv_blocks=96,
-                                      max_model_len=96), "draft-model", loop)
+                                      max_model_len=96), drafter, loop)
 
 
 def _main(model_dir: str, fused: bool) -> None:
@@ -193,7 +193,11 @@ def draft_both(model_dir: str, graphs_factory, drafter: str = "draft-model", loo
     from deepinfer.core.graphs import DecodeGraphs
     from deepinfer_builtin.draft_runner import DraftLoopGraphs, DraftRunner
 
-    prompts = [{"prompt_token_ids": p} for p in _prompts([5, 3, 29, 9])]
+    lookup = drafter == "deepspark+lookup"
+    token_ids = _prompts([5, 3, 29, 9])
+    if lookup:  # one prompt that repeats itself, so that its rounds take lookups while others do not
+        token_ids[3] = [7, 8, 9, 10] * 2 + [7]
+    prompts = [{"prompt_token_ids": p} for p in token_ids]
     greedy = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (12, 34, 24)]
     # penalised: never speculates; it rides in verification graphs as a one-token run, flagged so
     # that attention gives it the decode kernel, as in an eager step
@@ -203,10 +207,11 @@ def draft_both(model_dir: str, graphs_factory, drafter: str = "draft-model", loo
     # (and no timing in its round depth or in skipping rounds, nor verifying all in graphs: the two
     # runs must draft alike; with the loop graph no early stop either, since its rounds draft all
     # k; without, the early stop shrinks a round's rows from one one-token replay to the next)
-    lookup = drafter == "deepspark+lookup"
     drafter = drafter.split("+")[0]
+    # (the lookup at every batch size: its rounds then mix lookups and the model's drafts, whose
+    # lookups' requests join the loop graph)
     extra = {"min_value": 0.04, "cost_aware": False, "verify_all_in_graphs": False, "skip_when_slower": "never",
-             "early_stop": not loop, "lookup": lookup} if drafter == "deepspark" else {}
+             "early_stop": not loop, "lookup": lookup, "lookup_max_batch": 64} if drafter == "deepspark" else {}
     extra["loop_graph"] = loop
     base = LLM(model_dir, plugins=["triton"], progress=False, enforce_eager=True, plugin_options=triton, **engine)
     out = {"reference": [o.outputs[0].token_ids for o in base.generate(prompts, params, use_tqdm=False)]}
@@ -221,6 +226,7 @@ def draft_both(model_dir: str, graphs_factory, drafter: str = "draft-model", loo
     run, run_padded, propose, catch_up = (DecodeGraphs.run, DecodeGraphs.run_padded, DraftRunner.propose,
                                           DraftRunner._catch_up)
     catching_up = [False]  # the draft's first-step graphs replayed in chunks of a catch-up
+    spark, joined = [None], [0]  # the run's drafter; requests with lookups fed to the draft model
 
     def counting(self, size, *args, **kwargs):
         replayed["one-token"][size] += 1
@@ -244,7 +250,13 @@ def draft_both(model_dir: str, graphs_factory, drafter: str = "draft-model", loo
 
     def recording(self, requests, k, *args, **kwargs):
         drafts = propose(self, requests, k, *args, **kwargs)
-        proposals.append(sorted(drafts.items()))  # read after the run: drafts left on the device stay there
+        # deepspark's requests that take lookups in a round the loop graph drafts join it, their
+        # drafts unused: counted apart (the draft of the others must not change)
+        looked_up = getattr(spark[0], "_buckets", {})
+        unused = [rid for rid in drafts if type(looked_up.get(rid)).__name__ == "_Lookup"]
+        joined[0] += len(unused)
+        # (read after the run: drafts left on the device stay there)
+        proposals.append(sorted((rid, d) for rid, d in drafts.items() if rid not in unused))
         return drafts
 
     def chunked(self, *args, **kwargs):
@@ -267,8 +279,10 @@ def draft_both(model_dir: str, graphs_factory, drafter: str = "draft-model", loo
             for c in (*replayed.values(), loop_firsts):
                 c.clear()
             proposals.clear()
+            joined[0] = 0
             llm = LLM(model_dir, plugins=["triton", drafter], progress=False, enforce_eager=True,
                       plugin_options={**triton, drafter: {"model": model_dir, **extra}}, **engine)
+            spark[0] = llm.engine.drafter
             if name == "graphs":
                 d = llm.engine.drafter
                 graphs = graphs_factory()  # one for all three, as the engine does (one memory pool)
@@ -285,7 +299,7 @@ def draft_both(model_dir: str, graphs_factory, drafter: str = "draft-model", loo
             out[name] = {"tokens": [o.outputs[0].token_ids for o in res], "proposals": drafted, "lazy": lazy,
                          "replayed": {kind: {str(k): v for k, v in c.items()} for kind, c in replayed.items()},
                          "accepted": llm.get_metrics()["deepinfer:spec_decode_num_accepted_tokens"],
-                         "flags_wrong": flags_wrong[:], "routing_wrong": routing_wrong[:],
+                         "flags_wrong": flags_wrong[:], "routing_wrong": routing_wrong[:], "joined": joined[0],
                          "loop_firsts": {str(k): v for k, v in loop_firsts.items()}}
             del llm
     finally:
@@ -296,6 +310,10 @@ def draft_both(model_dir: str, graphs_factory, drafter: str = "draft-model", loo
 
 def check_draft_graphs(got: dict, drafter: str, loop: bool) -> None:
     assert got["graphs"]["proposals"] == got["eager"]["proposals"]  # draft for draft, the same tokens
+    # with the lookup, rounds in graphs that mix lookups and the model's drafts feed the lookups'
+    # requests to the loop graph too (the eager steps leave them out)
+    assert got["eager"]["joined"] == 0
+    assert (got["graphs"]["joined"] > 0) == (drafter == "deepspark+lookup"), got["graphs"]["joined"]
     # with the lookup on, the loop graph's first step takes up to k + 1 tokens a sequence (rounds
     # after a lookup's; here at least the rounds after a prompt, whose surplus is computed first);
     # without it, at most two
