@@ -130,10 +130,9 @@ class DeepSparkOptions(DraftModelOptions):
                                            "propose what followed it instead of running the draft model, where "
                                            "that is expected to pay better (learnt from verifications and round "
                                            "times; lookup.py)")
-    lookup_max_batch: int = Field(2, ge=1, description="with lookup: only rounds of fewer requests than this "
-                                                       "look up (by default rounds of one: in larger batches "
-                                                       "rounds that mix lookups and the model's drafts, and the "
-                                                       "search for every request, cost more than they save)")
+    lookup_max_batch: int = Field(2, ge=1, description="with lookup: only rounds of fewer requests look up (by "
+                                                       "default of one: in larger batches, mixed rounds and the "
+                                                       "search for every request cost more than they save)")
     lookup_max_n: int = Field(4, ge=1, description="with lookup: the longest suffix looked up")
     lookup_min_n: int = Field(2, ge=1, description="with lookup: the shortest suffix looked up")
     buckets: int = Field(10, ge=1, le=100)
@@ -330,7 +329,7 @@ class DeepSparkDrafter(DraftModelDrafter):
             self.costs.update("rest", start - self._ended)
         looked_up = {}
         search = self.lookup and len(requests) < self.options.lookup_max_batch
-        if self.lookup:  # (the lookup's comparison times only the model rounds of batches it serves)
+        if self.lookup:  # (only the model rounds of batches it serves are timed for its comparison)
             self.lookups.round_starts(start, "model" if search else None)
         if search:
             for rid, (proposal, bucket) in self.lookups.choose(requests, self.verify_threshold).items():
@@ -342,9 +341,8 @@ class DeepSparkDrafter(DraftModelDrafter):
                 self.lookups.set_kind("lookup")
                 self._ended = self.clock()
                 return looked_up
-            # where the loop graph drafts for the others, the lookups' requests join it (their
-            # drafts unused): it computes their new tokens at almost no cost, so that their draft
-            # never falls behind by a streak of lookups (a long catch-up runs eagerly)
+            # where the loop graph drafts for the others, the lookups' requests join it, their drafts
+            # unused: their draft never falls a streak of lookups behind (a long catch-up runs eagerly)
             if not (self.in_graphs and all(r.params.greedy for r in requests) and self.runner.loop_size(
                     len(requests), max(len(r.all_token_ids) for r in requests), self.k) is not None):
                 requests = rest

@@ -360,13 +360,11 @@ class DraftRunner:
         than the loop's first step takes (after its prompt, or rounds it did not draft) first
         computes the others (``_catch_up``). None when it does not cover the round (a batch or a
         length beyond the captured ones)."""
-        size = self.loop_size(len(feeds), max(start + len(t) for t, start, _ in feeds), k)
-        if size is None:
+        if (size := self.loop_size(len(feeds), max(start + len(t) for t, start, _ in feeds), k)) is None:
             return None
-        loop = self.loop
-        feeds = self._catch_up(feeds, loop.query_len)
+        feeds = self._catch_up(feeds, self.loop.query_len)
         tokens, starts, tables = zip(*feeds, strict=True)
-        result = loop.run_padded(size, tokens, starts, tables)[:len(feeds)]
+        result = self.loop.run_padded(size, tokens, starts, tables)[:len(feeds)]
         rnd = _RoundOnDevice(result)
         source = DeviceTokens(result[:, 0].reshape(-1).long(), rnd.all_tokens) if lazy else None
         out = {}
@@ -381,10 +379,9 @@ class DraftRunner:
         return out
 
     def loop_size(self, num_seqs: int, longest: int, k: int) -> int | None:
-        """The loop graph's batch size for a greedy round of k drafts over sequences of at most
-        ``longest`` tokens (before the round), or None where it does not take the round."""
-        loop = self.loop
-        return None if loop is None or loop.steps != k else loop.size_for(num_seqs, longest + k - 1)
+        """The loop graph's size for a greedy round of k drafts over sequences of at most ``longest``
+        tokens, or None where it does not take the round."""
+        return None if self.loop is None or self.loop.steps != k else self.loop.size_for(num_seqs, longest + k - 1)
 
     def _sample(self, logits: torch.Tensor, req: Request, seq: _DraftSeq) -> tuple[int, torch.Tensor]:
         """A draft token drawn from the request's sampling distribution, and that distribution."""
