@@ -13,10 +13,10 @@ the batch; since P_j shrinks along j, the chosen drafts of each request stay a p
 Round depth (``cost_aware``). A round costs C0 (the target's verification step and the engine's
 work around it), t1 for its first draft step (which also feeds the draft the round's new tokens,
 after the proposal's own work) and t for each later one, all measured as it runs (moving averages
-of wall time; until a round goes past its first step, t is taken as t1; C0 leaves out that eager
-verification grows with the drafts verified, which leans towards deep rounds). After j drafts
-the round expects E tokens (per request, 1 plus the P_i of its verified drafts) for
-T = C0 + t1 + (j - 1) t. Another draft step adds
+of wall time; t is taken as t1 until a round goes past its first step, and never above t1; C0
+leaves out that eager verification grows with the drafts verified, which leans towards deep
+rounds). After j drafts the round expects E tokens (per request, 1 plus the P_i of its verified
+drafts) for T = C0 + t1 + (j - 1) t. Another draft step adds
 G = sum over the requests still drafting of P_j * a_j (a_j: the table's acceptance at the next
 position over all buckets), counting only drafts that would be verified. The round drafts on while
 G / t > E / T: while the next step adds tokens faster than the round so far. Where verification is
@@ -63,8 +63,8 @@ drafts have gained a request (a moving average) over a model round's. Otherwise 
 lookup is expected to gain at least as many tokens as the model's drafts take it, and the draft
 model drafts for the rest. The draft model's KV catches up with the tokens it skipped in the
 request's next round it drafts (lookup.py); where the loop graph (below) drafts such a mixed round,
-the lookups' requests join it, their drafts unused, so that a streak of lookups never leaves a
-long catch-up (which runs eagerly). Only rounds of fewer than ``lookup_max_batch`` requests look
+the lookups' requests join it, their drafts unused, so that a streak of mixed rounds never leaves
+a long catch-up (which runs eagerly). Only rounds of fewer than ``lookup_max_batch`` requests look
 up (by default rounds of one): in larger batches, rounds that mix lookups and the model's drafts,
 and the search for every request, cost more than they save (on an H200, benchmarks.md).
 
@@ -275,7 +275,8 @@ class DeepSparkDrafter(DraftModelDrafter):
         c = self.costs
         if not self.options.cost_aware or c.rest is None or c.first is None:
             return True
-        step = c.first if c.step is None else c.step  # what the next step costs
+        # the next step's cost: a later step's, capped by the first's (always measured: see the docstring)
+        step = c.first if c.step is None else min(c.step, c.first)
         chains = [self.value_chain(conf)[1] for conf in confidences]
         expected = sum(self.expected_tokens(chain) for chain in chains)
         spent = c.rest + c.first + (steps - 1) * step
@@ -341,8 +342,7 @@ class DeepSparkDrafter(DraftModelDrafter):
                 self.lookups.set_kind("lookup")
                 self._ended = self.clock()
                 return looked_up
-            # where the loop graph drafts for the others, the lookups' requests join it, their drafts
-            # unused: their draft never falls a streak of lookups behind (a long catch-up runs eagerly)
+            # the lookups' requests join the loop graph's round (drafts unused): no long catch-up later
             if not (self.in_graphs and all(r.params.greedy for r in requests) and self.runner.loop_size(
                     len(requests), max(len(r.all_token_ids) for r in requests), self.k) is not None):
                 requests = rest

@@ -99,6 +99,11 @@ def test_deepspark_round_depth_prices_the_next_step_at_a_later_steps_cost():
     d.costs.step = None  # no later step measured yet: priced as the first
     assert not d.another_step(1, [[0.5]], [0])
     assert (d.costs.rest, d.costs.first) == (0.004, 0.003)
+    # a later steps' average above the first's (from a time of costly steps, which rounds that stop
+    # at one step would never renew) is capped by the first's: first 1 ms, T = 5 ms, 0.36 / 1 ms >
+    # 1.6 / 5 ms goes on, where the stale 5 ms (0.36 / 5 ms) would stop
+    d.costs.first, d.costs.step = 0.001, 0.005
+    assert d.another_step(1, [[0.5]], [0])
 
 
 def test_deepspark_verifying_everything_skips_the_chains_and_learns_the_same():
@@ -300,7 +305,7 @@ def test_deepspark_lookup_replaces_the_draft_model_where_it_pays_better():
     from deepinfer_builtin.draft_runner import Draft
 
     d = _timed_deepspark(step_seconds=0.001, rest_seconds=0.010)
-    d.options = d.options.model_copy(update={"cost_aware": False})
+    d.options = d.options.model_copy(update={"cost_aware": False, "lookup_max_batch": 64})  # (2 requests here)
     d.k, d._buckets, d._ended, d.lookup = 5, {}, None, True
     now = [0.0]
     d.clock = lambda: now[0]
@@ -370,7 +375,7 @@ def test_deepspark_in_graphs_feeds_the_lookups_requests_to_the_loop_graph(loop_t
     d = _timed_deepspark(step_seconds=0.001, rest_seconds=0.010)
     d.k, d._buckets, d._ended, d.lookup, d.in_graphs = 5, {}, None, True, True
     d.free_verification = True  # (verification in graphs: every draft verified)
-    d.options = d.options.model_copy(update={"device_drafts": False})
+    d.options = d.options.model_copy(update={"device_drafts": False, "lookup_max_batch": 64})
     asked, sizes = [], []
 
     def loop_size(num_seqs, longest, k):

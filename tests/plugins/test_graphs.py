@@ -283,6 +283,8 @@ def draft_both(model_dir: str, graphs_factory, drafter: str = "draft-model", loo
             llm = LLM(model_dir, plugins=["triton", drafter], progress=False, enforce_eager=True,
                       plugin_options={**triton, drafter: {"model": model_dir, **extra}}, **engine)
             spark[0] = llm.engine.drafter
+            if lookup:  # (rounds of lookups alone are chosen by measured seconds: never here, so that
+                llm.engine.drafter.lookups._faster = lambda gain: False  # both runs choose alike)
             if name == "graphs":
                 d = llm.engine.drafter
                 graphs = graphs_factory()  # one for all three, as the engine does (one memory pool)
