@@ -37,7 +37,7 @@ class AcceptanceTable:
         every request of a round: written out for speed.)"""
         trials, passed, n = self.trials, self.accepted, self.buckets
         for pos, b in enumerate(cells):
-            if confidences:
+            if confidences:  # bucket(b), written out
                 b = int(b * n)
                 if b >= n:
                     b = n - 1
