@@ -48,9 +48,9 @@ PARTS = [
     ("deepinfer_builtin.draft_runner", "DraftRunner", "_eager"),
     ("deepinfer_builtin.draft_runner", "DraftRunner", "_forward_last"),
     ("deepinfer_builtin.lookup", "LookupDrafts", "_candidate"),
-    ("deepinfer_builtin.draft_runner", "DraftLoopGraphs", "run_padded"),
-    ("deepinfer_builtin.draft_runner", "_RoundOnDevice", "lists"),
-    ("deepinfer_builtin.draft_runner", "_RoundOnDevice", "__init__"),
+    ("deepinfer_builtin.draft_loop", "DraftLoopGraphs", "run_padded"),
+    ("deepinfer_builtin.draft_loop", "LoopRound", "lists"),
+    ("deepinfer_builtin.draft_loop", "LoopRound", "__init__"),
 ]
 
 

@@ -7,7 +7,7 @@ Configurations: ``none`` (no drafter), ``off``/``on`` (deepspark with ``lookup``
 ``force`` (lookup on, and a round takes the lookup whenever it has one: its rate rule bypassed),
 ``late`` (lookup on, the engine's ``early_propose`` off: drafts proposed at the next step's start), ``ngram``,
 ``draft-model``; ``--batch`` decodes that many prompts at once (8 prompts or one batch a run); a
-JSON object after ``=`` adds deepspark options, e.g. ``on={"loop_graph": false}``.
+JSON object after ``=`` adds the drafter's options, e.g. ``on={"loop_graph": false}``.
 """
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ def main() -> None:
         if name == "none":
             plugins, popts = [], {}
         elif name in ("ngram", "draft-model"):
-            plugins, popts = [name], {}
+            plugins, popts = [name], {name: opts} if opts else {}
         else:
             plugins = ["deepspark"]
             popts = {"deepspark": {"lookup": name != "off", **opts}}

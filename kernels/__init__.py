@@ -7,6 +7,7 @@ Importing this package needs triton; it never initialises CUDA.
 from deepinfer_kernels._launch import pdl_supported, triton_interpreted
 from deepinfer_kernels.activation import silu_and_mul, silu_and_mul_ref
 from deepinfer_kernels.argmax import argmax, argmax_prob, argmax_prob_ref, argmax_ref
+from deepinfer_kernels.chain_inputs import chain_inputs
 from deepinfer_kernels.embedding import embedding, embedding_ref
 from deepinfer_kernels.fused_ops import FusedOps
 from deepinfer_kernels.gemv import GemvConfig, gemv, gemv_qkv_rotary, gemv_qkv_rotary_ref, gemv_ref
@@ -29,7 +30,7 @@ from deepinfer_kernels.rotary import apply_rotary, apply_rotary_ref
 
 __all__ = [
     "DEFAULT_SPLIT", "FusedOps", "GemvConfig", "apply_rotary", "apply_rotary_ref", "argmax", "argmax_prob",
-    "argmax_prob_ref", "argmax_ref", "embedding", "embedding_ref", "gemv",
+    "argmax_prob_ref", "argmax_ref", "chain_inputs", "embedding", "embedding_ref", "gemv",
     "gemv_qkv_rotary", "gemv_qkv_rotary_ref", "gemv_ref", "num_decode_splits", "paged_decode_attention",
     "paged_decode_attention_ref", "paged_prefill_attention", "paged_prefill_attention_ref", "pdl_supported",
     "resolve_placeholders", "resolve_placeholders_ref", "rms_norm", "rms_norm_ref", "silu_and_mul", "silu_and_mul_ref", "stage_inputs",

@@ -23,6 +23,7 @@ class FusedOps:
     def __init__(self, single_token_gemv: bool = True, pdl: bool = True, l2_keep_bytes: int = 0) -> None:
         from deepinfer_kernels.activation import silu_and_mul
         from deepinfer_kernels.argmax import argmax, argmax_prob
+        from deepinfer_kernels.chain_inputs import chain_inputs
         from deepinfer_kernels.placeholders import STAGE_MAX_BYTES, resolve_placeholders, stage_inputs
         from deepinfer_kernels.rms_norm import rms_norm
         from deepinfer_kernels.rotary import apply_rotary
@@ -31,6 +32,7 @@ class FusedOps:
         self.apply_rotary = apply_rotary
         self.silu_and_mul = silu_and_mul
         self.resolve_placeholders = resolve_placeholders
+        self.chain_inputs = chain_inputs
         self._stage_inputs = stage_inputs
         self.stage_max_bytes = STAGE_MAX_BYTES  # the most a step's staged inputs may take
         self.pdl = pdl

@@ -66,16 +66,17 @@ request's next round it drafts (lookup.py); where the loop graph (below) drafts 
 the lookups' requests join it, their drafts unused, so that a streak of mixed rounds never leaves
 a long catch-up (which runs eagerly). Only rounds of fewer than ``lookup_max_batch`` requests look
 up (by default rounds of one): in larger batches, rounds that mix lookups and the model's drafts,
-and the search for every request, cost more than they save (on an H200, benchmarks.md).
+and the search for every request, cost more than they save (on an H200, benchmarks.md). Where the
+engine chains rounds behind verifications (``chain_rounds``, device graphs), the lookup is off: a
+round of lookups leaves nothing to chain from (H200, batch 1: 0.94x of lookup off).
 
 Drafting in one graph (``loop_graph``, on by default). With device graphs, a greedy round's k draft
 steps replay from one graph, so the round costs one launch and one copy to the host whatever its
-depth: deepspark then drafts all k (neither the early stop nor the round depth is consulted, as
-there is nothing to save by stopping) and the rule above chooses each request's verified prefix
-from the drafts' confidences, as the published DeepSpark does. Rounds that the loop graph does not
-cover (sampled requests, a batch or sequence beyond the captured sizes) draft step by step as
-above; a sequence with more new tokens than the loop's first step takes (after its prompt, or
-lookup rounds) first computes the surplus (``DraftRunner._catch_up``).
+depth: deepspark then drafts all k (neither the early stop nor the round depth is consulted: there
+is nothing to save by stopping) and the rule above chooses each request's verified prefix from the
+drafts' confidences, as the published DeepSpark does. Other rounds (sampled requests, a batch or
+sequence beyond the captured sizes) draft step by step; a sequence with more new tokens than the
+loop's first step takes first computes the surplus (``DraftRunner._catch_up``).
 """
 from __future__ import annotations
 
@@ -174,12 +175,10 @@ class DeepSparkDrafter(DraftModelDrafter):
     def __init__(self, options: DeepSparkOptions, ctx) -> None:
         super().__init__(options, ctx)
         self.table = AcceptanceTable(options.buckets, options.num_speculative_tokens, options.prior_strength)
-        #: request -> buckets of its pending drafts (or its drafts, whose buckets are taken when observed;
-        #: or the lookup's bucket)
+        #: request -> its pending drafts' buckets (or drafts, bucketed when observed; or the lookup's bucket)
         self._buckets: dict[str, list[int] | Draft | _Lookup] = {}
         o = options
-        # an optimistic prior, so that every match length gets tried before the draft model's record
-        # (which it starts without) can rule it out
+        # an optimistic prior: every match length gets tried before the draft model's record can rule it out
         table = AcceptanceTable(o.lookup_max_n - o.lookup_min_n + 1, self.k, o.prior_strength, 0.9)
         self.lookups = LookupDrafts(table, self.k, o.lookup_max_n, o.lookup_min_n)
         self.lookup = o.lookup
@@ -205,11 +204,12 @@ class DeepSparkDrafter(DraftModelDrafter):
         return 0.0 if self.free_verification else self.options.min_value
 
     def enable_graphs(self, graphs, batch_sizes, max_seq_len) -> None:
+        o = self.options  # (rounds chained behind verifications: see "Lookup first")
+        self.lookup = self.lookup and not (o.chain_rounds and o.device_drafts and o.loop_graph and o.verify_all_in_graphs)
         if self.lookup:  # the round after a lookup's feeds the draft up to k + 1 tokens
             self.loop_first = self.k + 1
         super().enable_graphs(graphs, batch_sizes, max_seq_len)
-        # the engine captures verification graphs along with the draft's
-        self.free_verification = self.options.verify_all_in_graphs
+        self.free_verification = o.verify_all_in_graphs  # (the engine captures verification graphs too)
         self.in_graphs = True
 
     @property

@@ -53,6 +53,10 @@ class DraftModelOptions(BaseModel):
     device_drafts: bool = Field(True, description="the loop graph's drafts stay on the device, where the "
                                                   "verification step reads them: the host prepares that step "
                                                   "while the draft runs, and waits once a round, not twice")
+    chain_rounds: bool = Field(True, description="with the loop graph and device drafts, on a device that runs queued "
+                                                 "work asynchronously: queue each round's draft steps right behind "
+                                                 "the verification of the last, their first inputs computed on the "
+                                                 "device from the verified tokens, before the host has read them")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="the draft model's dtype (weights and its KV cache); auto: the target's, except "
                             "on the CPU, where a half-precision target gets a float32 draft (torch's "
@@ -94,6 +98,10 @@ class DraftModelDrafter(Drafter):
     def propose(self, requests: list[Request]) -> dict[str, DraftProposal]:
         drafts = self.runner.propose(list(requests), self.k, lazy=self.options.device_drafts)
         return {rid: DraftProposal(d.tokens, d.probs, source=d.source) for rid, d in drafts.items()}
+
+    def on_verified(self, verified, best, best_host) -> None:
+        if self.options.chain_rounds and self.options.device_drafts:
+            self.runner.chain(verified, best, best_host, self.k)
 
     def release(self, request: Request) -> None:
         self.runner.release(request.request_id)

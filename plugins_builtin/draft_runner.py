@@ -1,8 +1,8 @@
 """A small model with its own paged KV cache, run inside the engine to draft tokens."""
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import torch
 
@@ -19,27 +19,7 @@ from deepinfer.plugins import (
     filter_logits,
 )
 from deepinfer_builtin.draft_compile import CompiledGreedyStep
-
-
-class _RoundOnDevice:
-    """A loop round's output [n, 2, k] (each step's token and its probability), copied to the
-    host behind the round's device work; read (waiting for the copy) only when needed."""
-
-    def __init__(self, out: torch.Tensor) -> None:
-        self.copy = HostCopy(out)
-        self._lists: list | None = None
-
-    def lists(self) -> list:
-        """[tokens, probabilities], each [n][k] (tokens as floats: exact below 2^24)."""
-        if self._lists is None:
-            self._lists = self.copy.wait().transpose(0, 1).tolist()
-        return self._lists
-
-    def tokens(self, i: int) -> list[int]:
-        return [int(t) for t in self.lists()[0][i]]
-
-    def all_tokens(self) -> list[int]:
-        return [int(t) for row in self.lists()[0] for t in row]
+from deepinfer_builtin.draft_loop import ChainedRound, DraftLoopGraphs, LoopRound
 
 
 @dataclass(slots=True)
@@ -50,71 +30,13 @@ class _DraftSeq:
     generator: torch.Generator | None = None
     #: a round whose drafts are still on their way to the host, and this sequence's row: their
     #: KV (all but the last's) is in the draft cache, their values join ``tokens`` when read
-    pending: tuple[_RoundOnDevice, int] | None = None
+    pending: tuple[LoopRound, int] | None = None
 
     def settle(self) -> None:
         if self.pending is not None:
             rnd, i = self.pending
             self.pending = None
             self.tokens.extend(rnd.tokens(i)[:-1])
-
-
-class DraftLoopGraphs(DecodeGraphs):
-    """A greedy round's k draft steps in one replay. The first step computes each sequence's new
-    tokens, one to ``first`` of them (2 by default: the target's token, behind the last accepted
-    draft when all were accepted; more where rounds may follow a lookup's), laid out as in the
-    verification graphs (``run_padded``); then each step's argmax becomes the next step's one
-    token, on the device. The later steps' positions, slots and lengths follow from the first's,
-    so the host writes them for all k - 1 steps with the round's inputs (padding rows stay at
-    slot -1 and length 0: they write nothing). The output holds every step's token and
-    probability, [size, 2, k] (float32: token ids below 2^24 are exact): one launch and one copy
-    to the host a round, instead of k launches each waiting for its token."""
-
-    def __init__(self, one: DecodeGraphs, steps: int, first: int = 2) -> None:
-        self.steps = steps  # (before the base class lays out its inputs, which hold the later steps' too)
-        super().__init__(one.model, one.attention, one.kv_caches, one.api, one.device, one.block_size, one.sizes,
-                         one.max_seq_len, query_len=first, placeholders=False)
-        self.one = one  # the later steps run the one-token graphs' forward on the inputs below
-
-    def _fields(self):
-        later = self.steps - 1
-        return {**super()._fields(), "step_pos": (torch.long, lambda b: (later, b)),
-                "step_slots": (torch.long, lambda b: (later, b)), "step_lens": (torch.int32, lambda b: (later, b))}
-
-    def run_padded(self, size, tokens, starts, tables, on_device=None, prev_tokens=None) -> torch.Tensor:
-        host = self.inputs.host(self._turn, size)  # the buffer the base class's run_padded fills next
-        later, bs = self.steps - 1, self.block_size
-        pos, slots, lens = [0] * (later * size), [-1] * (later * size), [0] * (later * size)  # [later, size]
-        for i, (toks, start, blocks) in enumerate(zip(tokens, starts, tables, strict=True)):
-            for j in range(later):  # step j + 1's one token sits j + 1 places after the first step's last
-                p = start + len(toks) + j
-                pos[j * size + i], lens[j * size + i], slots[j * size + i] = p, p + 1, blocks[p // bs] * bs + p % bs
-        for name, values in (("step_pos", pos), ("step_slots", slots), ("step_lens", lens)):
-            host[name].reshape(-1)[:] = values
-        return super().run_padded(size, tokens, starts, tables, on_device=on_device, prev_tokens=prev_tokens)
-
-    def captured_work(self, batch) -> torch.Tensor:
-        b = batch.seq_lens.shape[0]
-        new = batch.seq_lens - batch.context_lens  # 1 to query_len new tokens; 0 for padding
-        last = torch.arange(b, device=new.device) * self.query_len + (new.long() - 1).clamp(min=0)
-        p, t = self._argmax(super().captured_work(batch)[last])
-        tokens, probs = [t], [p]
-        one, ins = self.one._batch(b), self.inputs.device(b)
-        for j in range(self.steps - 1):
-            step = replace(one, input_ids=tokens[-1], positions=ins["step_pos"][j],
-                           slot_mapping=ins["step_slots"][j], seq_lens=ins["step_lens"][j],
-                           block_tables=batch.block_tables)
-            p, t = self._argmax(self.one.captured_work(step))
-            tokens.append(t)
-            probs.append(p)
-        return torch.stack((torch.stack(tokens, 1).float(), torch.stack(probs, 1)), dim=1)
-
-    def _argmax(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each row's greedy token and its probability (the draft's confidence): one fused kernel
-        where the device offers it, else softmax and max."""
-        logits = self.model.compute_logits(hidden)
-        fused = getattr(self.fused_ops, "argmax_prob", None)
-        return fused(logits) if fused is not None else logits.float().softmax(-1).max(-1)
 
 
 class Draft:
@@ -160,6 +82,7 @@ class DraftRunner:
         self.graphs: DecodeGraphs | None = None
         self.first_graphs: DecodeGraphs | None = None  # a round's first step: up to max(2, loop_first) tokens
         self.loop: DraftLoopGraphs | None = None  # a greedy round's k steps in one replay
+        self.chained: ChainedRound | None = None  # a round queued behind a verification (chain)
         target_vocab = ctx.model_config.get("vocab_size")
         if target_vocab is not None and target_vocab != self.vocab_size:
             raise ValueError(f"the draft model {model_dir!r} has vocabulary {self.vocab_size}, the target "
@@ -285,6 +208,11 @@ class DraftRunner:
         (the callbacks then serve only the rounds it does not take). With ``lazy``, a round the
         loop graph takes leaves its drafts on the device (``Draft.source``): for callers that
         need neither the tokens nor their confidences before the verification."""
+        chained, self.chained = self.chained, None
+        if (chained is not None and (whole_rounds or (go_on is None and another_step is None))
+                and all(r.params.greedy for r in requests)
+                and (drafts := self._take_chained(chained, requests, k, lazy)) is not None):
+            return drafts
         live: list[tuple[Request, _DraftSeq]] = []
         feeds = []
         for req in requests:
@@ -364,19 +292,83 @@ class DraftRunner:
             return None
         feeds = self._catch_up(feeds, self.loop.query_len)
         tokens, starts, tables = zip(*feeds, strict=True)
-        result = self.loop.run_padded(size, tokens, starts, tables)[:len(feeds)]
-        rnd = _RoundOnDevice(result)
-        source = DeviceTokens(result[:, 0].reshape(-1).long(), rnd.all_tokens) if lazy else None
+        rnd = LoopRound(self.loop.run_padded(size, tokens, starts, tables)[:len(feeds)], lazy)
+        return self._drafts(rnd, live, range(len(live)), k, lazy)
+
+    @staticmethod
+    def _drafts(rnd: LoopRound, live: list[tuple[Request, _DraftSeq]], rows: Sequence[int], k: int,
+                lazy: bool) -> dict[str, Draft]:
+        """The drafts of a loop round for each request, from its row of the round."""
         out = {}
-        for i, (req, seq) in enumerate(live):
+        for (req, seq), i in zip(live, rows, strict=True):
             seq.pending = (rnd, i)  # the loop computed the KV of all but the last
-            if source is None:
+            if not lazy:
                 seq.settle()
                 out[req.request_id] = Draft(rnd.tokens(i), None, rnd.lists()[1][i])
             else:
                 out[req.request_id] = Draft([-(i * k + j + 1) for j in range(k)], None,
-                                            lambda i=i: rnd.lists()[1][i], source)
+                                            lambda i=i: rnd.lists()[1][i], rnd.source)
         return out
+
+    @torch.inference_mode()
+    def chain(self, verified: Sequence[tuple[Request, Sequence[int], int]], best: torch.Tensor,
+              best_host: HostCopy, k: int) -> None:
+        """Queue the next greedy round right behind a verification, before the host has read it
+        (``Drafter.on_verified``): where every request verified all k drafts of the last loop
+        round, still on the device, the loop graph counts the accepted drafts from ``best`` itself
+        (``DraftLoopGraphs.run_chained``). The next ``propose`` takes the round if its requests are
+        among these and their tokens are what the verification gave; else it is dropped (a later
+        feed rewrites the draft's cache past the accepted tokens, which the host never counted)."""
+        self.chained = prev = None
+        if self.loop is None or self.loop.steps != k or not verified:
+            return
+        bases, vrows, drows, tables, rows = [], [], [], [], {}
+        for i, (req, drafts, at) in enumerate(verified):
+            seq, base = self.seqs.get(req.request_id), len(req.all_token_ids)
+            if seq is None or seq.pending is None or req.draft is None or len(drafts) != k:
+                return
+            rnd, row = seq.pending
+            prev = prev or rnd
+            if (rnd is not prev or rnd.source is None or req.draft.source is not rnd.source or len(seq.tokens) != base
+                    or list(drafts) != [-(row * k + j + 1) for j in range(k)] or not self._reserve(seq, base + 2 * k)):
+                return
+            bases.append(base)
+            vrows.append(list(range(at, at + k + 1)))
+            drows.append(list(range(row * k, row * k + k)))
+            tables.append([b.block_id for b in seq.blocks])
+            rows[req.request_id] = (i, seq, base, at, row)
+        if (size := self.loop_size(len(verified), max(bases) + k + 1, k)) is None:
+            return
+        out = self.loop.run_chained(size, best, prev.source.tokens, bases, vrows, drows, tables)[:len(verified)]
+        self.chained = ChainedRound(LoopRound(out, lazy=True), prev, best_host, rows)
+
+    def _take_chained(self, chained: ChainedRound, requests: list[Request], k: int,
+                      lazy: bool) -> dict[str, Draft] | None:
+        """The chained round's drafts, if it was queued for these requests as they are now: each
+        holds exactly its tokens before the verification and what the verification gave."""
+        best = chained.best.wait().tolist()  # (read already: the verification has been taken)
+        live, rows = [], []
+        for req in requests:
+            entry = chained.rows.get(req.request_id)
+            if entry is None:
+                return None
+            row, seq, base, at, prev_row = entry
+            if self.seqs.get(req.request_id) is not seq or seq.pending is None or seq.pending[0] is not chained.prev:
+                return None
+            drafts, target, toks = chained.prev.tokens(prev_row), best[at:at + k + 1], req.all_token_ids
+            a = 0
+            while a < k and drafts[a] == target[a]:
+                a += 1
+            if len(toks) != base + a + 1 or toks[base:] != drafts[:a] + [target[a]]:
+                return None
+            live.append((req, seq, base + min(a, k - 1)))
+            rows.append(row)
+        for req, seq, start in live:  # the chained round's first step fed the tokens from start on
+            seq.settle()
+            del seq.tokens[start:]
+            seq.tokens.extend(req.all_token_ids[start:])
+            seq.committed = len(req.all_token_ids)
+        return self._drafts(chained.round, [(r, s) for r, s, _ in live], rows, k, lazy)
 
     def loop_size(self, num_seqs: int, longest: int, k: int) -> int | None:
         """The loop graph's size for a greedy round of k drafts over sequences of at most ``longest``

@@ -74,6 +74,8 @@ class LLMEngine:
         #: (elsewhere drafting is done when propose returns, and the outputs would only wait for
         #: it); tests and benchmarks set it to compare
         self.early_propose = device is None or device.asynchronous
+        if drafter is not None and self.early_propose:  # (a drafter may queue its next round early)
+            runner.on_verified = drafter.on_verified
         self._proposed = False  # this step's drafts were proposed at the end of the last step
         self._propose_error: Exception | None = None  # an early proposal's, raised at the next step
         #: (detokenizer, tokens) that the step's text still has to take: requests without stop

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict
 if TYPE_CHECKING:
     from deepinfer.core.block_pool import Block
     from deepinfer.core.context import EngineContext
+    from deepinfer.core.host_copy import HostCopy
     from deepinfer.core.request import Request
     from deepinfer.core.step import StepBatch
 
@@ -287,6 +288,16 @@ class Drafter(Plugin, ABC):
         engine then replays verification steps (up to this many drafts plus the last token per
         request) from device graphs too. None: verification runs eagerly."""
         return None
+
+    def on_verified(self, verified: Sequence[tuple[Request, Sequence[int], int]], best: torch.Tensor,
+                    best_host: HostCopy) -> None:
+        """On a device that runs queued work asynchronously, right after a step's greedy
+        verifications are queued and before the host reads them: per request, (the request, its
+        verified drafts as the step fed them, its first row in ``best``); ``best`` holds the
+        target's argmax of each verified row (its k drafts and the token after them), still on
+        the device, and ``best_host`` its copy to the host. A drafter may queue its next round's
+        device work from them (so the device need not wait for the host in between); what it
+        proposes next is verified as always. Default: nothing."""
 
     def enable_graphs(self, graphs: DeviceGraphs, batch_sizes: Sequence[int], max_seq_len: int) -> None:
         """The engine replays its decode steps from device graphs (these batch sizes, sequences up

@@ -1,7 +1,7 @@
 """Turns a SchedulerOutput into model inputs, runs the forward, and samples."""
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -136,7 +136,7 @@ class StepInFlight:
     #: recorded after the step's device work when no samples of it go to the host (a prefill
     #: chunk that samples nothing): ``collect`` waits for it, so that a collected step is always
     #: finished and at most one is in flight (graph replays refill their host buffers two steps
-    #: apart)
+    #: apart). Not for verifications, waited for at launch (not the drafter's work queued behind)
     done: Any = None
 
 
@@ -163,6 +163,7 @@ class ModelRunner:
         self._prev_tokens: torch.Tensor | None = None  # the last launched step's samples
         self._buffer_copy: HostCopy | None = None  # the host copy of the samples in graphs.prev_tokens
         self._prev_rows: dict[str, int] = {}            # request id -> row of _prev_tokens
+        self.on_verified: Callable[..., None] | None = None  # the drafter's, where the engine chains rounds
         self.kv_groups = kv_groups
 
     def enable_graphs(self, graphs: DeviceGraphs, batch_sizes: Sequence[int], max_seq_len: int) -> None:
@@ -268,8 +269,7 @@ class ModelRunner:
                 mark()
             batch = build_step_batch(seqs, self.block_size, self.device, self._sliding(out), prev,
                                      ops=getattr(self.model, "fused_ops", None))
-            meta = self.attention.build_metadata(batch)
-            hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, meta)
+            hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, self.attention.build_metadata(batch))
         result = RunnerOutput()
         rows: list[int] = []
         sampling: list[Request] = []
@@ -319,7 +319,7 @@ class ModelRunner:
         if timing is not None:
             timing[1].record()
             self.timeline.append(timing)
-        if flight.tokens is None and self.device.type != "cpu":
+        if flight.tokens is None and not verifying and self.device.type != "cpu":  # (verifications were waited for)
             flight.done = torch.Event(self.device)
             flight.done.record()
         return flight
@@ -359,8 +359,14 @@ class ModelRunner:
 
         index = [row + j for _, drafts, row in verifying for j in range(len(drafts) + 1)]
         logits = self.model.compute_logits(_take_rows(hidden, index)).float()
-        # every greedy request's argmax in one kernel and one copy to the host
-        best = self.sampler.argmax(logits).tolist() if any(r.params.greedy for r, _, _ in verifying) else None
+        # greedy argmaxes in one kernel and copy; a drafter may queue work behind them (on_verified)
+        best = None
+        if any(r.params.greedy for r, _, _ in verifying):
+            copy = HostCopy(best := self.sampler.argmax(logits))
+            if self.on_verified is not None and all(r.params.greedy for r, _, _ in verifying):
+                starts = np.cumsum([0] + [len(d) + 1 for _, d, _ in verifying]).tolist()
+                self.on_verified([(r, d, at) for (r, d, _), at in zip(verifying, starts, strict=False)], best, copy)
+            best = copy.wait().tolist()
         at = 0
         for r, drafts, _ in verifying:
             if r.draft is not None and r.draft.source is not None:  # drafts that were still on the device
@@ -369,8 +375,7 @@ class ModelRunner:
             if r.params.greedy:
                 tokens = accept_greedy(drafts, best[at:at + len(drafts) + 1])
             else:
-                proposal = r.draft
-                q = proposal.probs[:len(drafts)] if proposal is not None and proposal.probs is not None else None
+                q = r.draft.probs[:len(drafts)] if r.draft is not None and r.draft.probs is not None else None
                 tokens = verify(rows, r, drafts, q, self.sampler.generator)
             at += len(drafts) + 1
             result.sampled[r.request_id] = tokens
@@ -378,8 +383,7 @@ class ModelRunner:
             result.num_verified[r.request_id] = len(drafts)
             if r.params.logprobs is not None:
                 lps = rows[:len(tokens)].log_softmax(-1)
-                result.logprobs[r.request_id] = [top_logprobs(lps[j], t, r.params.logprobs)
-                                                 for j, t in enumerate(tokens)]
+                result.logprobs[r.request_id] = [top_logprobs(lps[j], t, r.params.logprobs) for j, t in enumerate(tokens)]
 
     def _prompt_logprobs(self, hidden: torch.Tensor, r: Request, n: int) -> list[dict[int, float] | None]:
         """Logprobs of prompt tokens start+1 .. start+n given what precedes them (vLLM's meaning)."""

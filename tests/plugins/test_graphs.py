@@ -99,11 +99,14 @@ def test_graph_steps_give_the_eager_tokens_in_the_interpreter(tmp_path, fused):
 
 
 @pytest.mark.parametrize(("drafter", "loop"), [("draft-model", True), ("draft-model", False), ("deepspark", True),
-                                               ("deepspark", False), ("deepspark+lookup", True)])
+                                               ("deepspark", False), ("deepspark+lookup", True),
+                                               ("draft-model+near", True)])
 def test_speculative_steps_from_graphs_give_the_eager_drafts_and_tokens_in_the_interpreter(tmp_path, drafter, loop):
     from tests.tiny_models import hybrid, make_model
 
-    make_model(tmp_path, "qwen3", **hybrid(12))
+    target = make_model(tmp_path, "qwen3", **hybrid(12))
+    if drafter.endswith("+near"):
+        near_draft(target, tmp_path / "near")
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     res = subprocess.run([sys.executable, "-m", "tests.plugins.test_graphs", str(tmp_path), "draft", drafter,
                           str(int(loop))], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
@@ -191,9 +194,13 @@ def draft_both(model_dir: str, graphs_factory, drafter: str = "draft-model", loo
     sequence); plain "deepspark" has it off in both."""
     from deepinfer import LLM, SamplingParams
     from deepinfer.core.graphs import DecodeGraphs
-    from deepinfer_builtin.draft_runner import DraftLoopGraphs, DraftRunner
+    from deepinfer_builtin.draft_loop import DraftLoopGraphs
+    from deepinfer_builtin.draft_runner import DraftRunner
 
     lookup = drafter == "deepspark+lookup"
+    # "+near": the draft is the target with noise in its weights (near_draft), so that rounds accept
+    # some of their drafts and not others
+    draft_dir = str(Path(model_dir) / "near") if drafter.endswith("+near") else model_dir
     token_ids = _prompts([5, 3, 29, 9])
     if lookup:  # one prompt that repeats itself, so that its rounds take lookups while others do not
         token_ids[3] = [7, 8, 9, 10] * 2 + [7]
@@ -225,6 +232,8 @@ def draft_both(model_dir: str, graphs_factory, drafter: str = "draft-model", loo
     loop_firsts: Counter[int] = Counter()  # the loop replays' first steps, by their most new tokens a sequence
     run, run_padded, propose, catch_up = (DecodeGraphs.run, DecodeGraphs.run_padded, DraftRunner.propose,
                                           DraftRunner._catch_up)
+    take_chained, chained = DraftRunner._take_chained, Counter()  # rounds queued behind a verification: taken or not
+    run_chained = DraftLoopGraphs.run_chained
     catching_up = [False]  # the draft's first-step graphs replayed in chunks of a catch-up
     spark, joined = [None], [0]  # the run's drafter; requests with lookups fed to the draft model
 
@@ -259,6 +268,15 @@ def draft_both(model_dir: str, graphs_factory, drafter: str = "draft-model", loo
         proposals.append(sorted((rid, d) for rid, d in drafts.items() if rid not in unused))
         return drafts
 
+    def counting_chained(self, size, *args, **kwargs):
+        replayed["loop"][size] += 1
+        return run_chained(self, size, *args, **kwargs)
+
+    def taking(self, *args, **kwargs):
+        drafts = take_chained(self, *args, **kwargs)
+        chained[drafts is not None] += 1
+        return drafts
+
     def chunked(self, *args, **kwargs):
         catching_up[0] = True
         try:
@@ -273,16 +291,20 @@ def draft_both(model_dir: str, graphs_factory, drafter: str = "draft-model", loo
                 for r in rounds], lazy
 
     DecodeGraphs.run, DecodeGraphs.run_padded, DraftRunner.propose = counting, counting_padded, recording
-    DraftRunner._catch_up = chunked
+    DraftRunner._catch_up, DraftRunner._take_chained = chunked, taking
+    DraftLoopGraphs.run_chained = counting_chained
     try:
         for name in ("eager", "graphs"):
             for c in (*replayed.values(), loop_firsts):
                 c.clear()
             proposals.clear()
+            chained.clear()
             joined[0] = 0
             llm = LLM(model_dir, plugins=["triton", drafter], progress=False, enforce_eager=True,
-                      plugin_options={**triton, drafter: {"model": model_dir, **extra}}, **engine)
+                      plugin_options={**triton, drafter: {"model": draft_dir, **extra}}, **engine)
             spark[0] = llm.engine.drafter
+            # rounds chained behind verifications, as on a device that runs queued work asynchronously
+            llm.engine.runner.on_verified = llm.engine.drafter.on_verified
             if lookup:  # (rounds of lookups alone are chosen by measured seconds: never here, so that
                 llm.engine.drafter.lookups._faster = lambda gain: False  # both runs choose alike)
             if name == "graphs":
@@ -301,16 +323,34 @@ def draft_both(model_dir: str, graphs_factory, drafter: str = "draft-model", loo
             out[name] = {"tokens": [o.outputs[0].token_ids for o in res], "proposals": drafted, "lazy": lazy,
                          "replayed": {kind: {str(k): v for k, v in c.items()} for kind, c in replayed.items()},
                          "accepted": llm.get_metrics()["deepinfer:spec_decode_num_accepted_tokens"],
+                         "chained": {str(k): v for k, v in chained.items()},
+                         "accepted_at": [llm.get_metrics().get(f"deepinfer:spec_decode_num_accepted_tokens_pos_{i}", 0)
+                                         for i in range(d.max_draft_tokens)] if (d := llm.engine.drafter) else [],
                          "flags_wrong": flags_wrong[:], "routing_wrong": routing_wrong[:], "joined": joined[0],
                          "loop_firsts": {str(k): v for k, v in loop_firsts.items()}}
             del llm
     finally:
         DecodeGraphs.run, DecodeGraphs.run_padded, DraftRunner.propose = run, run_padded, propose
-        DraftRunner._catch_up = catch_up
+        DraftRunner._catch_up, DraftRunner._take_chained = catch_up, take_chained
+        DraftLoopGraphs.run_chained = run_chained
     return out
 
 
+def near_draft(target, out: Path) -> None:
+    """The target with noise in its weights, saved as a draft whose greedy tokens are often the
+    target's and not always."""
+    import copy
+
+    draft = copy.deepcopy(target)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for w in draft.parameters():
+            w.add_(torch.randn(w.shape, generator=gen) * w.std() * 0.5 if w.numel() > 1 else 0)
+    draft.save_pretrained(out)
+
+
 def check_draft_graphs(got: dict, drafter: str, loop: bool) -> None:
+    near = drafter.endswith("+near")
     assert got["graphs"]["proposals"] == got["eager"]["proposals"]  # draft for draft, the same tokens
     # with the lookup, rounds in graphs that mix lookups and the model's drafts feed the lookups'
     # requests to the loop graph too (the eager steps leave them out)
@@ -326,13 +366,24 @@ def check_draft_graphs(got: dict, drafter: str, loop: bool) -> None:
     # there (deepspark's here choose what to verify, which needs the drafts on the host)
     assert got["eager"]["lazy"] == 0
     assert (got["graphs"]["lazy"] > 0) == (loop and drafter == "draft-model")
+    # those rounds are chained behind their verifications: the next proposal takes most (not the
+    # rounds after a request joins or finishes); eager steps chain none
+    assert got["eager"]["chained"] == {}
+    taken = got["graphs"]["chained"]
+    assert (taken.get("True", 0) > taken.get("False", 0)) == (got["graphs"]["lazy"] > 0), taken
+    accepted_at = got["graphs"]["accepted_at"]
+    assert accepted_at == got["eager"]["accepted_at"]
+    if near:  # rounds that accept some drafts and not all; a chained round dropped
+        assert 0 < accepted_at[0] and accepted_at[-1] < accepted_at[0], accepted_at
+        assert taken.get("False", 0) > 0, taken
     assert got["graphs"]["tokens"] == got["eager"]["tokens"] == got["reference"]
     replayed = got["graphs"]["replayed"]
-    # draft steps after a round's first are one token per sequence: replays of 4 (3 padded to 4),
-    # of 1, from one-token graphs, or with the loop, whole rounds from the loop graph (the rounds
-    # after a prompt, whose first step computes it, draft step by step)...
+    # draft steps after a round's first are one token per sequence: replays of 4 (3 padded to 4;
+    # "+near" runs two greedy requests at a time), of 1, from one-token graphs, or with the loop,
+    # whole rounds from the loop graph (the rounds after a prompt, whose first step computes it,
+    # draft step by step)...
     steps = replayed["loop" if loop else "one-token"]
-    assert steps.get("4", 0) > 0 and steps.get("1", 0) > 0
+    assert steps.get("2" if near else "4", 0) > 0 and steps.get("1", 0) > 0
     if not loop:
         assert replayed["loop"] == {}
     # ... verification steps replay theirs, the penalised request's one-token run in them too: 4
@@ -353,8 +404,9 @@ def check_draft_graphs(got: dict, drafter: str, loop: bool) -> None:
     # with the lookup, a catch-up longer than the loop's first step (here the first round, whose
     # longest feed, the 29-token prompt and its token, takes four chunks of k + 1 = 6 and the loop's
     # first step the rest) replays the first-step graphs in chunks; without it, that round's feeds
-    # are over four chunks of 2 and run eagerly
-    assert (sum(replayed["catch-up"].values()) > 0) == (longest > 2), replayed["catch-up"]
+    # are over four chunks of 2 and run eagerly ("+near": the last request starts decoding alone, and
+    # its 9-token prompt takes four chunks of 2)
+    assert (sum(replayed["catch-up"].values()) > 0) == (longest > 2 or near), replayed["catch-up"]
     assert got["graphs"]["flags_wrong"] == []
     assert got["eager"]["replayed"] == {"one-token": {}, "verify": {}, "verify-multi": {}, "draft-first": {},
                                         "catch-up": {}, "loop": {}}
@@ -362,8 +414,11 @@ def check_draft_graphs(got: dict, drafter: str, loop: bool) -> None:
 
 
 def _main_draft(model_dir: str, drafter: str, loop: bool) -> None:
+    # "+near": three sequences at a time, so that the last request starts decoding while others do
+    # (the round chained behind the others' verification is then dropped)
+    seqs = {"max_num_seqs": 3} if drafter.endswith("+near") else {}
     print(json.dumps(draft_both(model_dir, EagerGraphs, drafter, loop, device="cpu", dtype="float32", block_size=4,
-                                num_kv_blocks=96, max_model_len=96)))
+                                num_kv_blocks=96, max_model_len=96, **seqs)))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,198 @@
+"""A greedy draft round's k steps in one device graph, and rounds chained behind a verification."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+
+from deepinfer.plugins import DecodeGraphs, DeviceTokens, HostCopy
+
+
+class LoopRound:
+    """A loop round's output [n, 2, k] (each step's token and its probability), copied to the
+    host behind the round's device work; read (waiting for the copy) only when needed. ``source``:
+    its drafts as device tokens, when it leaves them on the device."""
+
+    def __init__(self, out: torch.Tensor, lazy: bool) -> None:
+        self.copy = HostCopy(out)
+        self._lists: list | None = None
+        self.source = DeviceTokens(out[:, 0].reshape(-1).long(), self.all_tokens) if lazy else None
+
+    def lists(self) -> list:
+        """[tokens, probabilities], each [n][k] (tokens as floats: exact below 2^24)."""
+        if self._lists is None:
+            self._lists = self.copy.wait().transpose(0, 1).tolist()
+        return self._lists
+
+    def tokens(self, i: int) -> list[int]:
+        return [int(t) for t in self.lists()[0][i]]
+
+    def all_tokens(self) -> list[int]:
+        return [int(t) for row in self.lists()[0] for t in row]
+
+
+@dataclass(slots=True)
+class ChainedRound:
+    """A round queued behind a verification (``DraftRunner.chain``), for the next proposal."""
+
+    round: LoopRound
+    prev: LoopRound  # the round whose drafts were verified
+    best: HostCopy   # the verification's target tokens, copied to the host
+    #: request id -> (its row in the round, its draft sequence, its length before the verified
+    #: tokens, its first row in ``best``, its row in ``prev``)
+    rows: dict[str, tuple[int, Any, int, int, int]]
+
+
+class DraftLoopGraphs(DecodeGraphs):
+    """A greedy round's k draft steps in one replay. The first step computes each sequence's new
+    tokens, one to ``first`` of them (2 by default: the target's token, behind the last accepted
+    draft when all were accepted; more where rounds may follow a lookup's), laid out as in the
+    verification graphs (``run_padded``); then each step's argmax becomes the next step's one
+    token, on the device. The later steps' positions, slots and lengths follow from the first's,
+    so the host writes them for all k - 1 steps with the round's inputs (padding rows stay at
+    slot -1 and length 0: they write nothing). The output holds every step's token and
+    probability, [size, 2, k] (float32: token ids below 2^24 are exact): one launch and one copy
+    to the host a round, instead of k launches each waiting for its token.
+
+    Chained rounds (``run_chained``): a round that follows a greedy verification of the last
+    round's drafts can be queued before the host has read that verification. The host writes
+    each sequence's length before the verified tokens (``base``), where its target tokens lie in
+    the verification's output (``vrows``) and its drafts in the last round's output (``drows``);
+    a small graph of its own (``_chain_inputs``) then counts the accepted drafts on the device and
+    writes the first step's tokens, positions, slots and lengths from them."""
+
+    def __init__(self, one: DecodeGraphs, steps: int, first: int = 2) -> None:
+        self.steps = steps  # (before the base class lays out its inputs, which hold the later steps' too)
+        super().__init__(one.model, one.attention, one.kv_caches, one.api, one.device, one.block_size, one.sizes,
+                         one.max_seq_len, query_len=first, placeholders=False)
+        self.one = one  # the later steps run the one-token graphs' forward on the inputs below
+        dev = one.device
+        self._best = torch.zeros(self.max_batch * (steps + 1), dtype=torch.long, device=dev)  # target tokens
+        self._drafts = torch.zeros(self.max_batch * steps, dtype=torch.long, device=dev)  # the verified drafts
+        self._chains: dict[int, tuple] = {}  # size -> the captured replay of its chained inputs
+
+    def _fields(self):
+        later, k = self.steps - 1, self.steps
+        return {**super()._fields(), "step_pos": (torch.long, lambda b: (later, b)),
+                "step_slots": (torch.long, lambda b: (later, b)), "step_lens": (torch.int32, lambda b: (later, b)),
+                "base": (torch.long, lambda b: (b,)), "vrows": (torch.long, lambda b: (b, k + 1)),
+                "drows": (torch.long, lambda b: (b, k))}
+
+    def capture(self) -> None:
+        super().capture()
+        for b in reversed(self.sizes):
+            self.inputs.blank(b)  # (the sizes' layouts share the buffer: rows in range at capture)
+            self._chains[b] = self.api.capture(lambda b=b: self._chain_inputs(b))
+        self.inputs.reset_turn()
+
+    def run_padded(self, size, tokens, starts, tables, on_device=None, prev_tokens=None) -> torch.Tensor:
+        host = self.inputs.host(self._turn, size)  # the buffer the base class's run_padded fills next
+        later, bs = self.steps - 1, self.block_size
+        pos, slots, lens = [0] * (later * size), [-1] * (later * size), [0] * (later * size)  # [later, size]
+        for i, (toks, start, blocks) in enumerate(zip(tokens, starts, tables, strict=True)):
+            for j in range(later):  # step j + 1's one token sits j + 1 places after the first step's last
+                p = start + len(toks) + j
+                pos[j * size + i], lens[j * size + i], slots[j * size + i] = p, p + 1, blocks[p // bs] * bs + p % bs
+        for name, values in (("step_pos", pos), ("step_slots", slots), ("step_lens", lens)):
+            host[name].reshape(-1)[:] = values
+        return super().run_padded(size, tokens, starts, tables, on_device=on_device, prev_tokens=prev_tokens)
+
+    def run_chained(self, size: int, best: torch.Tensor, drafts: torch.Tensor, bases: Sequence[int],
+                    vrows: Sequence[Sequence[int]], drows: Sequence[Sequence[int]],
+                    tables: Sequence[Sequence[int]]) -> torch.Tensor:
+        """The round after a greedy verification whose target tokens (each verified row's argmax)
+        are ``best`` and whose drafts were ``drafts``, both still on the device: sequence i had
+        ``bases[i]`` tokens before the verified ones, its k + 1 target tokens are
+        ``best[vrows[i]]`` and its k drafts ``drafts[drows[i]]``. The draft's cache holds its tokens up to the base and its drafts but the last;
+        the first step computes the target's token after the accepted drafts (behind the last
+        draft when all were accepted). Returns the whole output, as ``run_padded``."""
+        host = self._next_host(size)
+        n, mb = len(bases), self.max_blocks
+        tab = host["tables"]
+        tab[:] = 0
+        for i, blocks in enumerate(tables):
+            nb = min(len(blocks), mb)
+            tab[i, :nb] = blocks[:nb]
+        host["base"][:] = -1  # padding
+        host["base"][:n] = bases
+        host["vrows"][:] = 0
+        host["vrows"][:n] = vrows
+        host["drows"][:] = 0
+        host["drows"][:n] = drows
+        self._best[:best.numel()].copy_(best)
+        self._drafts[:drafts.numel()].copy_(drafts)
+        self.inputs.upload(self._filled, size)
+        self._chains[size][0]()
+        replay, out = self._replays[size]
+        replay()
+        return out
+
+    def _chain_inputs(self, size: int) -> torch.Tensor:
+        """(Captured.) The chained round's inputs from ``base``, ``vrows`` and ``drows`` (see
+        ``run_chained``): in one kernel where the device's fused ops offer it, else in torch."""
+        ins, q = self.inputs.device(size), self.query_len
+        out = {"ids": ins["ids"].view(size, q), "pos": ins["pos"].view(size, q), "slots": ins["slots"].view(size, q),
+               "lens": ins["lens"], "ctx": ins["ctx"], "single": ins["single"], "step_pos": ins["step_pos"],
+               "step_slots": ins["step_slots"], "step_lens": ins["step_lens"]}
+        fill = getattr(self.fused_ops, "chain_inputs", None) or chain_inputs
+        fill(ins["base"], ins["vrows"], ins["drows"], self._best, self._drafts, ins["tables"], self.block_size, out)
+        return ins["lens"]
+
+    def captured_work(self, batch) -> torch.Tensor:
+        b = batch.seq_lens.shape[0]
+        new = batch.seq_lens - batch.context_lens  # 1 to query_len new tokens; 0 for padding
+        last = torch.arange(b, device=new.device) * self.query_len + (new.long() - 1).clamp(min=0)
+        p, t = self._argmax(super().captured_work(batch)[last])
+        tokens, probs = [t], [p]
+        one, ins = self.one._batch(b), self.inputs.device(b)
+        for j in range(self.steps - 1):
+            step = replace(one, input_ids=tokens[-1], positions=ins["step_pos"][j],
+                           slot_mapping=ins["step_slots"][j], seq_lens=ins["step_lens"][j],
+                           block_tables=batch.block_tables)
+            p, t = self._argmax(self.one.captured_work(step))
+            tokens.append(t)
+            probs.append(p)
+        return torch.stack((torch.stack(tokens, 1).float(), torch.stack(probs, 1)), dim=1)
+
+    def _argmax(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each row's greedy token and its probability (the draft's confidence): one fused kernel
+        where the device offers it, else softmax and max."""
+        logits = self.model.compute_logits(hidden)
+        fused = getattr(self.fused_ops, "argmax_prob", None)
+        return fused(logits) if fused is not None else logits.float().softmax(-1).max(-1)
+
+
+def chain_inputs(base: torch.Tensor, vrows: torch.Tensor, drows: torch.Tensor, best: torch.Tensor,
+                 drafts: torch.Tensor, tables: torch.Tensor, block_size: int, out: dict[str, torch.Tensor]) -> None:
+    """A chained round's inputs in torch (``deepinfer_kernels.chain_inputs`` does it in one kernel,
+    with the same arguments): sequence i had ``base[i]`` tokens before the verified ones
+    (negative: padding), its k + 1 target tokens are ``best[vrows[i]]`` and its k drafts
+    ``drafts[drows[i]]``; the first step computes the target's token after the accepted drafts
+    (behind the last draft when all were accepted: the draft's cache holds all but the last)."""
+    k, bs, mb, q = drows.shape[1], block_size, tables.shape[1], out["ids"].shape[1]
+    real = base >= 0
+    best, drafts = best[vrows], drafts[drows]                            # [S, k + 1], [S, k]
+    accepted = (best[:, :k] == drafts).long().cumprod(1).sum(1)
+    target = best.gather(1, accepted[:, None])[:, 0]  # the target's token after the accepted drafts
+    full = accepted == k
+    new = 1 + full.long()  # one new token, or the last draft and the target's
+    start = base + accepted - full.long()
+    cols = torch.arange(q, device=base.device)[None, :]
+    live = (cols < new[:, None]) & real[:, None]
+    ids = torch.where(cols == 0, torch.where(full, drafts[:, k - 1], target)[:, None],
+                      torch.where(full, target, 0)[:, None])
+    pos = start[:, None] + torch.minimum(cols, new[:, None] - 1)  # padding rows repeat the last
+
+    def slots(p: torch.Tensor) -> torch.Tensor:
+        return tables.gather(1, (p // bs).clamp(0, mb - 1)).long() * bs + p % bs
+
+    later = (start + new)[:, None] + torch.arange(k - 1, device=base.device)[None, :]  # [S, k - 1]
+    for name, value in (("ids", torch.where(live, ids, 0)), ("pos", torch.where(real[:, None], pos, 0)),
+                        ("slots", torch.where(live, slots(start[:, None] + cols), -1)),
+                        ("lens", torch.where(real, start + new, 0)), ("ctx", torch.where(real, start, 0)),
+                        ("single", (new == 1) & real), ("step_pos", torch.where(real[:, None], later, 0).T),
+                        ("step_slots", torch.where(real[:, None], slots(later), -1).T),
+                        ("step_lens", torch.where(real[:, None], later + 1, 0).T)):
+        out[name].copy_(value)
