@@ -49,6 +49,10 @@ PARTS = [
     ("deepinfer_builtin.draft_runner", "DraftRunner", "_forward_last"),
     ("deepinfer_builtin.lookup", "LookupDrafts", "_candidate"),
     ("deepinfer_builtin.draft_loop", "DraftLoopGraphs", "run_padded"),
+    ("deepinfer_builtin.draft_loop", "DraftLoopGraphs", "run_chained"),
+    ("deepinfer_builtin.draft_runner", "DraftRunner", "chain"),
+    ("deepinfer_builtin.draft_runner", "DraftRunner", "_take_chained"),
+    ("deepinfer_builtin.draft_model", "DraftModelDrafter", "propose"),
     ("deepinfer_builtin.draft_loop", "LoopRound", "lists"),
     ("deepinfer_builtin.draft_loop", "LoopRound", "__init__"),
 ]

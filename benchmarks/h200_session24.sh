@@ -55,3 +55,16 @@ if [ "${1:-a}" = g ]; then
   timeout 150 python3 benchmarks/lookup_rounds.py --device sm90 --batch 64 --prompts 64 none draft-model on \
     --runs 5 2>&1 | filter > "$OUT/rounds64.txt"
 fi
+if [ "${1:-a}" = h ]; then
+  # 64 requests: deepspark's rounds took 2,527 us for 118 tokens against draft-model's 1,979 for 105
+  # in call g; the host's time by function for both
+  for d in draft-model deepspark; do
+    timeout 100 python3 benchmarks/h200_host_parts.py --drafter $d --batch 64 --prompts 128 2>&1 | filter >> "$OUT/parts64.txt"
+  done
+fi
+if [ "${1:-a}" = i ]; then
+  # the final code once more: issue 8's recorded command, and batch 1 interleaved (9 runs)
+  timeout 330 python3 -m deepinfer.cli bench spec --device sm90 --batch 1,64 --output-len 256 --repeats 5 \
+    2>&1 | filter > "$OUT/spec.txt"
+  timeout 150 python3 benchmarks/lookup_rounds.py --device sm90 none on draft-model --runs 9 2>&1 | filter > "$OUT/rounds1.txt"
+fi
