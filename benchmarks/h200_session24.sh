@@ -68,3 +68,13 @@ if [ "${1:-a}" = i ]; then
     2>&1 | filter > "$OUT/spec.txt"
   timeout 150 python3 benchmarks/lookup_rounds.py --device sm90 none on draft-model --runs 9 2>&1 | filter > "$OUT/rounds1.txt"
 fi
+if [ "${1:-a}" = j ]; then
+  # deepspark chooses a round's kind with the verification before it, and chains only rounds that
+  # draft (its plain rounds left chained rounds unused in calls g-i): the gpu-marked tests of the
+  # plugins and the core; 64 requests interleaved; issue 8's recorded command
+  timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/plugins tests/core > "$OUT/gpu_tests.txt" 2>&1
+  timeout 120 python3 benchmarks/lookup_rounds.py --device sm90 --batch 64 --prompts 64 none draft-model on \
+    --runs 5 2>&1 | filter > "$OUT/rounds64.txt"
+  timeout 200 python3 -m deepinfer.cli bench spec --device sm90 --batch 1,64 --output-len 256 --repeats 5 \
+    2>&1 | filter > "$OUT/spec.txt"
+fi

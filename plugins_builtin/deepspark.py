@@ -25,30 +25,22 @@ some request would go on; where a draft step is cheap beside the target's step, 
 to k.
 
 Verification in device graphs. When the engine replays verification steps from graphs (CUDA
-devices), every request's k + 1 rows are computed whether or not its drafts are verified, so
-verifying costs nothing more: the threshold for verifying (and for a request's early stop) drops
-from ``min_value`` to 0, and what is worth doing is decided by the round depth alone
-(``verify_all_in_graphs``, on by default). It is decided once, when the engine enables graphs:
-the steps that still verify eagerly (a batch larger than the largest captured size, a sequence
-longer than ``max_seq_len_to_capture``, a prefill chunk in the step) then verify every draft too.
+devices), every request's k + 1 rows are computed whether verified or not, so the threshold for
+verifying (and for the early stop) drops from ``min_value`` to 0 and the round depth alone decides
+(``verify_all_in_graphs``, on by default; decided when the engine enables graphs, so steps that
+still verify eagerly there verify every draft too).
 
-Rounds that draft nothing (``skip_when_slower``). Speculating pays only where a round's extra
-tokens outweigh its cost. Where the engine verifies in device graphs, a round drafts and verifies
-all k whatever the batch (loop graph, verification free), so nothing above adapts to the batch, and
-at large batches plain decode steps give more tokens a second (H200, demo pair: none 1.35-1.64x of
-draft-model at 64 requests); so do eager steps of large batches on a CPU, where the round depth
-does not price the verification's growth with the drafts verified (demo pair, 64 requests:
-deepspark 0.45x of no drafter speculating every round, 0.91x skipping). There (``"always"``, the
-default; ``"graphs"``: only where the engine verifies in device graphs), batches of at least
-``skip_min_batch`` requests draft nothing for a round (the engine then runs a plain decode step)
-unless speculating is measured ``skip_margin`` faster, and once it speculates, it goes on while
-speculating is faster at all (RoundRates: rounds' generated tokens a request, one plus the accepted
-drafts, against their time to the next proposal, per batch size class; only rounds whose step
-computed just their own tokens, with the same requests throughout, after a round of their kind, are
-samples: see docs/plugins.md). Now and then four rounds of the other kind run, so that a change is
-noticed: after ``explore_every`` rounds at first, then ever less often. The greedy output is the
-target's either way. This is vLLM's disabling of speculation by batch size, measured instead of
-set.
+Rounds that draft nothing (``skip_when_slower``). Where the engine verifies in device graphs, a
+round drafts and verifies all k whatever the batch, and at large batches plain decode steps may
+give more tokens a second (so may a CPU's eager steps of large batches, whose verification grows
+with the drafts). There (``"always"``, the default; ``"graphs"``: in device graphs only), batches
+of at least ``skip_min_batch`` requests draft nothing for a round unless speculating is measured
+``skip_margin`` faster, and once speculating, go on while it is faster at all (RoundRates: a round's
+generated tokens a request over its time to the next proposal, per batch size class; docs/plugins.md
+says which rounds are samples). Now and then four rounds of the other kind run (after
+``explore_every`` rounds, then ever less often). Where rounds chain behind verifications, the next
+round's kind is chosen then (``on_verified``), so that a plain round leaves no chained round unused.
+This is vLLM's disabling of speculation by batch size, measured instead of set.
 
 Lookup first (``lookup``, on by default). Where a request's context holds
 an earlier occurrence of its last n tokens (lookup_min_n <= n <= lookup_max_n, the longest and
@@ -110,9 +102,7 @@ class DeepSparkOptions(DraftModelOptions):
     skip_when_slower: Literal["graphs", "always", "never"] = Field(
         "always", description="draft nothing for a round (a plain decode step) unless speculative rounds are "
                               "measured to give more tokens a second than plain steps at this batch size (by "
-                              "skip_margin to start): 'always', 'graphs' only where the engine verifies in "
-                              "device graphs (there a round drafts and verifies all k whatever the batch), "
-                              "'never'")
+                              "skip_margin to start): 'always', 'graphs' (in device graphs only), 'never'")
     skip_min_batch: int = Field(8, ge=1, description="with skip_when_slower: only batches of at least this many "
                                                      "requests skip (smaller ones always speculate)")
     skip_margin: float = Field(0.15, ge=0.0, lt=1.0, description="with skip_when_slower: how much faster "
@@ -129,8 +119,7 @@ class DeepSparkOptions(DraftModelOptions):
                                                           "by the host's work)")
     lookup: bool = Field(True, description="where the context holds an earlier occurrence of its last tokens, "
                                            "propose what followed it instead of running the draft model, where "
-                                           "that is expected to pay better (learnt from verifications and round "
-                                           "times; lookup.py)")
+                                           "that is expected to pay better (lookup.py; off where rounds chain)")
     lookup_max_batch: int = Field(2, ge=1, description="with lookup: only rounds of fewer requests look up (by "
                                                        "default of one: in larger batches, mixed rounds and the "
                                                        "search for every request cost more than they save)")
@@ -193,6 +182,7 @@ class DeepSparkDrafter(DraftModelDrafter):
         self._ended: float | None = None  # when the last proposal returned
         self._mark = 0.0                  # the round's last timing point
         self._plan: tuple[bool, bool, int] | None = None  # needs_tokens' choice (and size class)
+        self._chained_plan: tuple[bool, bool, int] | None = None  # on_verified's
         #: the engine verifies in device graphs of k + 1 rows a request, computed whether or not
         #: they are verified: a drafted token then costs nothing more to verify
         self.free_verification = False
@@ -233,6 +223,15 @@ class DeepSparkDrafter(DraftModelDrafter):
         if speculate and self._round is not None and not self._round.speculative:
             self._round = None
         return speculate
+
+    def on_verified(self, verified, best, best_host) -> None:
+        """The next round is chained (draft-model's) only if it is to draft: its kind is chosen now."""
+        if self.may_skip(batch := len(verified)):
+            speculate, sample = self._choose(batch)
+            self._chained_plan = (speculate, sample, self.rates.size_class(batch))
+            if not speculate:
+                return
+        super().on_verified(verified, best, best_host)
 
     def may_skip(self, batch: int) -> bool:
         """Whether a round of ``batch`` requests may draft nothing (``skip_when_slower``)."""
@@ -293,9 +292,10 @@ class DeepSparkDrafter(DraftModelDrafter):
             # prompt was computed in between)
             self.rates.record(last.speculative, last.batch, start - last.start, last.tokens)
         self._round = None
-        if self._plan is not None:  # chosen by needs_tokens for this step (a sample only if the
-            speculate, sample, size = self._plan  # requests that finished since left its class)
-            self._plan, sample = None, sample and size == self.rates.size_class(batch)
+        plan, self._plan, self._chained_plan = self._plan or self._chained_plan, None, None
+        if plan is not None:  # chosen by needs_tokens or on_verified (a sample only if the requests
+            speculate, sample, size = plan  # that finished since left its class)
+            sample = sample and size == self.rates.size_class(batch)
         else:
             speculate, sample = self._choose(batch)
         # a sample only after a round of its kind, and without a newcomer (whose prompt the draft

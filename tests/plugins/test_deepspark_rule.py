@@ -34,7 +34,7 @@ def _timed_deepspark(step_seconds: float, rest_seconds: float, tick: float | Non
     # (rounds skipped only in graphs, which these drafters are not in unless a test says so)
     d.options = DeepSparkOptions(buckets=1, prior_strength=1.0, min_value=0.25, skip_when_slower="graphs")
     d.rates, d._round, d.in_graphs = RoundRates(d.options.explore_every), None, False
-    d._last_kind, d._last_ids, d._after_plain, d._plan = None, set(), False, None
+    d._last_kind, d._last_ids, d._after_plain, d._plan, d._chained_plan = None, set(), False, None, None
     d.table = AcceptanceTable(1, 5, 1.0)
     for pos in range(5):
         for i in range(999):
@@ -396,3 +396,29 @@ def test_deepspark_in_graphs_feeds_the_lookups_requests_to_the_loop_graph(loop_t
     trials = list(d.lookups.table.trials[2])
     d.observe(repeats, 5, 2)
     assert [t - t0 for t, t0 in zip(d.lookups.table.trials[2], trials, strict=True)] == [1, 1, 1, 0, 0]
+
+
+def test_deepspark_chains_a_round_only_where_it_is_to_draft():
+    """Where rounds chain behind verifications (on_verified), a batch that may draft nothing has its
+    next round's kind chosen there: a plain round chains nothing (its chained round would go
+    unused), and the proposal after it follows that choice. Smaller batches always chain."""
+    from types import SimpleNamespace
+
+    d = _timed_deepspark(step_seconds=0.001, rest_seconds=0.010)
+    d.k, d.in_graphs = 5, True  # (skip_when_slower "graphs": in graphs, batches of 8+ may skip)
+    chained = []
+    d.runner = SimpleNamespace(chain=lambda verified, *args: chained.append(len(verified)))
+    greedy = SimpleNamespace(greedy=True)
+    reqs = [SimpleNamespace(request_id=str(i), all_token_ids=[1, 2, 3], params=greedy) for i in range(8)]
+    verified = [(r, [-(i * 5 + j + 1) for j in range(5)], 6 * i) for i, r in enumerate(reqs)]
+    for speculate in (False, True):
+        d._choose = lambda batch, s=speculate: (s, True)
+        d.on_verified(verified, None, None)
+        assert chained == ([8] if speculate else [])
+        assert d._chained_plan == (speculate, True, d.rates.size_class(8))
+        if not speculate:
+            d._choose = lambda batch: pytest.fail("the proposal must take the plan made with the verification")
+            assert d.propose(reqs) == {} and d._chained_plan is None  # a plain round, as planned
+    d._choose = lambda batch: pytest.fail("a batch that cannot skip has no kind to choose")
+    d.on_verified(verified[:1], None, None)
+    assert chained == [8, 1]
