@@ -145,7 +145,6 @@ class _Lookup:
 @dataclass
 class _Round:
     """A round that may become a sample of RoundRates."""
-
     speculative: bool
     batch: int
     start: float
@@ -182,7 +181,7 @@ class DeepSparkDrafter(DraftModelDrafter):
         self._ended: float | None = None  # when the last proposal returned
         self._mark = 0.0                  # the round's last timing point
         self._plan: tuple[bool, bool, int] | None = None  # needs_tokens' choice (and size class)
-        self._chained_plan: tuple[bool, bool, int] | None = None  # on_verified's
+        self._chained_plan: tuple[bool, bool, int, set[str]] | None = None  # on_verified's (and its requests)
         #: the engine verifies in device graphs of k + 1 rows a request, computed whether or not
         #: they are verified: a drafted token then costs nothing more to verify
         self.free_verification = False
@@ -194,8 +193,9 @@ class DeepSparkDrafter(DraftModelDrafter):
         return 0.0 if self.free_verification else self.options.min_value
 
     def enable_graphs(self, graphs, batch_sizes, max_seq_len) -> None:
-        o = self.options  # (rounds chained behind verifications: see "Lookup first")
-        self.lookup = self.lookup and not (o.chain_rounds and o.device_drafts and o.loop_graph and o.verify_all_in_graphs)
+        o = self.options  # (rounds chained behind verifications, whose drafts stay on the device: "Lookup first")
+        self.lookup &= not (o.chain_rounds and o.device_drafts and o.loop_graph and o.verify_all_in_graphs
+                            and not o.verify_budget)
         if self.lookup:  # the round after a lookup's feeds the draft up to k + 1 tokens
             self.loop_first = self.k + 1
         super().enable_graphs(graphs, batch_sizes, max_seq_len)
@@ -226,9 +226,10 @@ class DeepSparkDrafter(DraftModelDrafter):
 
     def on_verified(self, verified, best, best_host) -> None:
         """The next round is chained (draft-model's) only if it is to draft: its kind is chosen now."""
+        self._chained_plan = None
         if self.may_skip(batch := len(verified)):
             speculate, sample = self._choose(batch)
-            self._chained_plan = (speculate, sample, self.rates.size_class(batch))
+            self._chained_plan = (speculate, sample, self.rates.size_class(batch), {r.request_id for r, *_ in verified})
             if not speculate:
                 return
         super().on_verified(verified, best, best_host)
@@ -238,8 +239,7 @@ class DeepSparkDrafter(DraftModelDrafter):
         return batch >= self.options.skip_min_batch and self._skipping
 
     def _choose(self, batch: int) -> tuple[bool, bool]:
-        """(whether the next round drafts, whether it may be a sample): RoundRates' choice where
-        the round may draft nothing, else a speculative round that is no sample."""
+        """(whether the next round drafts, whether it may be a sample): RoundRates' where it may skip."""
         return self.rates.speculate(batch) if self.may_skip(batch) else (True, False)
 
     def value_chain(self, confidence: list[float]) -> tuple[list[int], list[float]]:
@@ -253,8 +253,7 @@ class DeepSparkDrafter(DraftModelDrafter):
         return buckets, chain
 
     def worth_going_on(self, request: Request, confidence: list[float]) -> bool:
-        """Whether the latest draft would be verified (P_j >= min_value); P only shrinks along j,
-        so when it would not, no later draft would either."""
+        """Whether the latest draft would be verified (P_j >= min_value; P only shrinks along j)."""
         return self.value_chain(confidence)[1][-1] >= self.verify_threshold
 
     def expected_tokens(self, chain: list[float]) -> float:
@@ -292,7 +291,8 @@ class DeepSparkDrafter(DraftModelDrafter):
             # prompt was computed in between)
             self.rates.record(last.speculative, last.batch, start - last.start, last.tokens)
         self._round = None
-        plan, self._plan, self._chained_plan = self._plan or self._chained_plan, None, None
+        chained, self._chained_plan = self._chained_plan, None  # (for these requests only)
+        plan, self._plan = self._plan or (chained[:3] if chained and ids <= chained[3] else None), None
         if plan is not None:  # chosen by needs_tokens or on_verified (a sample only if the requests
             speculate, sample, size = plan  # that finished since left its class)
             sample = sample and size == self.rates.size_class(batch)

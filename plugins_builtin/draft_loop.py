@@ -72,6 +72,10 @@ class DraftLoopGraphs(DecodeGraphs):
         self._best = torch.zeros(self.max_batch * (steps + 1), dtype=torch.long, device=dev)  # target tokens
         self._drafts = torch.zeros(self.max_batch * steps, dtype=torch.long, device=dev)  # the verified drafts
         self._chains: dict[int, tuple] = {}  # size -> the captured replay of its chained inputs
+        #: per host buffer, an event after the last replay whose inputs it held: a chained round's
+        #: upload is queued behind a verification the host does not wait for before it fills a
+        #: buffer again, so it waits for this (done long before, in practice)
+        self._read: list[torch.Event | None] = [None, None]
 
     def _fields(self):
         later, k = self.steps - 1, self.steps
@@ -87,7 +91,18 @@ class DraftLoopGraphs(DecodeGraphs):
             self._chains[b] = self.api.capture(lambda b=b: self._chain_inputs(b))
         self.inputs.reset_turn()
 
+    def _await_turn(self) -> None:
+        """Before the host buffer of this turn is filled: the replay that last read it has run."""
+        if (event := self._read[self._turn]) is not None:
+            event.synchronize()
+
+    def _mark_read(self) -> None:
+        if self.device.type != "cpu":
+            self._read[self._filled] = torch.Event(self.device)
+            self._read[self._filled].record()
+
     def run_padded(self, size, tokens, starts, tables, on_device=None, prev_tokens=None) -> torch.Tensor:
+        self._await_turn()
         host = self.inputs.host(self._turn, size)  # the buffer the base class's run_padded fills next
         later, bs = self.steps - 1, self.block_size
         pos, slots, lens = [0] * (later * size), [-1] * (later * size), [0] * (later * size)  # [later, size]
@@ -97,7 +112,9 @@ class DraftLoopGraphs(DecodeGraphs):
                 pos[j * size + i], lens[j * size + i], slots[j * size + i] = p, p + 1, blocks[p // bs] * bs + p % bs
         for name, values in (("step_pos", pos), ("step_slots", slots), ("step_lens", lens)):
             host[name].reshape(-1)[:] = values
-        return super().run_padded(size, tokens, starts, tables, on_device=on_device, prev_tokens=prev_tokens)
+        out = super().run_padded(size, tokens, starts, tables, on_device=on_device, prev_tokens=prev_tokens)
+        self._mark_read()
+        return out
 
     def run_chained(self, size: int, best: torch.Tensor, drafts: torch.Tensor, bases: Sequence[int],
                     vrows: Sequence[Sequence[int]], drows: Sequence[Sequence[int]],
@@ -108,6 +125,7 @@ class DraftLoopGraphs(DecodeGraphs):
         ``best[vrows[i]]`` and its k drafts ``drafts[drows[i]]``. The draft's cache holds its tokens up to the base and its drafts but the last;
         the first step computes the target's token after the accepted drafts (behind the last
         draft when all were accepted). Returns the whole output, as ``run_padded``."""
+        self._await_turn()
         host = self._next_host(size)
         n, mb = len(bases), self.max_blocks
         tab = host["tables"]
@@ -127,6 +145,7 @@ class DraftLoopGraphs(DecodeGraphs):
         self._chains[size][0]()
         replay, out = self._replays[size]
         replay()
+        self._mark_read()
         return out
 
     def _chain_inputs(self, size: int) -> torch.Tensor:

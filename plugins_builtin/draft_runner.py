@@ -322,7 +322,7 @@ class DraftRunner:
         self.chained = prev = None
         if self.loop is None or self.loop.steps != k or not verified:
             return
-        bases, vrows, drows, tables, rows = [], [], [], [], {}
+        bases, vrows, drows, rows = [], [], [], {}
         for i, (req, drafts, at) in enumerate(verified):
             seq, base = self.seqs.get(req.request_id), len(req.all_token_ids)
             if seq is None or seq.pending is None or req.draft is None or len(drafts) != k:
@@ -330,15 +330,17 @@ class DraftRunner:
             rnd, row = seq.pending
             prev = prev or rnd
             if (rnd is not prev or rnd.source is None or req.draft.source is not rnd.source or len(seq.tokens) != base
-                    or list(drafts) != [-(row * k + j + 1) for j in range(k)] or not self._reserve(seq, base + 2 * k)):
+                    or list(drafts) != [-(row * k + j + 1) for j in range(k)]):
                 return
             bases.append(base)
             vrows.append(list(range(at, at + k + 1)))
             drows.append(list(range(row * k, row * k + k)))
-            tables.append([b.block_id for b in seq.blocks])
             rows[req.request_id] = (i, seq, base, at, row)
-        if (size := self.loop_size(len(verified), max(bases) + k + 1, k)) is None:
+        seqs = [(seq, base) for _, seq, base, _, _ in rows.values()]  # (reserved once every check has passed)
+        if (size := self.loop_size(len(verified), max(bases) + k + 1, k)) is None or not all(
+                self._reserve(seq, base + 2 * k) for seq, base in seqs):
             return
+        tables = [[b.block_id for b in seq.blocks] for seq, _ in seqs]
         out = self.loop.run_chained(size, best, prev.source.tokens, bases, vrows, drows, tables)[:len(verified)]
         self.chained = ChainedRound(LoopRound(out, lazy=True), prev, best_host, rows)
 

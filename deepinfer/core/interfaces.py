@@ -292,8 +292,10 @@ class Drafter(Plugin, ABC):
     def on_verified(self, verified: Sequence[tuple[Request, Sequence[int], int]], best: torch.Tensor,
                     best_host: HostCopy) -> None:
         """On a device that runs queued work asynchronously, right after a step's greedy
-        verifications are queued and before the host reads them: per request, (the request, its
-        verified drafts as the step fed them, its first row in ``best``); ``best`` holds the
+        verifications are queued and before the host reads them (what the step reads from the
+        device afterwards, other rows' samples and logprobs, waits for that work too): per
+        request, (the request, its verified drafts as the step fed them, its first row in
+        ``best``); ``best`` holds the
         target's argmax of each verified row (its k drafts and the token after them), still on
         the device, and ``best_host`` its copy to the host. A drafter may queue its next round's
         device work from them (so the device need not wait for the host in between); what it

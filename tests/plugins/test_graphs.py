@@ -233,6 +233,7 @@ def draft_both(model_dir: str, graphs_factory, drafter: str = "draft-model", loo
     run, run_padded, propose, catch_up = (DecodeGraphs.run, DecodeGraphs.run_padded, DraftRunner.propose,
                                           DraftRunner._catch_up)
     take_chained, chained = DraftRunner._take_chained, Counter()  # rounds queued behind a verification: taken or not
+    chained_accepted: Counter[int] = Counter()  # in the rounds taken, each request's drafts accepted before them
     run_chained = DraftLoopGraphs.run_chained
     catching_up = [False]  # the draft's first-step graphs replayed in chunks of a catch-up
     spark, joined = [None], [0]  # the run's drafter; requests with lookups fed to the draft model
@@ -272,9 +273,11 @@ def draft_both(model_dir: str, graphs_factory, drafter: str = "draft-model", loo
         replayed["loop"][size] += 1
         return run_chained(self, size, *args, **kwargs)
 
-    def taking(self, *args, **kwargs):
-        drafts = take_chained(self, *args, **kwargs)
+    def taking(self, chain, requests, *args, **kwargs):
+        drafts = take_chained(self, chain, requests, *args, **kwargs)
         chained[drafts is not None] += 1
+        for r in requests if drafts is not None else ():  # (rows: (row, seq, length before, ...))
+            chained_accepted[len(r.all_token_ids) - chain.rows[r.request_id][2] - 1] += 1
         return drafts
 
     def chunked(self, *args, **kwargs):
@@ -299,6 +302,7 @@ def draft_both(model_dir: str, graphs_factory, drafter: str = "draft-model", loo
                 c.clear()
             proposals.clear()
             chained.clear()
+            chained_accepted.clear()
             joined[0] = 0
             llm = LLM(model_dir, plugins=["triton", drafter], progress=False, enforce_eager=True,
                       plugin_options={**triton, drafter: {"model": draft_dir, **extra}}, **engine)
@@ -324,6 +328,7 @@ def draft_both(model_dir: str, graphs_factory, drafter: str = "draft-model", loo
                          "replayed": {kind: {str(k): v for k, v in c.items()} for kind, c in replayed.items()},
                          "accepted": llm.get_metrics()["deepinfer:spec_decode_num_accepted_tokens"],
                          "chained": {str(k): v for k, v in chained.items()},
+                         "chained_accepted": {str(k): v for k, v in chained_accepted.items()},
                          "accepted_at": [llm.get_metrics().get(f"deepinfer:spec_decode_num_accepted_tokens_pos_{i}", 0)
                                          for i in range(d.max_draft_tokens)] if (d := llm.engine.drafter) else [],
                          "flags_wrong": flags_wrong[:], "routing_wrong": routing_wrong[:], "joined": joined[0],
@@ -367,15 +372,16 @@ def check_draft_graphs(got: dict, drafter: str, loop: bool) -> None:
     assert got["eager"]["lazy"] == 0
     assert (got["graphs"]["lazy"] > 0) == (loop and drafter == "draft-model")
     # those rounds are chained behind their verifications: the next proposal takes most (not the
-    # rounds after a request joins or finishes); eager steps chain none
-    assert got["eager"]["chained"] == {}
+    # rounds after a request joins); others chain none
     taken = got["graphs"]["chained"]
     assert (taken.get("True", 0) > taken.get("False", 0)) == (got["graphs"]["lazy"] > 0), taken
     accepted_at = got["graphs"]["accepted_at"]
     assert accepted_at == got["eager"]["accepted_at"]
-    if near:  # rounds that accept some drafts and not all; a chained round dropped
+    if near:  # rounds that accept some drafts and not all, chained rounds taken after them
         assert 0 < accepted_at[0] and accepted_at[-1] < accepted_at[0], accepted_at
-        assert taken.get("False", 0) > 0, taken
+        assert any(0 < int(a) < 5 for a in got["graphs"]["chained_accepted"]), got["graphs"]["chained_accepted"]
+    elif got["graphs"]["lazy"]:  # the draft is the target: every draft accepted
+        assert set(got["graphs"]["chained_accepted"]) == {"5"}, got["graphs"]["chained_accepted"]
     assert got["graphs"]["tokens"] == got["eager"]["tokens"] == got["reference"]
     replayed = got["graphs"]["replayed"]
     # draft steps after a round's first are one token per sequence: replays of 4 (3 padded to 4;
