@@ -15,6 +15,7 @@ from deepinfer.plugins import (
     EngineContext,
     HostCopy,
     Request,
+    accept_greedy,
     build_step_batch,
     filter_logits,
 )
@@ -357,13 +358,10 @@ class DraftRunner:
             row, seq, base, at, prev_row = entry
             if self.seqs.get(req.request_id) is not seq or seq.pending is None or seq.pending[0] is not chained.prev:
                 return None
-            drafts, target, toks = chained.prev.tokens(prev_row), best[at:at + k + 1], req.all_token_ids
-            a = 0
-            while a < k and drafts[a] == target[a]:
-                a += 1
-            if len(toks) != base + a + 1 or toks[base:] != drafts[:a] + [target[a]]:
+            gave = accept_greedy(chained.prev.tokens(prev_row), best[at:at + k + 1])  # (the verification's rule)
+            if req.all_token_ids[base:] != gave:
                 return None
-            live.append((req, seq, base + min(a, k - 1)))
+            live.append((req, seq, base + min(len(gave) - 1, k - 1)))
             rows.append(row)
         for req, seq, start in live:  # the chained round's first step fed the tokens from start on
             seq.settle()

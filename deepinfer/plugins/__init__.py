@@ -29,6 +29,7 @@ from deepinfer.core.model_runner import build_step_batch
 from deepinfer.core.request import PLACEHOLDER_TOKEN, Request, RequestStatus
 from deepinfer.core.sampler import filter_logits
 from deepinfer.core.sampling_params import SamplingParams
+from deepinfer.core.spec import accept_greedy
 from deepinfer.core.step import KVGroupBatch, StepBatch
 from deepinfer.plugins.discovery import PluginError, PluginInfo, discover, load
 from deepinfer.plugins.groups import SLOTS, Slot
@@ -68,6 +69,7 @@ __all__ = [
     "SlidingKV",
     "Slot",
     "StepBatch",
+    "accept_greedy",
     "build_step_batch",
     "discover",
     "filter_logits",
