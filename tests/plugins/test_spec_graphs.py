@@ -41,11 +41,14 @@ def test_cuda_graphs_of_speculative_steps_give_the_eager_drafts_and_tokens(tmp_p
     from deepinfer_builtin.cuda import CUDAGraphs
     from tests.tiny_models import hybrid, make_model
 
-    make_model(tmp_path, "qwen3", **hybrid(12))
-    for drafter, loop in (("draft-model", True), ("draft-model", False), ("deepspark+lookup", True)):
+    target = make_model(tmp_path, "qwen3", **hybrid(12))
+    near_draft(target, tmp_path / "near")
+    for drafter, loop in (("draft-model", True), ("draft-model", False), ("deepspark+lookup", True),
+                          ("draft-model+near", True)):
+        seqs = {"max_num_seqs": 3} if drafter.endswith("+near") else {}  # (as in _main_draft)
         check_draft_graphs(draft_both(str(tmp_path), lambda: CUDAGraphs(torch.device("cuda")), drafter, loop=loop,
                                       device="sm90", dtype="float32", block_size=4, num_kv_blocks=96,
-                                      max_model_len=96), drafter, loop)
+                                      max_model_len=96, **seqs), drafter, loop)
 
 
 def draft_both(model_dir: str, graphs_factory, drafter: str = "draft-model", loop: bool = True, **engine) -> dict:
