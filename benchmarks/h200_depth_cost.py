@@ -1,13 +1,15 @@
 """What a speculative round's device work costs by its depth k, on the demo pair: the device time of
-one replay of the target's verification graph (k + 1 rows a sequence), of the draft's loop graph (k
-steps) and of the target's one-token decode graph, at each batch size given (CUDA events around
-replays of the captured graphs, after a short generate: no host work in the figures).
+each replay of the target's verification graphs (k + 1 rows a sequence), of the draft's loop graph
+(k steps) and of the target's one-token decode graphs ("none": no drafter), during a greedy
+generate at each batch size given (CUDA events recorded around every replay: no host work in the
+figures). Median microseconds a replay, by kind and captured size.
 
-    python3 benchmarks/h200_depth_cost.py [--ks 2,3,4,5,6] [--batches 1,64]
+    python3 benchmarks/h200_depth_cost.py [--ks 2,3,4,5,6] [--batches 1,64] [--output-len 64]
 """
 from __future__ import annotations
 
 import argparse
+import collections
 import gc
 import statistics
 
@@ -18,48 +20,53 @@ from deepinfer.core.sampling_params import SamplingParams
 from deepinfer.llm import LLM
 
 
-def replay_us(replay, trials: int = 30, reps: int = 20) -> float:
-    """Median device microseconds of one replay (``reps`` back to back between two events)."""
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(trials):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(reps):
+def time_replays(graphs, kind: str, events: dict) -> None:
+    """Record a pair of CUDA events around every replay of ``graphs``' captured sizes."""
+    for size, (replay, out) in list(graphs._replays.items()):
+        def timed(replay=replay, key=(kind, size)):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
             replay()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) * 1000 / reps)
-    return statistics.median(times)
-
-
-def graph_at(graphs, batch: int):
-    """The replay of the smallest captured size that holds ``batch`` sequences, and that size."""
-    size = min(s for s in graphs.sizes if s >= batch)
-    return graphs._replays[size][0], size
+            b.record()
+            events[key].append((a, b))
+        graphs._replays[size] = (timed, out)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ks", default="2,3,4,5,6")
     ap.add_argument("--batches", default="1,64")
+    ap.add_argument("--output-len", type=int, default=64)
     a = ap.parse_args()
-    batches = [int(b) for b in a.batches.split(",")]
-    print(f"{'k':>2s} {'batch':>5s} {'verify us':>10s} {'loop us':>8s} {'decode us':>10s}")
-    for k in (int(x) for x in a.ks.split(",")):
-        llm = LLM(None, progress=False, device="sm90", plugins=["draft-model"], kv_cache_memory_gb=2,
-                  plugin_options={"draft-model": {"num_speculative_tokens": k}})
-        prompts = [{"prompt_token_ids": p} for p in stdlib_prompts(llm.get_tokenizer(), max(batches), 64)]
-        llm.generate(prompts, SamplingParams(temperature=0, max_tokens=32, ignore_eos=True), use_tqdm=False)
-        runner, draft = llm.engine.runner, llm.engine.drafter.runner
-        verify = runner.verify_graphs_multi or runner.verify_graphs
-        for b in batches:
-            v, size = graph_at(verify, b)
-            loop, loop_size = graph_at(draft.loop, b)
-            dec, _ = graph_at(runner.graphs, b)
-            print(f"{k:2d} {b:5d} {replay_us(v):10.1f} {replay_us(loop):8.1f} {replay_us(dec):10.1f}"
-                  f"   (captured sizes {size}, loop {loop_size})", flush=True)
-        del llm, runner, draft, verify
+    print(f"{'k':>4s} {'batch':>5s}  median device us a replay (captured size: replays)")
+    for k in ["none"] + [int(x) for x in a.ks.split(",")]:
+        opts = {} if k == "none" else {"draft-model": {"num_speculative_tokens": k}}
+        llm = LLM(None, progress=False, device="sm90", plugins=[] if k == "none" else ["draft-model"],
+                  kv_cache_memory_gb=2, plugin_options=opts)
+        tok = llm.get_tokenizer()
+        params = SamplingParams(temperature=0, max_tokens=a.output_len, ignore_eos=True)
+        runner = llm.engine.runner
+        for b in (int(x) for x in a.batches.split(",")):
+            prompts = [{"prompt_token_ids": p} for p in stdlib_prompts(tok, b, 64)]
+            llm.generate(prompts, params, use_tqdm=False)  # warm-up (and the draft's compiles)
+            events: dict = collections.defaultdict(list)
+            saved = []
+            for kind, g in (("decode", runner.graphs), ("verify", runner.verify_graphs),
+                            ("verify-multi", runner.verify_graphs_multi),
+                            ("loop", None if k == "none" else llm.engine.drafter.runner.loop)):
+                if g is not None:
+                    saved.append((g, dict(g._replays)))
+                    time_replays(g, kind, events)
+            llm.generate(prompts, params, use_tqdm=False)
+            torch.cuda.synchronize()
+            for g, replays in saved:
+                g._replays = replays
+            parts = []
+            for (kind, size), pairs in sorted(events.items()):
+                us = statistics.median(x.elapsed_time(y) * 1000 for x, y in pairs)
+                parts.append(f"{kind}@{size} {us:7.1f} ({len(pairs)})")
+            print(f"{k!s:>4s} {b:5d}  " + "  ".join(parts), flush=True)
+        del llm, runner
         gc.collect()
         torch.cuda.empty_cache()
 

@@ -24,3 +24,12 @@ if [ "${1:-a}" = b ]; then
     'draft-model={"num_speculative_tokens": 4}' 'draft-model={"num_speculative_tokens": 6}' on \
     --runs 7 2>&1 | filter > "$OUT/rounds64.txt"
 fi
+if [ "${1:-a}" = c ]; then
+  # the device work of a round by depth, from events around every replay of a generate (call b
+  # replayed the graphs on stale inputs: a gather out of bounds); the host's time by function at 64
+  # requests, draft-model and deepspark (deepspark's rounds took 3,480 against 2,911 us in call b)
+  timeout 240 python3 benchmarks/h200_depth_cost.py 2>&1 | filter > "$OUT/depth_cost.txt"
+  for d in draft-model deepspark; do
+    timeout 100 python3 benchmarks/h200_host_parts.py --drafter $d --batch 64 --prompts 128 2>&1 | filter >> "$OUT/parts64.txt"
+  done
+fi
