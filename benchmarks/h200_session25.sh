@@ -33,3 +33,23 @@ if [ "${1:-a}" = c ]; then
     timeout 100 python3 benchmarks/h200_host_parts.py --drafter $d --batch 64 --prompts 128 2>&1 | filter >> "$OUT/parts64.txt"
   done
 fi
+if [ "${1:-a}" = d ]; then
+  # deepspark learns from a sample of 16 requests a round (learn_per_round): the gpu-marked tests of
+  # the plugins and the core; 64 requests interleaved, 9 runs; issue 8's recorded command
+  timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/plugins tests/core > "$OUT/gpu_tests.txt" 2>&1
+  timeout 150 python3 benchmarks/lookup_rounds.py --device sm90 --batch 64 --prompts 64 none draft-model on \
+    'on={"learn_per_round": 256}' --runs 9 2>&1 | filter > "$OUT/rounds64.txt"
+  timeout 240 python3 -m deepinfer.cli bench spec --device sm90 --batch 1,64 --output-len 256 --repeats 5 \
+    2>&1 | filter > "$OUT/spec.txt"
+fi
+if [ "${1:-a}" = e ]; then
+  # the final code (the chain's rows laid out by numpy from each sequence's first row; learn_per_round):
+  # the gpu-marked tests of the plugins and the core, the chained inputs' kernel test compiled; 64
+  # requests interleaved, 9 runs; issue 8's recorded command
+  timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/plugins tests/core > "$OUT/gpu_tests.txt" 2>&1
+  timeout 60 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_chain_inputs.py >> "$OUT/gpu_tests.txt" 2>&1
+  timeout 120 python3 benchmarks/lookup_rounds.py --device sm90 --batch 64 --prompts 64 none draft-model on \
+    --runs 9 2>&1 | filter > "$OUT/rounds64.txt"
+  timeout 240 python3 -m deepinfer.cli bench spec --device sm90 --batch 1,64 --output-len 256 --repeats 5 \
+    2>&1 | filter > "$OUT/spec.txt"
+fi

@@ -4,7 +4,8 @@ are sent to the target.
 Rule. For draft position i of a request the drafter knows the draft's own probability c_i of the
 token it proposed. An online table, indexed by (confidence bucket of c_i, position i), estimates the
 chance a_i that the target accepts such a draft; it starts from the bucket's midpoint (a prior worth
-``prior_strength`` observations) and learns from every verification. Draft j can only be accepted
+``prior_strength`` observations) and learns from the verifications (of at most about
+``learn_per_round`` requests a round, in turn: a sample keeps it current). Draft j can only be accepted
 if drafts 1..j all are, so verifying it is worth P_j = a_1 * ... * a_j expected accepted tokens for
 one verified token. A request verifies its leading drafts while P_j >= ``min_value``. With a
 per-step ``verify_budget`` (tokens), the budget goes to the (request, j) pairs of highest P_j across
@@ -42,25 +43,16 @@ says which rounds are samples). Now and then four rounds of the other kind run (
 round's kind is chosen then (``on_verified``), so that a plain round leaves no chained round unused.
 This is vLLM's disabling of speculation by batch size, measured instead of set.
 
-Lookup first (``lookup``, on by default). Where a request's context holds
-an earlier occurrence of its last n tokens (lookup_min_n <= n <= lookup_max_n, the longest and
-latest, as the ngram drafter finds it), the k tokens that followed it are a draft that costs
-nothing to make. A second table, indexed by (n, position) and learnt from the verifications the
-same way, gives their P_j, and the leading drafts with P_j at or above the threshold would be
-verified. A round takes the lookup's drafts for every request, and the draft model does not run,
-when every request has such drafts and rounds of lookups are measured to give tokens faster than
-the draft model's: 1 plus their expected accepted (the sum of those P_j, a mean over the batch)
-over a lookup round's time to the next proposal, against 1 plus what the draft model's verified
-drafts have gained a request (a moving average) over a model round's. Otherwise the requests whose
-lookup is expected to gain at least as many tokens as the model's drafts take it, and the draft
-model drafts for the rest. The draft model's KV catches up with the tokens it skipped in the
-request's next round it drafts (lookup.py); where the loop graph (below) drafts such a mixed round,
-the lookups' requests join it, their drafts unused, so that a streak of mixed rounds never leaves
-a long catch-up (which runs eagerly). Only rounds of fewer than ``lookup_max_batch`` requests look
-up (by default rounds of one): in larger batches, rounds that mix lookups and the model's drafts,
-and the search for every request, cost more than they save (on an H200, benchmarks.md). Where the
-engine chains rounds behind verifications (``chain_rounds``, device graphs), the lookup is off: a
-round of lookups leaves nothing to chain from (H200, batch 1: 0.94x of lookup off).
+Lookup first (``lookup``, on by default; docs/plugins.md has the details). Where a request's
+context holds an earlier occurrence of its last n tokens (lookup_min_n <= n <= lookup_max_n, as the
+ngram drafter finds it), the k tokens that followed it are a free draft, whose P_j a second table
+(by n and position) gives. A round takes every request's lookup, and the draft model does not run,
+while such rounds are measured to give tokens faster than the model's; otherwise the requests whose
+lookup is expected to gain at least what the model's drafts do take it (lookup.py), and in the loop
+graph they join the model's round, drafts unused, so that the draft never falls far behind. Only
+rounds of fewer than ``lookup_max_batch`` requests look up (mixed rounds of larger batches cost more
+than they save on an H200), and not where rounds chain behind verifications (``chain_rounds``): a
+round of lookups leaves nothing to chain from.
 
 Drafting in one graph (``loop_graph``, on by default). With device graphs, a greedy round's k draft
 steps replay from one graph, so the round costs one launch and one copy to the host whatever its
@@ -125,6 +117,9 @@ class DeepSparkOptions(DraftModelOptions):
                                                        "search for every request cost more than they save)")
     lookup_max_n: int = Field(4, ge=1, description="with lookup: the longest suffix looked up")
     lookup_min_n: int = Field(2, ge=1, description="with lookup: the shortest suffix looked up")
+    learn_per_round: int = Field(16, ge=1, description="the acceptance tables learn from about this many requests' "
+                                                       "verifications a round at most, in turn (the others' would "
+                                                       "cost host time and sharpen nothing)")
     buckets: int = Field(10, ge=1, le=100)
     prior_strength: float = Field(4.0, gt=0.0)
 
@@ -159,6 +154,8 @@ class DeepSparkDrafter(DraftModelDrafter):
 
     name = "deepspark"
     Options = DeepSparkOptions
+    # the round's requests learnt from: every ``_stride``-th observed, from the ``_turn``-th on
+    _stride, _turn, _seen = 1, 0, 0
 
     def __init__(self, options: DeepSparkOptions, ctx) -> None:
         super().__init__(options, ctx)
@@ -326,6 +323,8 @@ class DeepSparkDrafter(DraftModelDrafter):
 
     def _draft(self, requests: list[Request], start: float) -> dict[str, DraftProposal]:
         go_on = self.worth_going_on if self.options.early_stop else None
+        self._stride = -(-len(requests) // self.options.learn_per_round)
+        self._turn, self._seen = (self._turn + 1) % self._stride, 0
         if self._ended is not None:
             self.costs.update("rest", start - self._ended)
         looked_up = {}
@@ -379,7 +378,8 @@ class DeepSparkDrafter(DraftModelDrafter):
         if r is not None:
             r.tokens += num_accepted
         buckets = self._buckets.pop(request.request_id, None)
-        if buckets is None:
+        self._seen += 1
+        if buckets is None or (self._seen + self._turn) % self._stride:
             return
         # a_i is the chance draft i passes once drafts 1..i-1 have: the drafts after the first
         # rejected one were never put to that test, so they teach nothing

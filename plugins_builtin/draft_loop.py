@@ -5,6 +5,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+import numpy as np
 import torch
 
 from deepinfer.plugins import DecodeGraphs, DeviceTokens, HostCopy
@@ -117,12 +118,12 @@ class DraftLoopGraphs(DecodeGraphs):
         return out
 
     def run_chained(self, size: int, best: torch.Tensor, drafts: torch.Tensor, bases: Sequence[int],
-                    vrows: Sequence[Sequence[int]], drows: Sequence[Sequence[int]],
-                    tables: Sequence[Sequence[int]]) -> torch.Tensor:
+                    vstarts: Sequence[int], dstarts: Sequence[int], tables: Sequence[Sequence[int]]) -> torch.Tensor:
         """The round after a greedy verification whose target tokens (each verified row's argmax)
         are ``best`` and whose drafts were ``drafts``, both still on the device: sequence i had
         ``bases[i]`` tokens before the verified ones, its k + 1 target tokens are
-        ``best[vrows[i]]`` and its k drafts ``drafts[drows[i]]``. The draft's cache holds its tokens up to the base and its drafts but the last;
+        ``best[vstarts[i]:vstarts[i] + k + 1]`` and its k drafts ``drafts[dstarts[i]:dstarts[i] + k]``
+        (``vrows`` and ``drows`` of the inputs). The draft's cache holds its tokens up to the base and its drafts but the last;
         the first step computes the target's token after the accepted drafts (behind the last
         draft when all were accepted). Returns the whole output, as ``run_padded``."""
         self._await_turn()
@@ -135,10 +136,11 @@ class DraftLoopGraphs(DecodeGraphs):
             tab[i, :nb] = blocks[:nb]
         host["base"][:] = -1  # padding
         host["base"][:n] = bases
+        k = self.steps
         host["vrows"][:] = 0
-        host["vrows"][:n] = vrows
+        host["vrows"][:n] = np.asarray(vstarts)[:, None] + np.arange(k + 1)
         host["drows"][:] = 0
-        host["drows"][:n] = drows
+        host["drows"][:n] = np.asarray(dstarts)[:, None] + np.arange(k)
         self._best[:best.numel()].copy_(best)
         self._drafts[:drafts.numel()].copy_(drafts)
         self.inputs.upload(self._filled, size)

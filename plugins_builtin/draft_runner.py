@@ -323,26 +323,28 @@ class DraftRunner:
         self.chained = prev = None
         if self.loop is None or self.loop.steps != k or not verified:
             return
-        bases, vrows, drows, rows = [], [], [], {}
+        bases, vstarts, dstarts, rows = [], [], [], {}
         for i, (req, drafts, at) in enumerate(verified):
             seq, base = self.seqs.get(req.request_id), len(req.all_token_ids)
             if seq is None or seq.pending is None or req.draft is None or len(drafts) != k:
                 return
             rnd, row = seq.pending
             prev = prev or rnd
+            # the drafts verified are this row's placeholders (-(row k + 1) to -(row k + k), laid out
+            # whole by _drafts: the first and the last name them)
             if (rnd is not prev or rnd.source is None or req.draft.source is not rnd.source or len(seq.tokens) != base
-                    or list(drafts) != [-(row * k + j + 1) for j in range(k)]):
+                    or drafts[0] != -(row * k + 1) or drafts[-1] != -(row * k + k)):
                 return
             bases.append(base)
-            vrows.append(list(range(at, at + k + 1)))
-            drows.append(list(range(row * k, row * k + k)))
+            vstarts.append(at)
+            dstarts.append(row * k)
             rows[req.request_id] = (i, seq, base, at, row)
         seqs = [(seq, base) for _, seq, base, _, _ in rows.values()]  # (reserved once every check has passed)
         if (size := self.loop_size(len(verified), max(bases) + k + 1, k)) is None or not all(
                 self._reserve(seq, base + 2 * k) for seq, base in seqs):
             return
         tables = [[b.block_id for b in seq.blocks] for seq, _ in seqs]
-        out = self.loop.run_chained(size, best, prev.source.tokens, bases, vrows, drows, tables)[:len(verified)]
+        out = self.loop.run_chained(size, best, prev.source.tokens, bases, vstarts, dstarts, tables)[:len(verified)]
         self.chained = ChainedRound(LoopRound(out, lazy=True), prev, best_host, rows)
 
     def _take_chained(self, chained: ChainedRound, requests: list[Request], k: int,

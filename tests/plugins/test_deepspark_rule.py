@@ -134,6 +134,32 @@ def test_deepspark_verifying_everything_skips_the_chains_and_learns_the_same():
                                 [(1, 0, 5.0, 1.6), (4, 1, 5.0, 1.8), (7, 1, 5.0, 3.0), (9, 0, 5.0, 4.8)])
 
 
+def test_deepspark_learns_from_a_sample_of_a_large_rounds_requests_in_turn():
+    """With ``learn_per_round`` 4, rounds of 10 requests learn from every third one reported,
+    starting one further each round: over three rounds, each request's verification once."""
+    from collections import Counter
+    from types import SimpleNamespace
+
+    from deepinfer_builtin.draft_runner import Draft
+
+    d = _timed_deepspark(step_seconds=0.001, rest_seconds=0.010)
+    d.options = d.options.model_copy(update={"learn_per_round": 4})
+    d.free_verification, d._ended, d._buckets, d.k = True, None, {}, 5
+    reqs = [SimpleNamespace(request_id=str(i)) for i in range(10)]
+    drafts = {r.request_id: Draft([1, 2], None, [0.5, 0.5]) for r in reqs}
+    d.runner = SimpleNamespace(loop=object(), propose=lambda requests, k, *a, whole_rounds, lazy: dict(drafts))
+    learnt, per_round = Counter(), []
+    for _ in range(3):
+        props, before = d.propose(reqs), d.table.trials[0][0]
+        for r in reqs:
+            trials = d.table.trials[0][0]
+            d.observe(r, props[r.request_id].num_verify, 1)
+            learnt[r.request_id] += d.table.trials[0][0] - trials
+        per_round.append(d.table.trials[0][0] - before)
+        assert d._buckets == {}  # every request's drafts let go, learnt from or not
+    assert dict(learnt) == dict.fromkeys(drafts, 1) and sorted(per_round) == [3, 3, 4]
+
+
 T, F = True, False
 
 
