@@ -154,7 +154,7 @@ class DeepSparkDrafter(DraftModelDrafter):
 
     name = "deepspark"
     Options = DeepSparkOptions
-    # the round's requests learnt from: every ``_stride``-th observed, from the ``_turn``-th on
+    # the round's requests learnt from: every ``_stride``-th reported, from the ``_turn``-th (from 0) on
     _stride, _turn, _seen = 1, 0, 0
 
     def __init__(self, options: DeepSparkOptions, ctx) -> None:
@@ -323,7 +323,7 @@ class DeepSparkDrafter(DraftModelDrafter):
 
     def _draft(self, requests: list[Request], start: float) -> dict[str, DraftProposal]:
         go_on = self.worth_going_on if self.options.early_stop else None
-        self._stride = -(-len(requests) // self.options.learn_per_round)
+        self._stride = max(1, -(-len(requests) // self.options.learn_per_round))
         self._turn, self._seen = (self._turn + 1) % self._stride, 0
         if self._ended is not None:
             self.costs.update("rest", start - self._ended)
@@ -379,7 +379,7 @@ class DeepSparkDrafter(DraftModelDrafter):
             r.tokens += num_accepted
         buckets = self._buckets.pop(request.request_id, None)
         self._seen += 1
-        if buckets is None or (self._seen + self._turn) % self._stride:
+        if buckets is None or (self._seen - 1 - self._turn) % self._stride:
             return
         # a_i is the chance draft i passes once drafts 1..i-1 have: the drafts after the first
         # rejected one were never put to that test, so they teach nothing
