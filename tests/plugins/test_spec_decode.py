@@ -273,21 +273,29 @@ def test_drafts_with_the_prefix_cache_stay_lossless(demo_reference):
 
 def test_draft_dtype_follows_the_option_and_stays_lossless():
     """A bfloat16 target on the CPU gets a float32 draft by default (its single-token steps are faster
-    there), or the dtype asked for; the greedy tokens are the target's either way. The drafts do not
-    depend on timing here (cost_aware off): in bfloat16 a target step's logits vary in the last bit
-    with the step's composition, and other draft patterns flip a near-tie of these prompts (0.06 apart
-    in logprob, at the second prompt's 20th token). Float32 identity is tested above."""
+    there), or the dtype asked for; the greedy tokens are the target's either way, up to near-ties:
+    in bfloat16 a target step's logits vary in the last bit with the step's composition (a
+    verification's rows against one-token steps; by how much depends on the CPU's kernels), which
+    can flip a near-tie (one of these prompts has one 0.06 apart in logprob at its 20th token). So
+    where the tokens part from no drafter's, the target must rate both tokens there within 0.25 in
+    logprob. Float32 identity is tested above."""
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-    prompts = DEMO_PROMPTS[:2]
     base = LLM(progress=False, dtype="bfloat16")
-    want = [o.outputs[0].token_ids for o in base.generate(prompts, params, use_tqdm=False)]
+    ref = base.generate(DEMO_PROMPTS[:2], params, use_tqdm=False)
     for opts, dtype in (({}, torch.float32), ({"dtype": "bfloat16"}, torch.bfloat16)):
         llm = LLM(progress=False, dtype="bfloat16", plugins=["deepspark"],
                   plugin_options={"deepspark": {**opts, "cost_aware": False}})
         runner = llm.engine.drafter.runner
         assert runner.dtype == dtype and next(runner.model.parameters()).dtype == dtype
         assert all(c.dtype == dtype for c in runner.kv_caches)
-        assert [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)] == want
+        for want, got in zip(ref, llm.generate(DEMO_PROMPTS[:2], params, use_tqdm=False), strict=True):
+            w, g = want.outputs[0].token_ids, got.outputs[0].token_ids
+            if g != w:  # the first token that differs: a near-tie of the target's
+                d = next(i for i, (a, b) in enumerate(zip(w, g, strict=True)) if a != b)
+                probe = SamplingParams(temperature=0, max_tokens=1, logprobs=20)
+                lp = base.generate([{"prompt_token_ids": want.prompt_token_ids + w[:d]}], probe,
+                                   use_tqdm=False)[0].outputs[0].logprobs[0]
+                assert w[d] in lp and g[d] in lp and abs(lp[w[d]] - lp[g[d]]) < 0.25, (d, w[d], g[d], lp)
         assert llm.get_metrics()["deepinfer:spec_decode_num_accepted_tokens"] > 0
         _assert_pools_free(llm)
 
