@@ -329,15 +329,15 @@ class DraftRunner:
             if seq is None or seq.pending is None or req.draft is None or len(drafts) != k:
                 return
             rnd, row = seq.pending
-            prev = prev or rnd
-            # the drafts verified are this row's placeholders (-(row k + 1) to -(row k + k), laid out
-            # whole by _drafts: the first and the last name them)
+            prev, first = prev or rnd, row * k  # (the row's first draft in the round's output)
+            # the drafts verified are this row's placeholders, -(first + 1) to -(first + k), laid out
+            # whole by _drafts: the first and the last name them
             if (rnd is not prev or rnd.source is None or req.draft.source is not rnd.source or len(seq.tokens) != base
-                    or drafts[0] != -(row * k + 1) or drafts[-1] != -(row * k + k)):
+                    or drafts[0] != -(first + 1) or drafts[-1] != -(first + k)):
                 return
             bases.append(base)
             vstarts.append(at)
-            dstarts.append(row * k)
+            dstarts.append(first)
             rows[req.request_id] = (i, seq, base, at, row)
         seqs = [(seq, base) for _, seq, base, _, _ in rows.values()]  # (reserved once every check has passed)
         if (size := self.loop_size(len(verified), max(bases) + k + 1, k)) is None or not all(
