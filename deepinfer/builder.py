@@ -156,6 +156,8 @@ def build_engine(config: EngineConfig, progress: bool = True) -> LLMEngine:
     model = load_model(mcfg, registry, attention, dtype, device.torch_device, progress)
     if (ops := device.fused_ops()) is not None:
         model.use_fused_ops(ops)
+    if (linear_op := device.linear_op()) is not None:
+        model.use_linear_op(linear_op)
     ctx.layers = model.attention_layers()
 
     policies = [sel.classes[i.name](sel.options[i.name], ctx) for i in sel.all("cache_policy")]
@@ -170,6 +172,8 @@ def build_engine(config: EngineConfig, progress: bool = True) -> LLMEngine:
                             progress)
         if ops is not None:
             second.use_fused_ops(ops)
+        if linear_op is not None:
+            second.use_linear_op(linear_op)
         return second
 
     ctx.load_model = load_second_model

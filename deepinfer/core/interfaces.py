@@ -87,6 +87,12 @@ class Device(Plugin, ABC):
         the token embedding of steps of a single token."""
         return None
 
+    def linear_op(self) -> Callable[..., torch.Tensor] | None:
+        """The matmul the models' linear layers and LM heads should use here, as ``fn(x, weight,
+        bias=None)`` with ``F.linear``'s meaning and result dtype, or None (the default): torch's
+        ``F.linear``. For devices whose own matmul is slow for some dtype or shape."""
+        return None
+
     @property
     def supports_batch_invariance(self) -> bool:
         """Whether this device's kernels, as configured, give a sequence the same bits whatever it

@@ -21,6 +21,7 @@ class CausalLM(nn.Module, ABC):
         self.config = config
         self.attention = attention
         self.fused_ops: Any = None  # the device's fused kernels, if it offers them (use_fused_ops)
+        self.linear_op: Any = None  # the device's matmul for linear layers, if it offers one (use_linear_op)
 
     @abstractmethod
     def attention_layers(self) -> list[AttentionLayerSpec]: ...
@@ -40,6 +41,12 @@ class CausalLM(nn.Module, ABC):
         for module in self.modules():
             if hasattr(module, "fused_ops"):
                 module.fused_ops = ops
+
+    def use_linear_op(self, op: Any) -> None:
+        """Route the linear layers and the LM head through a device's matmul (``Device.linear_op``)."""
+        for module in self.modules():
+            if hasattr(module, "linear_op"):
+                module.linear_op = op
 
     def assign_kv_groups(self, groups: dict[int, int]) -> list[AttentionLayerSpec]:
         """Give layer i the KV group ``groups[i]`` (missing: 0); returns the new layer specs."""

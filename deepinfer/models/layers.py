@@ -1,7 +1,8 @@
-"""Building blocks shared by the model definitions: RMSNorm, rotary embedding, gated MLP."""
+"""Building blocks shared by the model definitions: RMSNorm, rotary embedding, linear layer, gated MLP."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -98,14 +99,25 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x * cos + rotated * sin
 
 
+class Linear(nn.Linear):
+    """``nn.Linear`` whose matmul a device may replace (``CausalLM.use_linear_op``)."""
+
+    linear_op: Callable[..., torch.Tensor] | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.linear_op is None:
+            return F.linear(x, self.weight, self.bias)
+        return self.linear_op(x, self.weight, self.bias)
+
+
 class GatedMLP(nn.Module):
     """SiLU(gate) * up -> down, with gate and up fused into one matmul."""
 
     def __init__(self, hidden: int, intermediate: int) -> None:
         super().__init__()
         self.intermediate = intermediate
-        self.gate_up_proj = nn.Linear(hidden, 2 * intermediate, bias=False)
-        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+        self.gate_up_proj = Linear(hidden, 2 * intermediate, bias=False)
+        self.down_proj = Linear(intermediate, hidden, bias=False)
         self.fused_ops: Any = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

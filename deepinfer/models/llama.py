@@ -12,7 +12,7 @@ from deepinfer.core.interfaces import AttentionBackend, AttentionLayerSpec
 from deepinfer.core.loader import WeightsError
 from deepinfer.core.model_config import ModelConfig
 from deepinfer.core.model_registry import CausalLM
-from deepinfer.models.layers import GatedMLP, RMSNorm, RotaryEmbedding
+from deepinfer.models.layers import GatedMLP, Linear, RMSNorm, RotaryEmbedding
 
 
 class Attention(nn.Module):
@@ -23,8 +23,8 @@ class Attention(nn.Module):
         self.spec = spec
         h, kv, d = spec.num_heads, spec.num_kv_heads, spec.head_dim
         self.q_size, self.kv_size = h * d, kv * d
-        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=bias)
-        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
+        self.qkv_proj = Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=bias)
+        self.o_proj = Linear(self.q_size, cfg.hidden_size, bias=False)
         self.q_norm = RMSNorm(d, cfg.rms_norm_eps) if qk_norm else None
         self.k_norm = RMSNorm(d, cfg.rms_norm_eps) if qk_norm else None
 
@@ -127,7 +127,7 @@ class LlamaForCausalLM(CausalLM):
             for i in range(config.num_hidden_layers)
         ]
         self.model = Decoder(config, specs, bias, self.qk_norm)
-        self.lm_head = None if config.tie_word_embeddings else nn.Linear(
+        self.lm_head = None if config.tie_word_embeddings else Linear(
             config.hidden_size, config.vocab_size, bias=False)
         self.rotary = RotaryEmbedding(config.head_dim, config.max_position_embeddings,
                                       config.rope_theta, config.rope_scaling)
@@ -156,7 +156,7 @@ class LlamaForCausalLM(CausalLM):
             # weights faster than the batched matmul (H200, Llama-3.2-1B's 128,256 x 2,048: about
             # 120 against 128 us)
             return gemv(hidden, weight, norm_weight=norm.weight, eps=norm.eps)
-        return F.linear(norm(hidden), weight)
+        return (F.linear if self.linear_op is None else self.linear_op)(norm(hidden), weight)
 
     def _shard_sizes(self, fused: str) -> list[int]:
         c = self.config
