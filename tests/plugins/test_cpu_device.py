@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import deepinfer_builtin.cpu as cpu
 from deepinfer import LLM, SamplingParams
+from deepinfer_builtin import cpu
 from tests.tiny_models import make_model
 
 
