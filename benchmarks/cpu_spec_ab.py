@@ -2,7 +2,8 @@
 
     python benchmarks/cpu_spec_ab.py '{}' '{"min_value": 0.25, "compile": false}'
 
-Each argument is one deepspark configuration (its plugin options, as JSON). All engines live in
+Each argument is one deepspark configuration (its plugin options, as JSON; a key "cpu" holds the
+cpu device's options for that engine instead). All engines live in
 one process and take turns prompt by prompt (the order rotating), so that a machine whose speed
 drifts by the minute (this project's CPU) slows them alike. Prints each engine's tokens/s and its
 ratio to no drafter, its drafts verified and accepted per draft step, and the medians of its
@@ -35,14 +36,17 @@ def _timed(obj, name: str, times: list[float]) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("configs", nargs="+", help="deepspark plugin options, one JSON object per engine")
+    ap.add_argument("--none-cpu", default="{}", help="the cpu device's options for no drafter (JSON)")
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=2, help="times through the prompts")
     ap.add_argument("--output-len", type=int, default=256)
     args = ap.parse_args()
-    engines = {"none": LLM(progress=False)}
+    engines = {"none": LLM(progress=False, plugin_options={"cpu": json.loads(args.none_cpu)})}
     for i, cfg in enumerate(args.configs):
+        options = json.loads(cfg)
+        cpu = options.pop("cpu", {})
         engines[f"deepspark {i}"] = LLM(progress=False, plugins=["deepspark"],
-                                        plugin_options={"deepspark": json.loads(cfg)})
+                                        plugin_options={"deepspark": options, "cpu": cpu})
     prompts = stdlib_prompts(engines["none"].get_tokenizer(), args.prompts, 64)
     params = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True)
     times: dict[tuple[str, str], list[float]] = collections.defaultdict(list)
