@@ -156,7 +156,7 @@ def build_engine(config: EngineConfig, progress: bool = True) -> LLMEngine:
     model = load_model(mcfg, registry, attention, dtype, device.torch_device, progress)
     if (ops := device.fused_ops()) is not None:
         model.use_fused_ops(ops)
-    if (linear_op := device.linear_op()) is not None:
+    if (linear_op := device.linear_op(dtype)) is not None:
         model.use_linear_op(linear_op)
     ctx.layers = model.attention_layers()
 
@@ -168,12 +168,12 @@ def build_engine(config: EngineConfig, progress: bool = True) -> LLMEngine:
     ctx.dtype = dtype
     ctx.new_attention = lambda: sel.classes[attn_name](sel.options[attn_name], ctx)
     def load_second_model(path: str, attn, model_dtype=None):
-        second = load_model(read_model_config(path), registry, attn, model_dtype or dtype, device.torch_device,
-                            progress)
+        second_dtype = model_dtype or dtype
+        second = load_model(read_model_config(path), registry, attn, second_dtype, device.torch_device, progress)
         if ops is not None:
             second.use_fused_ops(ops)
-        if linear_op is not None:
-            second.use_linear_op(linear_op)
+        if (second_op := device.linear_op(second_dtype)) is not None:
+            second.use_linear_op(second_op)
         return second
 
     ctx.load_model = load_second_model

@@ -1,5 +1,5 @@
-"""The `cpu` device: always present; the KV pool takes a share of free memory. On a CPU without
-bfloat16 dot-product instructions, bfloat16 linear layers of several rows compute in float32."""
+"""The `cpu` device: always present; the KV pool takes a share of free memory. On an AVX2 CPU
+without AVX-512, bfloat16 linear layers of several rows compute in float32."""
 from __future__ import annotations
 
 import functools
@@ -26,41 +26,44 @@ def _available_memory() -> int:
     return 8 << 30
 
 
-def native_bf16() -> bool:
-    """Whether this CPU has bfloat16 dot-product instructions (x86: AVX512-BF16 or AMX), for which
-    torch's bfloat16 matmul is fast; elsewhere (x86) it converts as it goes, at a cost per row."""
+def slow_bf16_matmul() -> bool:
+    """Whether torch's bfloat16 matmul converts as it goes here, at a cost per row: an x86 CPU with
+    AVX2 but no AVX-512 (so no AVX512-BF16 or AMX either), as measured on this project's AVX2 EPYC.
+    Elsewhere (AVX-512 machines, whose oneDNN has bfloat16 kernels; other architectures) torch's
+    matmul is left alone."""
     cpu = torch.cpu
-    if not getattr(cpu, "_is_avx2_supported", lambda: False)():
-        return True  # not x86, or an x86 too old to matter: leave torch's matmul alone
-    return cpu._is_avx512_bf16_supported() or cpu._is_amx_tile_supported()
+    return bool(getattr(cpu, "_is_avx2_supported", lambda: False)() and not cpu._is_avx512_supported())
 
 
 def widened_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
                    from_rows: int, chunk: int = WIDEN_CHUNK) -> torch.Tensor:
-    """``F.linear(x, weight, bias)``; for bfloat16 weights and at least ``from_rows`` rows of x,
-    computed in float32 (the weight widened a piece of about ``chunk`` elements at a time) and
-    rounded to x's dtype once. On an AVX2 CPU torch's bfloat16 matmul costs in proportion to its
-    rows (an 8192 x 384 weight: 0.5 ms for 1 row, 29 ms for 64), float32's far less (9 ms for 64,
-    widening included); for 1 row bfloat16, half the bytes, is the faster."""
+    """``F.linear(x, weight, bias)``; for bfloat16 x and weight and at least ``from_rows`` rows of
+    x, computed in float32 a piece of the weight (about ``chunk`` elements) at a time, each piece's
+    result rounded to bfloat16 once. On an AVX2 CPU torch's bfloat16 matmul costs in proportion to
+    its rows (an 8192 x 384 weight: 0.5 ms for 1 row, 29 ms for 64), float32's far less (9 ms for
+    64, widening included); for a few rows bfloat16, half the bytes, is the faster. Under
+    torch.compile it is F.linear (the pieces would unroll into the graph)."""
     rows = x.numel() // x.shape[-1]
-    if weight.dtype != torch.bfloat16 or rows < from_rows:
+    if (x.dtype != torch.bfloat16 or weight.dtype != torch.bfloat16 or rows < from_rows
+            or torch.compiler.is_compiling()):
         return F.linear(x, weight, bias)
     flat = x.reshape(rows, x.shape[-1]).float()
-    out = torch.empty(rows, weight.shape[0], dtype=torch.float32)
+    out = torch.empty(rows, weight.shape[0], dtype=x.dtype, device=x.device)
     step = max(1, chunk // weight.shape[1])
     for i in range(0, weight.shape[0], step):
-        torch.mm(flat, weight[i:i + step].float().t(), out=out[:, i:i + step])
-    if bias is not None:
-        out += bias
-    return out.to(x.dtype).reshape(*x.shape[:-1], weight.shape[0])
+        piece = torch.mm(flat, weight[i:i + step].float().t())
+        if bias is not None:
+            piece += bias[i:i + step]
+        out[:, i:i + step] = piece  # float32 only a piece at a time: no float32 copy of the output
+    return out.reshape(*x.shape[:-1], weight.shape[0])
 
 
 class CPUOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    bf16_float32_rows: int = Field(4, ge=0, description="on a CPU without bfloat16 dot-product "
-                                   "instructions (x86 without AVX512-BF16 or AMX), bfloat16 linear layers "
-                                   "of at least this many rows compute in float32; 0: never")
+    bf16_float32_rows: int = Field(4, ge=0, description="on an x86 CPU with AVX2 and no AVX-512 (where "
+                                   "torch's bfloat16 matmul costs in proportion to its rows), bfloat16 "
+                                   "linear layers of at least this many rows compute in float32; 0: never")
 
 
 class CPUDevice(Device):
@@ -85,9 +88,9 @@ class CPUDevice(Device):
         # small models need little (the demo model keeps ~260K tokens of bf16 KV in 1 GiB)
         return min(1 << 30, _available_memory() // 8)
 
-    def linear_op(self):
+    def linear_op(self, dtype: torch.dtype):
         rows = self.options.bf16_float32_rows
-        if rows == 0 or native_bf16():
+        if dtype != torch.bfloat16 or rows == 0 or not slow_bf16_matmul():
             return None
         return functools.partial(widened_linear, from_rows=rows)
 

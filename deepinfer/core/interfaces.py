@@ -87,10 +87,10 @@ class Device(Plugin, ABC):
         the token embedding of steps of a single token."""
         return None
 
-    def linear_op(self) -> Callable[..., torch.Tensor] | None:
-        """The matmul the models' linear layers and LM heads should use here, as ``fn(x, weight,
-        bias=None)`` with ``F.linear``'s meaning and result dtype, or None (the default): torch's
-        ``F.linear``. For devices whose own matmul is slow for some dtype or shape."""
+    def linear_op(self, dtype: torch.dtype) -> Callable[..., torch.Tensor] | None:
+        """The matmul the linear layers and LM head of a model of ``dtype`` should use here, as
+        ``fn(x, weight, bias=None)`` with ``F.linear``'s meaning and result, or None (the default):
+        torch's ``F.linear``. For devices whose own matmul is slow for some dtype or shape."""
         return None
 
     @property

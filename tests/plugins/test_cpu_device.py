@@ -1,4 +1,4 @@
-"""The `cpu` device's bfloat16 linear layers in float32 (CPUs without bfloat16 dot products)."""
+"""The `cpu` device's bfloat16 linear layers in float32 (AVX2 CPUs without AVX-512)."""
 from __future__ import annotations
 
 import pydantic
@@ -11,40 +11,57 @@ from deepinfer_builtin import cpu
 from tests.tiny_models import make_model
 
 
-def _exact(x, weight, bias):
-    out = x.double() @ weight.double().t()
-    return out if bias is None else out + bias.double()
+@pytest.fixture
+def mm_calls(monkeypatch):
+    """Shapes of the torch.mm calls made meanwhile (the float32 route's; F.linear does not call it)."""
+    calls = []
+    mm = torch.mm
+    monkeypatch.setattr(torch, "mm", lambda a, b, **kw: calls.append((a.shape, b.shape)) or mm(a, b, **kw))
+    return calls
 
 
-@pytest.mark.parametrize("rows", [3, 4, 9])
+@pytest.mark.parametrize("rows", [2, 4, 9])
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_widened_linear_is_the_exact_product_rounded_once(rows, with_bias):
+def test_widened_linear_is_the_exact_product_rounded_once(mm_calls, rows, with_bias):
     torch.manual_seed(rows)
-    # 70 output rows of 24: pieces of 5 rows (chunk 120 elements), the last one short
-    weight = torch.randn(70, 24).bfloat16()
-    bias = torch.randn(70).bfloat16() if with_bias else None
+    # 71 output rows of 24 in pieces of 5 rows (chunk 120 elements): 15 pieces, the last of 1 row
+    weight = torch.randn(71, 24).bfloat16()
+    bias = torch.randn(71).bfloat16() if with_bias else None
     x = torch.randn(2, rows, 24).bfloat16()
     out = cpu.widened_linear(x, weight, bias, from_rows=4, chunk=120)
-    assert out.shape == (2, rows, 70) and out.dtype == torch.bfloat16
-    # 2 x rows rows >= 4 in every case: computed in float32, so within one bfloat16 rounding
-    # (2^-8 relative) of the exact result, plus float32's accumulation error
-    exact = _exact(x, weight, bias)
+    assert out.shape == (2, rows, 71) and out.dtype == torch.bfloat16
+    # 2 x rows >= 4 rows: the float32 route, one matmul a piece, over all the rows at once
+    assert mm_calls == [((2 * rows, 24), (24, 5))] * 14 + [((2 * rows, 24), (24, 1))]
+    exact = x.double() @ weight.double().t()
+    if bias is not None:
+        exact += bias.double()
+    # within one bfloat16 rounding (2^-8 relative) of the exact result, plus float32's accumulation
     assert ((out.double() - exact).abs() <= exact.abs() * 2 ** -8 + 1e-4).all()
 
 
-def test_widened_linear_leaves_few_rows_and_other_dtypes_to_torch():
+def test_widened_linear_leaves_few_rows_other_dtypes_and_compiled_code_to_torch(mm_calls):
     torch.manual_seed(0)
     weight = torch.randn(40, 16).bfloat16()
     x = torch.randn(3, 16).bfloat16()
     assert torch.equal(cpu.widened_linear(x, weight, from_rows=4), F.linear(x, weight))
     w32, x32 = weight.float(), torch.randn(8, 16)
     assert torch.equal(cpu.widened_linear(x32, w32, from_rows=1), F.linear(x32, w32))
+    assert mm_calls == []
+    # a float32 x with a bfloat16 weight is refused as F.linear refuses it, whatever the rows
+    with pytest.raises(RuntimeError):
+        cpu.widened_linear(x32, weight, from_rows=1)
+    compiled = torch.compile(lambda a, w: cpu.widened_linear(a, w, from_rows=1, chunk=64), backend="eager",
+                             fullgraph=True)
+    assert torch.equal(compiled(x, weight), F.linear(x, weight))
 
 
-@pytest.mark.parametrize("native, rows, offered", [(False, 4, True), (False, 0, False), (True, 4, False)])
-def test_the_device_offers_it_only_without_native_bf16(monkeypatch, tmp_path, native, rows, offered):
-    monkeypatch.setattr(cpu, "native_bf16", lambda: native)
-    make_model(tmp_path, "llama", dtype=torch.bfloat16)
+@pytest.mark.parametrize("slow, rows, dtype, offered", [
+    (True, 4, torch.bfloat16, True), (True, 0, torch.bfloat16, False),
+    (True, 4, torch.float32, False), (False, 4, torch.bfloat16, False)])
+def test_the_device_offers_it_only_for_bf16_where_torchs_is_slow(monkeypatch, tmp_path, slow, rows, dtype,
+                                                                  offered):
+    monkeypatch.setattr(cpu, "slow_bf16_matmul", lambda: slow)
+    make_model(tmp_path, "llama", dtype=dtype)
     llm = LLM(str(tmp_path), progress=False, plugin_options={"cpu": {"bf16_float32_rows": rows}})
     model = llm.engine.runner.model
     linears = [m for m in model.modules() if hasattr(m, "linear_op")]
@@ -53,32 +70,41 @@ def test_the_device_offers_it_only_without_native_bf16(monkeypatch, tmp_path, na
     assert all((m.linear_op is not None) == offered for m in linears)
 
 
-def test_bf16_prompt_logprobs_through_float32_linears_match_transformers(monkeypatch, tmp_path):
-    monkeypatch.setattr(cpu, "native_bf16", lambda: False)
-    calls = []
-    widened = cpu.widened_linear
-    monkeypatch.setattr(cpu, "widened_linear", lambda *a, **k: calls.append(a[0].shape) or widened(*a, **k))
+def test_bf16_prompt_logprobs_through_float32_linears_match_transformers(monkeypatch, mm_calls, tmp_path):
+    monkeypatch.setattr(cpu, "slow_bf16_matmul", lambda: True)
     model = make_model(tmp_path, "llama", dtype=torch.bfloat16)
     llm = LLM(str(tmp_path), progress=False, plugin_options={"cpu": {"bf16_float32_rows": 1}})
     prompt = list(range(3, 40))
     out = llm.generate({"prompt_token_ids": prompt}, SamplingParams(max_tokens=4, prompt_logprobs=0),
                        use_tqdm=False)[0]
-    assert calls  # the prompt's and the decode steps' linears went through it
+    # every linear of the prompt's step and of the 3 decode steps (4 a layer and the LM head), each
+    # of one piece (the tiny model's weights are below the chunk); the prompt's logprobs add a call
+    assert len(mm_calls) >= 4 * (4 * model.config.num_hidden_layers + 1)
+    linears = [m for m in llm.engine.runner.model.modules() if hasattr(m, "linear_op") and hasattr(m, "weight")]
+    weights = {tuple(m.weight.t().shape) for m in linears}
+    assert len(linears) == 4 * model.config.num_hidden_layers + 1  # the LM head is untied here
+    assert {tuple(b) for _, b in mm_calls} == weights
     with torch.no_grad():
         ref = model.float()(torch.tensor([prompt])).logits[0].log_softmax(-1)
     errs = [abs(out.prompt_logprobs[i][prompt[i]] - ref[i - 1, prompt[i]].item()) for i in range(1, len(prompt))]
     assert max(errs) < 5e-2
 
 
+def test_a_bf16_draft_model_gets_it_too(monkeypatch, mm_calls):
+    monkeypatch.setattr(cpu, "slow_bf16_matmul", lambda: True)
+    # the demo pair; a bfloat16 target's draft runs in float32 on the CPU unless asked otherwise
+    llm = LLM(progress=False, plugins=["draft-model"], plugin_options={
+        "draft-model": {"dtype": "bfloat16", "compile": False}, "cpu": {"bf16_float32_rows": 1}})
+    draft = llm.engine.drafter.runner.model
+    assert draft is not llm.engine.runner.model and draft.model.embed_tokens.weight.dtype == torch.bfloat16
+    linears = [m for m in draft.modules() if hasattr(m, "linear_op")]
+    assert linears and all(m.linear_op is not None for m in linears)
+    llm.generate({"prompt_token_ids": list(range(5, 30))}, SamplingParams(max_tokens=8), use_tqdm=False)
+    hidden = draft.config.hidden_size
+    assert any(a[1] == hidden for a, _ in mm_calls)  # the draft's own matmuls went the float32 route
+
+
 def test_a_negative_row_threshold_is_refused(tmp_path):
     make_model(tmp_path, "llama", dtype=torch.bfloat16)
     with pytest.raises((ValueError, pydantic.ValidationError), match="bf16_float32_rows"):
         LLM(str(tmp_path), progress=False, plugin_options={"cpu": {"bf16_float32_rows": -1}})
-
-
-def test_a_draft_model_gets_it_too(monkeypatch):
-    monkeypatch.setattr(cpu, "native_bf16", lambda: False)
-    llm = LLM(progress=False, plugins=["draft-model"])  # the demo pair, bfloat16
-    draft = llm.engine.drafter.runner.model
-    assert draft is not llm.engine.runner.model
-    assert all(m.linear_op is not None for m in draft.modules() if hasattr(m, "linear_op"))
