@@ -1,15 +1,21 @@
 """The `cpu` device: always present; the KV pool takes a share of free memory. On an AVX2 CPU
-without AVX-512, bfloat16 linear layers of several rows compute in float32."""
+without AVX-512, bfloat16 linear layers go through deepinfer's AVX2 kernel (``cpu_bf16``) or, for
+many rows, compute in float32."""
 from __future__ import annotations
 
 import functools
+import logging
 import os
+import sys
 
 import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 
 from deepinfer.plugins import Device
+from deepinfer_builtin import cpu_bf16
+
+log = logging.getLogger("deepinfer")
 
 #: weight elements widened to float32 at a time (2 MiB): a piece stays in cache for its matmul
 WIDEN_CHUNK = 1 << 19
@@ -58,12 +64,39 @@ def widened_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     return out.reshape(*x.shape[:-1], weight.shape[0])
 
 
+def bf16_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, kernel_rows: int,
+                from_rows: int, chunk: int = WIDEN_CHUNK) -> torch.Tensor:
+    """The `cpu` device's linear for bfloat16 models: up to ``kernel_rows`` rows through deepinfer's
+    AVX2 kernel (``cpu_bf16.bf16_linear``; its operator under torch.compile), more through
+    ``widened_linear`` (float32 from ``from_rows`` rows; F.linear under torch.compile). Other dtypes
+    and products that need gradients take F.linear."""
+    if (x.dtype != torch.bfloat16 or weight.dtype != torch.bfloat16
+            or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))):
+        return F.linear(x, weight, bias)
+    if x.numel() <= kernel_rows * x.shape[-1]:
+        if torch.compiler.is_compiling():
+            return torch.ops.deepinfer.cpu_bf16_linear(x, weight, bias)
+        return cpu_bf16.bf16_linear(x, weight, bias)
+    if torch.compiler.is_compiling():
+        return F.linear(x, weight, bias)
+    return widened_linear(x, weight, bias, from_rows=from_rows, chunk=chunk)
+
+
+@functools.cache
+def _warn_once(message: str) -> None:
+    log.warning(message)
+
+
 class CPUOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    bf16_float32_rows: int = Field(4, ge=0, description="on an x86 CPU with AVX2 and no AVX-512 (where "
-                                   "torch's bfloat16 matmul costs in proportion to its rows), bfloat16 "
-                                   "linear layers of at least this many rows compute in float32; 0: never")
+    bf16_kernel_rows: int = Field(128, ge=0, description="on an x86 CPU with AVX2 and no AVX-512 (where "
+                                  "torch's bfloat16 matmul costs in proportion to its rows), bfloat16 linear "
+                                  "layers of at most this many rows go through deepinfer's AVX2 kernel, built "
+                                  "with the C compiler at first use; 0: never")
+    bf16_float32_rows: int = Field(4, ge=0, description="on such a CPU, bfloat16 linear layers of more rows "
+                                   "than the kernel takes (all, where it is off or cannot be built) and at "
+                                   "least this many compute in float32; 0: never")
 
 
 class CPUDevice(Device):
@@ -89,10 +122,16 @@ class CPUDevice(Device):
         return min(1 << 30, _available_memory() // 8)
 
     def linear_op(self, dtype: torch.dtype):
-        rows = self.options.bf16_float32_rows
-        if dtype != torch.bfloat16 or rows == 0 or not slow_bf16_matmul():
+        kernel_rows, from_rows = self.options.bf16_kernel_rows, self.options.bf16_float32_rows
+        if dtype != torch.bfloat16 or not slow_bf16_matmul():
             return None
-        return functools.partial(widened_linear, from_rows=rows)
+        if kernel_rows and (why := cpu_bf16.unavailable_reason()) is not None:
+            _warn_once(f"cpu: deepinfer's bfloat16 kernel cannot be used ({why}); bfloat16 linear layers take "
+                       "torch's matmul" + (f", or float32 from {from_rows} rows" if from_rows else ""))
+            kernel_rows = 0
+        if kernel_rows == 0 and from_rows == 0:
+            return None
+        return functools.partial(bf16_linear, kernel_rows=kernel_rows, from_rows=from_rows or sys.maxsize)
 
     @property
     def num_threads(self) -> int:

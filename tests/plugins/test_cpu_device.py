@@ -1,4 +1,5 @@
-"""The `cpu` device's bfloat16 linear layers in float32 (AVX2 CPUs without AVX-512)."""
+"""The `cpu` device's bfloat16 linear layers (AVX2 CPUs without AVX-512): deepinfer's kernel, or
+float32 for many rows."""
 from __future__ import annotations
 
 import pydantic
@@ -55,14 +56,16 @@ def test_widened_linear_leaves_few_rows_other_dtypes_and_compiled_code_to_torch(
     assert torch.equal(compiled(x, weight), F.linear(x, weight))
 
 
-@pytest.mark.parametrize("slow, rows, dtype, offered", [
-    (True, 4, torch.bfloat16, True), (True, 0, torch.bfloat16, False),
-    (True, 4, torch.float32, False), (False, 4, torch.bfloat16, False)])
-def test_the_device_offers_it_only_for_bf16_where_torchs_is_slow(monkeypatch, tmp_path, slow, rows, dtype,
+@pytest.mark.parametrize("slow, options, dtype, offered", [
+    (True, {}, torch.bfloat16, True), (True, {"bf16_kernel_rows": 0}, torch.bfloat16, True),
+    (True, {"bf16_float32_rows": 0}, torch.bfloat16, True),
+    (True, {"bf16_kernel_rows": 0, "bf16_float32_rows": 0}, torch.bfloat16, False),
+    (True, {}, torch.float32, False), (False, {}, torch.bfloat16, False)])
+def test_the_device_offers_it_only_for_bf16_where_torchs_is_slow(monkeypatch, tmp_path, slow, options, dtype,
                                                                   offered):
     monkeypatch.setattr(cpu, "slow_bf16_matmul", lambda: slow)
     make_model(tmp_path, "llama", dtype=dtype)
-    llm = LLM(str(tmp_path), progress=False, plugin_options={"cpu": {"bf16_float32_rows": rows}})
+    llm = LLM(str(tmp_path), progress=False, plugin_options={"cpu": options})
     model = llm.engine.runner.model
     linears = [m for m in model.modules() if hasattr(m, "linear_op")]
     # the model itself (a tied LM head), an untied LM head, each layer's qkv, o, gate_up and down
@@ -70,41 +73,61 @@ def test_the_device_offers_it_only_for_bf16_where_torchs_is_slow(monkeypatch, tm
     assert all((m.linear_op is not None) == offered for m in linears)
 
 
-def test_bf16_prompt_logprobs_through_float32_linears_match_transformers(monkeypatch, mm_calls, tmp_path):
+@pytest.fixture
+def kernel_calls(monkeypatch):
+    """(rows, weight shape) of the kernel's calls made meanwhile, through the device's linear."""
+    calls = []
+    kernel = cpu.cpu_bf16.bf16_linear
+    monkeypatch.setattr(cpu.cpu_bf16, "bf16_linear",
+                        lambda x, w, b=None: calls.append((x.numel() // x.shape[-1], tuple(w.shape))) or kernel(x, w, b))
+    return calls
+
+
+@pytest.mark.parametrize("route", ["kernel", "float32"])
+def test_bf16_prompt_logprobs_through_the_devices_linears_match_transformers(monkeypatch, mm_calls, kernel_calls,
+                                                                            tmp_path, route):
     monkeypatch.setattr(cpu, "slow_bf16_matmul", lambda: True)
     model = make_model(tmp_path, "llama", dtype=torch.bfloat16)
-    llm = LLM(str(tmp_path), progress=False, plugin_options={"cpu": {"bf16_float32_rows": 1}})
+    options = {"bf16_kernel_rows": 0, "bf16_float32_rows": 1} if route == "float32" else {"bf16_kernel_rows": 8}
+    llm = LLM(str(tmp_path), progress=False, plugin_options={"cpu": options})
     prompt = list(range(3, 40))
     out = llm.generate({"prompt_token_ids": prompt}, SamplingParams(max_tokens=4, prompt_logprobs=0),
                        use_tqdm=False)[0]
-    # every linear of the prompt's step and of the 3 decode steps (4 a layer and the LM head), each
-    # of one piece (the tiny model's weights are below the chunk); the prompt's logprobs add a call
-    assert len(mm_calls) >= 4 * (4 * model.config.num_hidden_layers + 1)
     linears = [m for m in llm.engine.runner.model.modules() if hasattr(m, "linear_op") and hasattr(m, "weight")]
-    weights = {tuple(m.weight.t().shape) for m in linears}
+    weights = {tuple(m.weight.shape) for m in linears}
     assert len(linears) == 4 * model.config.num_hidden_layers + 1  # the LM head is untied here
-    assert {tuple(b) for _, b in mm_calls} == weights
+    # every linear of the prompt's step and of the 3 decode steps (4 a layer and the LM head)
+    if route == "float32":  # each of one piece (the tiny model's weights are below the chunk)
+        assert not kernel_calls and len(mm_calls) >= 4 * (4 * model.config.num_hidden_layers + 1)
+        assert {tuple(b)[::-1] for _, b in mm_calls} == weights
+    else:  # the 3 decode steps' one row through the kernel (and the LM head's for the prompt's last
+        # token); the 37-token prompt's layers and logprobs in float32 (over 8 rows)
+        head = tuple(llm.engine.runner.model.lm_head.weight.shape)
+        assert len([c for c in kernel_calls if c[1] != head]) == 3 * 4 * model.config.num_hidden_layers
+        assert len([c for c in kernel_calls if c[1] == head]) == 4
+        assert {w for _, w in kernel_calls} == weights and {r for r, _ in kernel_calls} == {1}
+        assert {tuple(b)[::-1] for _, b in mm_calls} == weights
     with torch.no_grad():
         ref = model.float()(torch.tensor([prompt])).logits[0].log_softmax(-1)
     errs = [abs(out.prompt_logprobs[i][prompt[i]] - ref[i - 1, prompt[i]].item()) for i in range(1, len(prompt))]
     assert max(errs) < 5e-2
 
 
-def test_a_bf16_draft_model_gets_it_too(monkeypatch, mm_calls):
+def test_a_bf16_draft_model_gets_it_too(monkeypatch, kernel_calls):
     monkeypatch.setattr(cpu, "slow_bf16_matmul", lambda: True)
-    # the demo pair; a bfloat16 target's draft runs in float32 on the CPU unless asked otherwise
-    llm = LLM(progress=False, plugins=["draft-model"], plugin_options={
-        "draft-model": {"dtype": "bfloat16", "compile": False}, "cpu": {"bf16_float32_rows": 1}})
+    # the demo pair; the draft of a bfloat16 target is bfloat16 where the device has a bfloat16 matmul
+    llm = LLM(progress=False, plugins=["draft-model"], plugin_options={"draft-model": {"compile": False}})
     draft = llm.engine.drafter.runner.model
     assert draft is not llm.engine.runner.model and draft.model.embed_tokens.weight.dtype == torch.bfloat16
     linears = [m for m in draft.modules() if hasattr(m, "linear_op")]
     assert linears and all(m.linear_op is not None for m in linears)
     llm.generate({"prompt_token_ids": list(range(5, 30))}, SamplingParams(max_tokens=8), use_tqdm=False)
     hidden = draft.config.hidden_size
-    assert any(a[1] == hidden for a, _ in mm_calls)  # the draft's own matmuls went the float32 route
+    assert any(w[1] == hidden for _, w in kernel_calls)  # the draft's own matmuls went through the kernel
 
 
-def test_a_negative_row_threshold_is_refused(tmp_path):
+@pytest.mark.parametrize("option", ["bf16_float32_rows", "bf16_kernel_rows"])
+def test_a_negative_row_threshold_is_refused(tmp_path, option):
     make_model(tmp_path, "llama", dtype=torch.bfloat16)
-    with pytest.raises((ValueError, pydantic.ValidationError), match="bf16_float32_rows"):
-        LLM(str(tmp_path), progress=False, plugin_options={"cpu": {"bf16_float32_rows": -1}})
+    with pytest.raises((ValueError, pydantic.ValidationError), match=option):
+        LLM(str(tmp_path), progress=False, plugin_options={"cpu": {option: -1}})

@@ -9,6 +9,7 @@ import torch
 from deepinfer import LLM, SamplingParams
 from deepinfer.core.request import PLACEHOLDER_TOKEN, Request
 from deepinfer.core.spec import verify
+from deepinfer_builtin import cpu
 from deepinfer_builtin.ngram import SuffixIndex, ngram_continuation
 from tests.tiny_models import hybrid, make_model
 
@@ -271,9 +272,10 @@ def test_drafts_with_the_prefix_cache_stay_lossless(demo_reference):
     llm.engine.drafter.runner.pool.check_all_free()
 
 
-def test_draft_dtype_follows_the_option_and_stays_lossless():
-    """A bfloat16 target on the CPU gets a float32 draft by default (its single-token steps are faster
-    there), or the dtype asked for; the greedy tokens are the target's either way, up to near-ties:
+def test_draft_dtype_follows_the_option_and_stays_lossless(monkeypatch):
+    """A bfloat16 target on the CPU gets a bfloat16 draft by default where the device has a bfloat16
+    matmul of its own (an AVX2 CPU without AVX-512), else a float32 one (torch's half-precision
+    single-token steps are no faster), or the dtype asked for; the greedy tokens are the target's either way, up to near-ties:
     in bfloat16 a target step's logits vary in the last bit with the step's composition (a
     verification's rows against one-token steps; by how much depends on the CPU's kernels), which
     can flip a near-tie (one of these prompts has one 0.06 apart in logprob at its 20th token). So
@@ -282,7 +284,9 @@ def test_draft_dtype_follows_the_option_and_stays_lossless():
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     base = LLM(progress=False, dtype="bfloat16")
     ref = base.generate(DEMO_PROMPTS[:2], params, use_tqdm=False)
-    for opts, dtype in (({}, torch.float32), ({"dtype": "bfloat16"}, torch.bfloat16)):
+    for slow, opts, dtype in ((False, {}, torch.float32), (True, {}, torch.bfloat16),
+                              (False, {"dtype": "bfloat16"}, torch.bfloat16)):
+        monkeypatch.setattr(cpu, "slow_bf16_matmul", lambda slow=slow: slow)
         llm = LLM(progress=False, dtype="bfloat16", plugins=["deepspark"],
                   plugin_options={"deepspark": {**opts, "cost_aware": False}})
         runner = llm.engine.drafter.runner

@@ -1,0 +1,138 @@
+"""deepinfer's bfloat16 linear kernel for x86 CPUs with AVX2 (``cpu_bf16_linear.c``).
+
+The C source is compiled at first use with the machine's C compiler (``$CC``, else ``cc``) into
+a per-user cache (``$DEEPINFER_CACHE_DIR``, else ``$XDG_CACHE_HOME/deepinfer`` or
+``~/.cache/deepinfer``), named by a hash of the source, the flags and the compiler's version, and
+loaded with ctypes. Its OpenMP runtime is the one torch has already loaded (same soname), so its
+threads are torch's. Where it cannot be built (no compiler, not x86-64), ``unavailable_reason()``
+says why and callers keep torch's matmul.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+SOURCE = Path(__file__).with_name("cpu_bf16_linear.c")
+FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC"]
+
+
+def cache_dir() -> Path:
+    if os.environ.get("DEEPINFER_CACHE_DIR"):
+        return Path(os.environ["DEEPINFER_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "deepinfer"
+
+
+def _build() -> tuple[ctypes.CDLL | None, str | None]:
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return None, f"the kernel is written for x86-64 (AVX2); this machine is {platform.machine()}"
+    compiler = os.environ.get("CC") or "cc"
+    if shutil.which(compiler) is None:
+        return None, f"no C compiler: {compiler!r} is not on PATH (set CC to one)"
+    try:
+        version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=60,
+                                 check=False).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        return None, f"the C compiler {compiler!r} does not run: {e}"
+    key = hashlib.sha256("\0".join([SOURCE.read_text(), *FLAGS, version]).encode()).hexdigest()[:16]
+    target = cache_dir() / "kernels" / f"cpu_bf16_linear-{key}.so"
+    if not target.exists():
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+            os.close(fd)
+        except OSError as e:
+            return None, f"cannot write the kernel cache {target.parent}: {e}"
+        try:
+            done = subprocess.run([compiler, *FLAGS, "-o", tmp, str(SOURCE)], capture_output=True, text=True,
+                                  timeout=300, check=False)
+            if done.returncode != 0:
+                return None, f"{compiler} could not build {SOURCE.name}: {done.stderr.strip()[-500:]}"
+            os.replace(tmp, target)  # atomic: another process building the same key loses nothing
+        except (OSError, subprocess.SubprocessError) as e:
+            return None, f"{compiler} could not build {SOURCE.name}: {e}"
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+    try:
+        lib = ctypes.CDLL(str(target))
+    except OSError as e:
+        return None, f"cannot load {target}: {e}"
+    fn = lib.deepinfer_bf16_linear
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_long,
+                   ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return lib, None
+
+
+@functools.cache
+def _library() -> tuple[ctypes.CDLL | None, str | None]:
+    return _build()
+
+
+def unavailable_reason() -> str | None:
+    """None when the kernel is built and loaded here, else why not."""
+    return _library()[1]
+
+
+def bf16_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` for bfloat16 CPU tensors through the kernel: each output in
+    float32 over K, rounded to bfloat16 once. Raises if the kernel is unavailable
+    (``unavailable_reason``) or the arguments are not bfloat16 CPU tensors of matching shapes."""
+    lib, why = _library()
+    if lib is None:
+        raise RuntimeError(f"deepinfer's bfloat16 CPU kernel is unavailable: {why}")
+    k = x.shape[-1]
+    n = weight.shape[0]
+    if weight.dim() != 2 or weight.shape[1] != k or (bias is not None and bias.shape != (n,)):
+        raise ValueError(f"bf16_linear: x {tuple(x.shape)}, weight {tuple(weight.shape)} and bias "
+                         f"{None if bias is None else tuple(bias.shape)} do not match: weight must be "
+                         f"[N, {k}] and bias [N]")
+    tensors = (x, weight) if bias is None else (x, weight, bias)
+    if any(t.dtype != torch.bfloat16 or t.device.type != "cpu" for t in tensors):
+        raise ValueError("bf16_linear takes bfloat16 CPU tensors, got "
+                         + ", ".join(f"{t.dtype} on {t.device}" for t in tensors))
+    flat = x.reshape(-1, k).contiguous()
+    weight = weight.contiguous()
+    bias = None if bias is None else bias.contiguous()
+    out = torch.empty(flat.shape[0], n, dtype=torch.bfloat16)
+    if flat.shape[0] and n:
+        failed = lib.deepinfer_bf16_linear(flat.data_ptr(), flat.shape[0], k, weight.data_ptr(), n,
+                                           None if bias is None else bias.data_ptr(), out.data_ptr(),
+                                           torch.get_num_threads())
+        if failed:
+            raise MemoryError(f"bf16_linear: no memory for a float32 copy of x ({flat.shape[0]} x {k})")
+    return out.reshape(*x.shape[:-1], n)
+
+
+
+def _define_operator() -> None:
+    """``torch.ops.deepinfer.cpu_bf16_linear(x, weight, bias)``: ``bf16_linear`` as an operator, for
+    code under torch.compile (which cannot trace a ctypes call). Defined once a process, however
+    this module was imported."""
+    try:
+        torch.ops.deepinfer.cpu_bf16_linear  # noqa: B018
+        return
+    except (AttributeError, RuntimeError):
+        pass
+
+    @torch.library.custom_op("deepinfer::cpu_bf16_linear", mutates_args=())
+    def op(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:  # noqa: UP045
+        return bf16_linear(x, weight, bias)
+
+    @op.register_fake
+    def _(x, weight, bias):
+        return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+_define_operator()

@@ -1,0 +1,109 @@
+/* y = x W^T (+ bias) for bfloat16 x [R, K], W [N, K], bias [N] and y [R, N], on an x86 CPU with
+ * AVX2 and FMA. Built by cpu_bf16.py with the C compiler at first use.
+ *
+ * torch's bfloat16 matmul on such a CPU costs in proportion to its rows. Here each weight row is
+ * read once for a block of up to six rows of x: its bfloat16 values are widened to float32 in
+ * registers (a shift) and multiplied into one float32 accumulator per row of x, so verifying a
+ * few drafts costs about what one token does. Each output is a float32 dot product over K in a
+ * fixed order (eight lanes, then the lanes summed, then the tail), rounded to bfloat16 once
+ * (nearest, ties to even): a row's result does not depend on the other rows or on the threads.
+ */
+#include <immintrin.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* output columns a thread takes at a time */
+#define COLUMN_BLOCK 64
+/* rows of x that share one read of the weights */
+#define ROW_BLOCK 6
+
+static inline __m256 load8(const uint16_t *p) {
+    __m128i h = _mm_loadu_si128((const __m128i *)p);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+static inline float lanes_sum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static inline float widen(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static inline uint16_t narrow(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u); /* NaN stays NaN */
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+/* Output columns [n0, n1) for RB rows of x (float32, [RB, K]), CB weight rows at a time: RB * CB
+ * accumulators, at most 12 of the 16 ymm registers. */
+#define COLUMNS(RB, CB)                                                                           \
+    static void columns_##RB(const float *x, long K, const uint16_t *w, long n0, long n1,         \
+                             const uint16_t *bias, uint16_t *y, long N) {                         \
+        for (long n = n0; n < n1; n += CB) {                                                      \
+            int cb = n1 - n < CB ? (int)(n1 - n) : CB;                                            \
+            const uint16_t *wc[CB];                                                               \
+            for (int c = 0; c < CB; c++) wc[c] = w + (n + (c < cb ? c : 0)) * K;                  \
+            __m256 acc[CB][RB];                                                                   \
+            _Pragma("GCC unroll 8") for (int c = 0; c < CB; c++)                                  \
+                _Pragma("GCC unroll 8") for (int r = 0; r < RB; r++) acc[c][r] = _mm256_setzero_ps(); \
+            long k = 0;                                                                           \
+            for (; k + 8 <= K; k += 8) {                                                          \
+                __m256 v[CB];                                                                     \
+                _Pragma("GCC unroll 8") for (int c = 0; c < CB; c++) v[c] = load8(wc[c] + k);    \
+                _Pragma("GCC unroll 8") for (int r = 0; r < RB; r++) {                            \
+                    __m256 xv = _mm256_loadu_ps(x + r * K + k);                                   \
+                    _Pragma("GCC unroll 8") for (int c = 0; c < CB; c++)                          \
+                        acc[c][r] = _mm256_fmadd_ps(v[c], xv, acc[c][r]);                         \
+                }                                                                                 \
+            }                                                                                     \
+            for (int c = 0; c < cb; c++)                                                          \
+                for (int r = 0; r < RB; r++) {                                                    \
+                    float s = lanes_sum(acc[c][r]);                                               \
+                    for (long t = k; t < K; t++) s += widen(wc[c][t]) * x[r * K + t];             \
+                    if (bias) s += widen(bias[n + c]);                                            \
+                    y[r * N + n + c] = narrow(s);                                                 \
+                }                                                                                 \
+        }                                                                                         \
+    }
+
+COLUMNS(1, 4)
+COLUMNS(2, 4)
+COLUMNS(3, 4)
+COLUMNS(4, 3)
+COLUMNS(5, 2)
+COLUMNS(6, 2)
+
+typedef void (*columns_fn)(const float *, long, const uint16_t *, long, long, const uint16_t *,
+                           uint16_t *, long);
+static const columns_fn COLUMNS_FOR[ROW_BLOCK + 1] = {
+    0, columns_1, columns_2, columns_3, columns_4, columns_5, columns_6};
+
+/* Returns 0, or 1 when the float32 copy of x could not be allocated (y is then untouched). */
+int deepinfer_bf16_linear(const uint16_t *x, long R, long K, const uint16_t *w, long N,
+                          const uint16_t *bias, uint16_t *y, int threads) {
+    float *xf = malloc(sizeof(float) * (size_t)(R * K > 0 ? R * K : 1));
+    if (!xf) return 1;
+    for (long i = 0; i < R * K; i++) xf[i] = widen(x[i]);
+    long blocks = (N + COLUMN_BLOCK - 1) / COLUMN_BLOCK;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (long b = 0; b < blocks; b++) {
+        long n0 = b * COLUMN_BLOCK, n1 = n0 + COLUMN_BLOCK < N ? n0 + COLUMN_BLOCK : N;
+        for (long r0 = 0; r0 < R; r0 += ROW_BLOCK) {
+            long rb = R - r0 < ROW_BLOCK ? R - r0 : ROW_BLOCK;
+            COLUMNS_FOR[rb](xf + r0 * K, K, w, n0, n1, bias, y + r0 * N, N);
+        }
+    }
+    free(xf);
+    return 0;
+}

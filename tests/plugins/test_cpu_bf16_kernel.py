@@ -1,0 +1,127 @@
+"""deepinfer's AVX2 bfloat16 linear kernel (plugins_builtin/cpu_bf16_linear.c) against a float64
+product, and its build: cached, and a clear reason where it cannot be built."""
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from deepinfer_builtin import cpu, cpu_bf16
+
+pytestmark = pytest.mark.skipif(not getattr(torch.cpu, "_is_avx2_supported", lambda: False)(),
+                                reason="the kernel needs an x86-64 CPU with AVX2")
+
+
+def _case(rows: int, n: int, k: int, bias: bool, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, k, generator=g).bfloat16()
+    w = torch.randn(n, k, generator=g).bfloat16()
+    b = torch.randn(n, generator=g).bfloat16() if bias else None
+    return x, w, b
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 13])
+@pytest.mark.parametrize("n, k", [(67, 37), (130, 64)])  # a short column block and tail; K not a multiple of 8
+@pytest.mark.parametrize("bias", [False, True])
+def test_the_kernel_is_the_exact_product_rounded_once(rows, n, k, bias):
+    x, w, b = _case(rows, n, k, bias, seed=rows)
+    out = cpu_bf16.bf16_linear(x, w, b)
+    assert out.shape == (rows, n) and out.dtype == torch.bfloat16
+    exact = x.double() @ w.double().t() + (0 if b is None else b.double())
+    # one bfloat16 rounding (2^-8 relative) of a float32 sum (error under K 2^-24 of the sum of |terms|)
+    bound = exact.abs() * 2 ** -8 + k * 2 ** -24 * (x.double().abs() @ w.double().abs().t() + 1)
+    assert ((out.double() - exact).abs() <= bound).all()
+
+
+def test_a_rows_result_depends_on_nothing_but_its_own_inputs():
+    """Each output is one float32 dot product in a fixed order: the same bits whatever the other rows,
+    their order or the threads (so a verification's rows equal one-token steps' in the linears)."""
+    x, w, b = _case(11, 200, 96, True)
+    whole = cpu_bf16.bf16_linear(x, w, b)
+    for i in range(11):
+        assert torch.equal(cpu_bf16.bf16_linear(x[i:i + 1], w, b), whole[i:i + 1])
+    perm = torch.randperm(11, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(cpu_bf16.bf16_linear(x[perm], w, b), whole[perm])
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(cpu_bf16.bf16_linear(x, w, b), whole)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_shapes_strides_and_nan_are_handled_as_f_linear_does():
+    x, w, _ = _case(6, 40, 24, False)
+    x3 = x.reshape(2, 3, 24)
+    assert torch.equal(cpu_bf16.bf16_linear(x3, w), cpu_bf16.bf16_linear(x, w).reshape(2, 3, 40))
+    xt = x.t().contiguous().t()  # the same values, column-major
+    assert not xt.is_contiguous() and torch.equal(cpu_bf16.bf16_linear(xt, w), cpu_bf16.bf16_linear(x, w))
+    assert cpu_bf16.bf16_linear(x[:0], w).shape == (0, 40)
+    bad = x.clone()
+    bad[2, 5] = float("nan")
+    out, clean = cpu_bf16.bf16_linear(bad, w), cpu_bf16.bf16_linear(x, w)
+    assert out[2].isnan().all() and torch.equal(out[[0, 1, 3, 4, 5]], clean[[0, 1, 3, 4, 5]])
+
+
+def test_wrong_dtypes_and_shapes_are_refused_with_what_is_valid():
+    x, w, b = _case(2, 8, 16, True)
+    with pytest.raises(ValueError, match="bfloat16 CPU tensors, got torch.float32"):
+        cpu_bf16.bf16_linear(x.float(), w, b)
+    with pytest.raises(ValueError, match=r"do not match: weight must be \[N, 16\]"):
+        cpu_bf16.bf16_linear(x, w[:, :8], b)
+    with pytest.raises(ValueError, match="do not match"):
+        cpu_bf16.bf16_linear(x, w, b[:4])
+
+
+def test_the_operator_under_torch_compile_gives_the_kernels_bits():
+    x, w, b = _case(3, 50, 32, True)
+    op = torch.compile(lambda a: torch.ops.deepinfer.cpu_bf16_linear(a, w, b).float().softmax(-1),
+                       backend="aot_eager", fullgraph=True)
+    assert torch.equal(op(x), cpu_bf16.bf16_linear(x, w, b).float().softmax(-1))
+    # the device's linear calls it under torch.compile for the rows the kernel takes
+    linear = torch.compile(lambda a: cpu.bf16_linear(a, w, b, kernel_rows=4, from_rows=4), backend="aot_eager",
+                           fullgraph=True)
+    assert torch.equal(linear(x), cpu_bf16.bf16_linear(x, w, b))
+    assert torch.equal(cpu.bf16_linear(x, w, b, kernel_rows=2, from_rows=0), F.linear(x, w, b))
+
+
+@pytest.fixture
+def fresh_build(monkeypatch, tmp_path):
+    """The kernel built afresh into an empty cache (and the process's own library restored after)."""
+    monkeypatch.setenv("DEEPINFER_CACHE_DIR", str(tmp_path))
+    cpu_bf16._library.cache_clear()
+    yield tmp_path
+    monkeypatch.undo()
+    cpu_bf16._library.cache_clear()
+
+
+def test_the_build_is_cached_by_source_and_compiler(fresh_build):
+    assert cpu_bf16.unavailable_reason() is None
+    built = list((fresh_build / "kernels").iterdir())
+    assert len(built) == 1 and built[0].suffix == ".so"  # no temporary file left beside it
+    stamp = built[0].stat().st_mtime_ns
+    lib, why = cpu_bf16._build()  # another process: loads the cached library, builds nothing
+    assert why is None and lib is not None
+    assert list((fresh_build / "kernels").iterdir()) == built and built[0].stat().st_mtime_ns == stamp
+
+
+@pytest.mark.parametrize("compiler, reason", [("/nonexistent/cc", "no C compiler: '/nonexistent/cc' is not on PATH"),
+                                              ("false", "false could not build cpu_bf16_linear.c")])
+def test_without_a_working_compiler_the_device_says_why_and_keeps_torchs_matmul(
+        fresh_build, monkeypatch, caplog, compiler, reason):
+    monkeypatch.setenv("CC", compiler)
+    monkeypatch.setattr(cpu, "slow_bf16_matmul", lambda: True)
+    assert reason in cpu_bf16.unavailable_reason()
+    x, w, _ = _case(2, 8, 16, False)
+    with pytest.raises(RuntimeError, match="unavailable: " + reason):
+        cpu_bf16.bf16_linear(x, w)
+    cpu._warn_once.cache_clear()
+    device = cpu.CPUDevice(cpu.CPUOptions(), None)
+    with caplog.at_level(logging.WARNING, logger="deepinfer"):
+        op = device.linear_op(torch.bfloat16)
+    assert reason in caplog.text and "float32 from 4 rows" in caplog.text
+    assert op.keywords == {"kernel_rows": 0, "from_rows": 4}
+    assert torch.equal(op(x, w), F.linear(x, w))  # 2 rows: torch's own
+    assert cpu.CPUDevice(cpu.CPUOptions(bf16_float32_rows=0), None).linear_op(torch.bfloat16) is None
