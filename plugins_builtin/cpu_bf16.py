@@ -92,28 +92,31 @@ def bf16_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     lib, why = _library()
     if lib is None:
         raise RuntimeError(f"deepinfer's bfloat16 CPU kernel is unavailable: {why}")
-    k = x.shape[-1]
-    n = weight.shape[0]
+    k, n = x.shape[-1], weight.shape[0]
+    bf16 = torch.bfloat16
+    if (x.dtype != bf16 or weight.dtype != bf16 or x.device.type != "cpu" or weight.device.type != "cpu"
+            or (bias is not None and (bias.dtype != bf16 or bias.device.type != "cpu"))):
+        tensors = (x, weight) if bias is None else (x, weight, bias)
+        raise ValueError("bf16_linear takes bfloat16 CPU tensors, got "
+                         + ", ".join(f"{t.dtype} on {t.device}" for t in tensors))
     if weight.dim() != 2 or weight.shape[1] != k or (bias is not None and bias.shape != (n,)):
         raise ValueError(f"bf16_linear: x {tuple(x.shape)}, weight {tuple(weight.shape)} and bias "
                          f"{None if bias is None else tuple(bias.shape)} do not match: weight must be "
                          f"[N, {k}] and bias [N]")
-    tensors = (x, weight) if bias is None else (x, weight, bias)
-    if any(t.dtype != torch.bfloat16 or t.device.type != "cpu" for t in tensors):
-        raise ValueError("bf16_linear takes bfloat16 CPU tensors, got "
-                         + ", ".join(f"{t.dtype} on {t.device}" for t in tensors))
-    flat = x.reshape(-1, k).contiguous()
-    weight = weight.contiguous()
-    bias = None if bias is None else bias.contiguous()
-    out = torch.empty(flat.shape[0], n, dtype=torch.bfloat16)
-    if flat.shape[0] and n:
-        failed = lib.deepinfer_bf16_linear(flat.data_ptr(), flat.shape[0], k, weight.data_ptr(), n,
-                                           None if bias is None else bias.data_ptr(), out.data_ptr(),
-                                           torch.get_num_threads())
-        if failed:
-            raise MemoryError(f"bf16_linear: no memory for a float32 copy of x ({flat.shape[0]} x {k})")
-    return out.reshape(*x.shape[:-1], n)
-
+    flat = x.reshape(-1, k)
+    if not flat.is_contiguous():
+        flat = flat.contiguous()
+    if not weight.is_contiguous():
+        weight = weight.contiguous()
+    if bias is not None and not bias.is_contiguous():
+        bias = bias.contiguous()
+    rows = flat.shape[0]
+    out = torch.empty(rows, n, dtype=bf16)
+    if rows and n and lib.deepinfer_bf16_linear(flat.data_ptr(), rows, k, weight.data_ptr(), n,
+                                                None if bias is None else bias.data_ptr(), out.data_ptr(),
+                                                torch.get_num_threads()):
+        raise MemoryError(f"bf16_linear: no memory for a float32 copy of x ({rows} x {k})")
+    return out if x.dim() == 2 else out.reshape(*x.shape[:-1], n)
 
 
 def _define_operator() -> None:

@@ -3,14 +3,21 @@ probabilities and the same KV written, for every length and for one or two new t
 exact."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from deepinfer import LLM
 
 
-def test_compiled_draft_step_matches_the_eager_step():
-    llm = LLM(progress=False, plugins=["draft-model"])  # bf16 demo target: a float32 draft
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_compiled_draft_step_matches_the_eager_step(dtype):
+    """In bfloat16 the compiled step keeps float32 between fused ops where the eager one rounds to
+    bfloat16, so its probabilities and KV agree to bfloat16's precision, and its token is the
+    eager one's or a near-tie of it."""
+    llm = LLM(progress=False, plugins=["draft-model"], plugin_options={"draft-model": {"dtype": dtype}})
     runner = llm.engine.drafter.runner
+    assert runner.dtype == getattr(torch, dtype)
+    tol = {"rtol": 1e-4, "atol": 1e-5} if dtype == "float32" else {"rtol": 2 ** -5, "atol": 2e-2}
     step = runner.compiled
     assert step is not None and step.failed is None, step and step.failed
     prompt = llm.get_tokenizer().encode("def read_config(path):\n    with open(path) as f:\n")
@@ -27,11 +34,16 @@ def test_compiled_draft_step_matches_the_eager_step():
             prob, best = step.run(feed)
             slots = [table[p // bs] * bs + p % bs for p in range(pos, pos + len(tokens))]
             compiled_kv = [c[:, slots].clone() for c in runner.kv_caches]
-            eager_p, eager_best = runner._forward_last(feed).softmax(-1).max(-1)  # rewrites the slots
-            assert best.tolist() == eager_best.tolist()
-            torch.testing.assert_close(prob, eager_p, rtol=1e-4, atol=1e-5)
+            eager_probs = runner._forward_last(feed).softmax(-1)  # rewrites the slots
+            eager_p, eager_best = eager_probs.max(-1)
+            assert best.tolist() == eager_best.tolist() or (
+                dtype == "bfloat16" and eager_p - eager_probs[0, best] < tol["atol"])
+            torch.testing.assert_close(prob, eager_p, **tol)
             for got, want in zip(compiled_kv, (c[:, slots] for c in runner.kv_caches), strict=True):
-                torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+                if dtype == "float32":
+                    torch.testing.assert_close(got, want, **tol)
+                else:  # a few bfloat16 roundings apart over the whole slots' KV
+                    assert (got.float() - want.float()).norm() <= 2 ** -5 * want.float().norm()
             pos, i = pos + len(tokens), i + 1
             tokens = [int(best)] if i % 2 == 0 else [int(best), prompt[i % len(prompt)]]
     runner.pool.free(reversed(blocks))
