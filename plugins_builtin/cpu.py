@@ -73,7 +73,7 @@ def bf16_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     if (x.dtype != torch.bfloat16 or weight.dtype != torch.bfloat16
             or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))):
         return F.linear(x, weight, bias)
-    if x.numel() <= kernel_rows * x.shape[-1]:
+    if kernel_rows and x.numel() <= kernel_rows * x.shape[-1]:
         if torch.compiler.is_compiling():
             return torch.ops.deepinfer.cpu_bf16_linear(x, weight, bias)
         return cpu_bf16.bf16_linear(x, weight, bias)
@@ -121,17 +121,32 @@ class CPUDevice(Device):
         # small models need little (the demo model keeps ~260K tokens of bf16 KV in 1 GiB)
         return min(1 << 30, _available_memory() // 8)
 
-    def linear_op(self, dtype: torch.dtype):
-        kernel_rows, from_rows = self.options.bf16_kernel_rows, self.options.bf16_float32_rows
-        if dtype != torch.bfloat16 or not slow_bf16_matmul():
-            return None
-        if kernel_rows and (why := cpu_bf16.unavailable_reason()) is not None:
+    def _kernel_rows(self, dtype: torch.dtype) -> int:
+        """Rows up to which linear layers of ``dtype`` go through deepinfer's kernel here (0: none)."""
+        kernel_rows = self.options.bf16_kernel_rows
+        if dtype != torch.bfloat16 or kernel_rows == 0 or not slow_bf16_matmul():
+            return 0
+        if (why := cpu_bf16.unavailable_reason()) is not None:
+            from_rows = self.options.bf16_float32_rows
             _warn_once(f"cpu: deepinfer's bfloat16 kernel cannot be used ({why}); bfloat16 linear layers take "
                        "torch's matmul" + (f", or float32 from {from_rows} rows" if from_rows else ""))
-            kernel_rows = 0
+            return 0
+        return kernel_rows
+
+    def linear_op(self, dtype: torch.dtype):
+        if dtype != torch.bfloat16 or not slow_bf16_matmul():
+            return None
+        kernel_rows, from_rows = self._kernel_rows(dtype), self.options.bf16_float32_rows
         if kernel_rows == 0 and from_rows == 0:
             return None
         return functools.partial(bf16_linear, kernel_rows=kernel_rows, from_rows=from_rows or sys.maxsize)
+
+    def draft_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        """A half-precision target's draft runs in float32 here, unless deepinfer's kernel takes its
+        steps: torch's half-precision single-token matmuls are no faster than float32's."""
+        if dtype in (torch.bfloat16, torch.float16) and not self._kernel_rows(dtype):
+            return torch.float32
+        return dtype
 
     @property
     def num_threads(self) -> int:

@@ -1,11 +1,12 @@
 """deepinfer's bfloat16 linear kernel for x86 CPUs with AVX2 (``cpu_bf16_linear.c``).
 
 The C source is compiled at first use with the machine's C compiler (``$CC``, else ``cc``) into
-a per-user cache (``$DEEPINFER_CACHE_DIR``, else ``$XDG_CACHE_HOME/deepinfer`` or
-``~/.cache/deepinfer``), named by a hash of the source, the flags and the compiler's version, and
-loaded with ctypes. Its OpenMP runtime is the one torch has already loaded (same soname), so its
-threads are torch's. Where it cannot be built (no compiler, not x86-64), ``unavailable_reason()``
-says why and callers keep torch's matmul.
+``kernels/`` of a per-user cache (``$DEEPINFER_CACHE_DIR``, else ``$XDG_CACHE_HOME/deepinfer`` or
+``~/.cache/deepinfer``), named by a hash of the source, the flags and the compiler's ``--version``
+output, and loaded with ctypes. Built by gcc beside a torch that ships ``libgomp.so.1`` (its Linux
+wheels), it shares torch's OpenMP runtime and threads (one soname, loaded once). Where it cannot
+be built (not x86-64 with AVX2, no compiler, no writable cache), ``unavailable_reason()`` says why
+and callers keep torch's matmul.
 """
 from __future__ import annotations
 
@@ -14,13 +15,14 @@ import functools
 import hashlib
 import os
 import platform
+import shlex
 import shutil
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Optional
 
 import torch
+import torch.nn.functional as F
 
 SOURCE = Path(__file__).with_name("cpu_bf16_linear.c")
 FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC"]
@@ -36,15 +38,18 @@ def cache_dir() -> Path:
 def _build() -> tuple[ctypes.CDLL | None, str | None]:
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return None, f"the kernel is written for x86-64 (AVX2); this machine is {platform.machine()}"
-    compiler = os.environ.get("CC") or "cc"
-    if shutil.which(compiler) is None:
-        return None, f"no C compiler: {compiler!r} is not on PATH (set CC to one)"
+    if not getattr(torch.cpu, "_is_avx2_supported", lambda: False)():
+        return None, "this CPU has no AVX2"
+    compiler = shlex.split(os.environ.get("CC") or "cc")  # CC="ccache gcc" is one compiler
+    if not compiler or shutil.which(compiler[0]) is None:
+        return None, f"no C compiler: {os.environ.get('CC') or 'cc'!r} is not on PATH (set CC to one)"
     try:
-        version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=60,
+        version = subprocess.run([*compiler, "--version"], capture_output=True, text=True, timeout=60,
                                  check=False).stdout
+        source = SOURCE.read_text()
     except (OSError, subprocess.SubprocessError) as e:
-        return None, f"the C compiler {compiler!r} does not run: {e}"
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), *FLAGS, version]).encode()).hexdigest()[:16]
+        return None, f"cannot run the C compiler {compiler[0]!r} on {SOURCE.name}: {e}"
+    key = hashlib.sha256("\0".join([source, *FLAGS, version]).encode()).hexdigest()[:16]
     target = cache_dir() / "kernels" / f"cpu_bf16_linear-{key}.so"
     if not target.exists():
         try:
@@ -52,15 +57,18 @@ def _build() -> tuple[ctypes.CDLL | None, str | None]:
             fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
             os.close(fd)
         except OSError as e:
-            return None, f"cannot write the kernel cache {target.parent}: {e}"
+            return None, f"cannot write the kernel cache {target.parent} (set DEEPINFER_CACHE_DIR): {e}"
         try:
-            done = subprocess.run([compiler, *FLAGS, "-o", tmp, str(SOURCE)], capture_output=True, text=True,
+            done = subprocess.run([*compiler, *FLAGS, "-o", tmp, str(SOURCE)], capture_output=True, text=True,
                                   timeout=300, check=False)
             if done.returncode != 0:
-                return None, f"{compiler} could not build {SOURCE.name}: {done.stderr.strip()[-500:]}"
+                return None, f"{compiler[0]} could not build {SOURCE.name}: {done.stderr.strip()[-500:]}"
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o755 & ~umask)  # mkstemp's 0600 would keep a shared cache's other users out
             os.replace(tmp, target)  # atomic: another process building the same key loses nothing
         except (OSError, subprocess.SubprocessError) as e:
-            return None, f"{compiler} could not build {SOURCE.name}: {e}"
+            return None, f"{compiler[0]} could not build {SOURCE.name}: {e}"
         finally:
             if os.path.exists(tmp):
                 os.remove(tmp)
@@ -94,8 +102,8 @@ def bf16_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
         raise RuntimeError(f"deepinfer's bfloat16 CPU kernel is unavailable: {why}")
     k, n = x.shape[-1], weight.shape[0]
     bf16 = torch.bfloat16
-    if (x.dtype != bf16 or weight.dtype != bf16 or x.device.type != "cpu" or weight.device.type != "cpu"
-            or (bias is not None and (bias.dtype != bf16 or bias.device.type != "cpu"))):
+    if (x.dtype != bf16 or weight.dtype != bf16 or not x.is_cpu or not weight.is_cpu
+            or (bias is not None and (bias.dtype != bf16 or not bias.is_cpu))):
         tensors = (x, weight) if bias is None else (x, weight, bias)
         raise ValueError("bf16_linear takes bfloat16 CPU tensors, got "
                          + ", ".join(f"{t.dtype} on {t.device}" for t in tensors))
@@ -103,6 +111,8 @@ def bf16_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
         raise ValueError(f"bf16_linear: x {tuple(x.shape)}, weight {tuple(weight.shape)} and bias "
                          f"{None if bias is None else tuple(bias.shape)} do not match: weight must be "
                          f"[N, {k}] and bias [N]")
+    if k == 0:  # nothing to multiply: the bias, or zeros
+        return F.linear(x, weight, bias)
     flat = x.reshape(-1, k)
     if not flat.is_contiguous():
         flat = flat.contiguous()
@@ -121,21 +131,20 @@ def bf16_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 
 def _define_operator() -> None:
     """``torch.ops.deepinfer.cpu_bf16_linear(x, weight, bias)``: ``bf16_linear`` as an operator, for
-    code under torch.compile (which cannot trace a ctypes call). Defined once a process, however
-    this module was imported."""
+    code under torch.compile (which cannot trace a ctypes call). Declared with torch.library's schema
+    API, not custom_op, whose Python wrapper costs tens of microseconds a call (torch_attn.py).
+    Defined once a process, however this module was imported."""
     try:
         torch.ops.deepinfer.cpu_bf16_linear  # noqa: B018
         return
     except (AttributeError, RuntimeError):
         pass
-
-    @torch.library.custom_op("deepinfer::cpu_bf16_linear", mutates_args=())
-    def op(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:  # noqa: UP045
-        return bf16_linear(x, weight, bias)
-
-    @op.register_fake
-    def _(x, weight, bias):
-        return x.new_empty((*x.shape[:-1], weight.shape[0]))
+    lib = torch.library.Library("deepinfer", "FRAGMENT")
+    lib.define("cpu_bf16_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor")
+    lib.impl("cpu_bf16_linear", bf16_linear, "CPU")
+    lib.impl("cpu_bf16_linear", lambda x, weight, bias: x.new_empty((*x.shape[:-1], weight.shape[0])), "Meta")
+    _LIBRARIES.append(lib)  # a Library's definitions last as long as the object
 
 
+_LIBRARIES: list = []
 _define_operator()

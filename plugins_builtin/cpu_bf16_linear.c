@@ -46,7 +46,7 @@ static inline uint16_t narrow(float f) {
 }
 
 /* Output columns [n0, n1) for RB rows of x (float32, [RB, K]), CB weight rows at a time: RB * CB
- * accumulators, at most 12 of the 16 ymm registers. */
+ * accumulators and CB weight vectors, with x's, at most 16 ymm registers (no spills). */
 #define COLUMNS(RB, CB)                                                                           \
     static void columns_##RB(const float *x, long K, const uint16_t *w, long n0, long n1,         \
                              const uint16_t *bias, uint16_t *y, long N) {                         \
@@ -79,7 +79,7 @@ static inline uint16_t narrow(float f) {
 
 COLUMNS(1, 4)
 COLUMNS(2, 4)
-COLUMNS(3, 4)
+COLUMNS(3, 3)
 COLUMNS(4, 3)
 COLUMNS(5, 2)
 COLUMNS(6, 2)
@@ -96,12 +96,15 @@ int deepinfer_bf16_linear(const uint16_t *x, long R, long K, const uint16_t *w, 
     if (!xf) return 1;
     for (long i = 0; i < R * K; i++) xf[i] = widen(x[i]);
     long blocks = (N + COLUMN_BLOCK - 1) / COLUMN_BLOCK;
+    long parts = (R + ROW_BLOCK - 1) / ROW_BLOCK; /* row blocks as even as can be: 7 rows are 4 + 3 */
+    if (threads > blocks) threads = (int)blocks;
+    if (threads < 1) threads = 1;
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (long b = 0; b < blocks; b++) {
         long n0 = b * COLUMN_BLOCK, n1 = n0 + COLUMN_BLOCK < N ? n0 + COLUMN_BLOCK : N;
-        for (long r0 = 0; r0 < R; r0 += ROW_BLOCK) {
-            long rb = R - r0 < ROW_BLOCK ? R - r0 : ROW_BLOCK;
-            COLUMNS_FOR[rb](xf + r0 * K, K, w, n0, n1, bias, y + r0 * N, N);
+        for (long p = 0; p < parts; p++) {
+            long r0 = R * p / parts, r1 = R * (p + 1) / parts;
+            COLUMNS_FOR[r1 - r0](xf + r0 * K, K, w, n0, n1, bias, y + r0 * N, N);
         }
     }
     free(xf);

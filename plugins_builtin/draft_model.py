@@ -37,10 +37,7 @@ def draft_dtype(ctx, requested: str):
 
     if requested != "auto":
         return getattr(torch, requested)
-    half = ctx.dtype in (torch.bfloat16, torch.float16)
-    if half and ctx.device.torch_device.type == "cpu" and ctx.device.linear_op(ctx.dtype) is None:
-        return torch.float32  # torch's own half-precision matmuls: no faster than float32 a token
-    return ctx.dtype
+    return ctx.device.draft_dtype(ctx.dtype)
 
 
 class DraftModelOptions(BaseModel):
@@ -60,11 +57,10 @@ class DraftModelOptions(BaseModel):
                                                  "the verification of the last, their first inputs computed on the "
                                                  "device from the verified tokens, before the host has read them")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
-        "auto", description="the draft model's dtype (weights and its KV cache); auto: the target's, except "
-                            "on a CPU whose device has no matmul of its own for it (the cpu device's "
-                            "bfloat16 kernel, on AVX2 CPUs without AVX-512): a half-precision target there "
-                            "gets a float32 draft, since torch's half-precision single-token matmuls are no "
-                            "faster than float32's, and a draft runs mostly those")
+        "auto", description="the draft model's dtype (weights and its KV cache); auto: the device's choice "
+                            "(Device.draft_dtype): the target's, except that the cpu device gives a "
+                            "half-precision target a float32 draft unless deepinfer's bfloat16 kernel runs "
+                            "its steps (torch's half-precision single-token matmuls are no faster there)")
     compile: bool | None = Field(None, description="compile the draft's greedy one-token steps of a single "
                                                    "sequence with torch.compile (needs a C++ compiler; without "
                                                    "one they run eagerly); default: on the CPU, where steps "

@@ -93,6 +93,11 @@ class Device(Plugin, ABC):
         torch's ``F.linear``. For devices whose own matmul is slow for some dtype or shape."""
         return None
 
+    def draft_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        """The dtype a draft model of a ``dtype`` target runs in here when its plugin is left to
+        choose (a draft runs mostly steps of one token a sequence): the target's by default."""
+        return dtype
+
     @property
     def supports_batch_invariance(self) -> bool:
         """Whether this device's kernels, as configured, give a sequence the same bits whatever it

@@ -3,6 +3,7 @@ product, and its build: cached, and a clear reason where it cannot be built."""
 from __future__ import annotations
 
 import logging
+import sys
 
 import pytest
 import torch
@@ -23,7 +24,8 @@ def _case(rows: int, n: int, k: int, bias: bool, seed: int = 0):
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 13])
-@pytest.mark.parametrize("n, k", [(67, 37), (130, 64)])  # a short column block and tail; K not a multiple of 8
+# a short column block and tail, K not a multiple of 8, and K within one tail
+@pytest.mark.parametrize("n, k", [(67, 37), (130, 64), (9, 5)])
 @pytest.mark.parametrize("bias", [False, True])
 def test_the_kernel_is_the_exact_product_rounded_once(rows, n, k, bias):
     x, w, b = _case(rows, n, k, bias, seed=rows)
@@ -46,10 +48,27 @@ def test_a_rows_result_depends_on_nothing_but_its_own_inputs():
     assert torch.equal(cpu_bf16.bf16_linear(x[perm], w, b), whole[perm])
     threads = torch.get_num_threads()
     try:
-        torch.set_num_threads(1)
-        assert torch.equal(cpu_bf16.bf16_linear(x, w, b), whole)
+        for n in (1, 2, 3):  # 200 columns are 4 blocks of at most 64
+            torch.set_num_threads(n)
+            assert torch.equal(cpu_bf16.bf16_linear(x, w, b), whole)
     finally:
         torch.set_num_threads(threads)
+
+
+def test_each_output_is_rounded_to_bfloat16_once_to_nearest_even():
+    """With K = 1 an output is x w + b in float32, rounded once: torch's own rounding of that sum,
+    bit for bit, overflow to infinity, infinities and NaN included."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(7, 1, generator=g) * torch.tensor([1, 1e-3, 1e3, 1e19, 1e-30, 1, 1]).unsqueeze(1)
+    x[5, 0], x[6, 0] = float("inf"), float("nan")
+    x = x.bfloat16()
+    w = (torch.randn(300, 1, generator=g) * torch.logspace(-20, 20, 300).unsqueeze(1)).bfloat16()
+    b = torch.randn(300, generator=g).bfloat16()
+    want = (x.float() @ w.float().t() + b.float()).bfloat16()
+    got = cpu_bf16.bf16_linear(x, w, b)
+    assert torch.equal(got.isnan(), want.isnan())
+    assert torch.equal(got.nan_to_num(), want.nan_to_num())
+    assert got.isinf().any() and got.isnan().any()  # the cases above were reached
 
 
 def test_shapes_strides_and_nan_are_handled_as_f_linear_does():
@@ -59,6 +78,12 @@ def test_shapes_strides_and_nan_are_handled_as_f_linear_does():
     xt = x.t().contiguous().t()  # the same values, column-major
     assert not xt.is_contiguous() and torch.equal(cpu_bf16.bf16_linear(xt, w), cpu_bf16.bf16_linear(x, w))
     assert cpu_bf16.bf16_linear(x[:0], w).shape == (0, 40)
+    torch.testing.assert_close(cpu_bf16.bf16_linear(x3, w).float(), F.linear(x3, w).float(), rtol=2 ** -7,
+                               atol=1e-2)
+    wt = w.t().contiguous().t()  # a column-major weight
+    assert not wt.is_contiguous() and torch.equal(cpu_bf16.bf16_linear(x, wt), cpu_bf16.bf16_linear(x, w))
+    b = torch.randn(40).bfloat16()
+    assert torch.equal(cpu_bf16.bf16_linear(x[:, :0], w[:, :0], b), F.linear(x[:, :0], w[:, :0], b))  # K = 0
     bad = x.clone()
     bad[2, 5] = float("nan")
     out, clean = cpu_bf16.bf16_linear(bad, w), cpu_bf16.bf16_linear(x, w)
@@ -84,7 +109,7 @@ def test_the_operator_under_torch_compile_gives_the_kernels_bits():
     linear = torch.compile(lambda a: cpu.bf16_linear(a, w, b, kernel_rows=4, from_rows=4), backend="aot_eager",
                            fullgraph=True)
     assert torch.equal(linear(x), cpu_bf16.bf16_linear(x, w, b))
-    assert torch.equal(cpu.bf16_linear(x, w, b, kernel_rows=2, from_rows=0), F.linear(x, w, b))
+    assert torch.equal(cpu.bf16_linear(x, w, b, kernel_rows=2, from_rows=sys.maxsize), F.linear(x, w, b))
 
 
 @pytest.fixture
@@ -124,4 +149,6 @@ def test_without_a_working_compiler_the_device_says_why_and_keeps_torchs_matmul(
     assert reason in caplog.text and "float32 from 4 rows" in caplog.text
     assert op.keywords == {"kernel_rows": 0, "from_rows": 4}
     assert torch.equal(op(x, w), F.linear(x, w))  # 2 rows: torch's own
+    assert torch.equal(op(x[:0], w), F.linear(x[:0], w))  # no rows: not the kernel either
     assert cpu.CPUDevice(cpu.CPUOptions(bf16_float32_rows=0), None).linear_op(torch.bfloat16) is None
+    assert device.draft_dtype(torch.bfloat16) == torch.float32  # a float32 draft, as without the kernel

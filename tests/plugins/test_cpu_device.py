@@ -56,9 +56,14 @@ def test_widened_linear_leaves_few_rows_other_dtypes_and_compiled_code_to_torch(
     assert torch.equal(compiled(x, weight), F.linear(x, weight))
 
 
+#: the kernel can run here (an x86-64 CPU with AVX2 and a C compiler)
+KERNEL = cpu.cpu_bf16.unavailable_reason() is None
+needs_kernel = pytest.mark.skipif(not KERNEL, reason=f"deepinfer's kernel: {cpu.cpu_bf16.unavailable_reason()}")
+
+
 @pytest.mark.parametrize("slow, options, dtype, offered", [
     (True, {}, torch.bfloat16, True), (True, {"bf16_kernel_rows": 0}, torch.bfloat16, True),
-    (True, {"bf16_float32_rows": 0}, torch.bfloat16, True),
+    (True, {"bf16_float32_rows": 0}, torch.bfloat16, KERNEL),
     (True, {"bf16_kernel_rows": 0, "bf16_float32_rows": 0}, torch.bfloat16, False),
     (True, {}, torch.float32, False), (False, {}, torch.bfloat16, False)])
 def test_the_device_offers_it_only_for_bf16_where_torchs_is_slow(monkeypatch, tmp_path, slow, options, dtype,
@@ -83,7 +88,7 @@ def kernel_calls(monkeypatch):
     return calls
 
 
-@pytest.mark.parametrize("route", ["kernel", "float32"])
+@pytest.mark.parametrize("route", [pytest.param("kernel", marks=needs_kernel), "float32"])
 def test_bf16_prompt_logprobs_through_the_devices_linears_match_transformers(monkeypatch, mm_calls, kernel_calls,
                                                                             tmp_path, route):
     monkeypatch.setattr(cpu, "slow_bf16_matmul", lambda: True)
@@ -113,6 +118,17 @@ def test_bf16_prompt_logprobs_through_the_devices_linears_match_transformers(mon
     assert max(errs) < 5e-2
 
 
+@pytest.mark.parametrize("slow, options, target, draft", [
+    (True, {}, torch.bfloat16, torch.bfloat16 if KERNEL else torch.float32),
+    (True, {"bf16_kernel_rows": 0}, torch.bfloat16, torch.float32), (False, {}, torch.bfloat16, torch.float32),
+    (True, {}, torch.float16, torch.float32), (True, {}, torch.float32, torch.float32)])
+def test_a_half_precision_targets_draft_is_float32_unless_the_kernel_runs_it(monkeypatch, slow, options, target,
+                                                                            draft):
+    monkeypatch.setattr(cpu, "slow_bf16_matmul", lambda: slow)
+    assert cpu.CPUDevice(cpu.CPUOptions(**options), None).draft_dtype(target) == draft
+
+
+@needs_kernel
 def test_a_bf16_draft_model_gets_it_too(monkeypatch, kernel_calls):
     monkeypatch.setattr(cpu, "slow_bf16_matmul", lambda: True)
     # the demo pair; the draft of a bfloat16 target is bfloat16 where the device has a bfloat16 matmul
