@@ -66,3 +66,10 @@ issue6_other_goals() {
     --num-requests 256 --min-len 100 --max-len 1024 --repeats 1 --peer hf --peer-requests 64 --peer-repeats 1 \
     2>&1 | filter > "$OUT/throughput.txt"
 }
+# Issue 8 on the final code (sessions 26 and 27): the gpu-marked tests of the models, plugins and
+# core ($OUT/gpu_tests.txt), then, with any argument, issue 8's recorded command ($OUT/spec.txt).
+issue8_tests_and_spec() {
+  timeout 260 python3 -m pytest -q -p no:cacheprovider -m gpu tests/models tests/plugins tests/core > "$OUT/gpu_tests.txt" 2>&1
+  [ $# -eq 0 ] || timeout 280 python3 -m deepinfer.cli bench spec --device sm90 --batch 1,64 --output-len 256 \
+    --repeats 5 2>&1 | filter > "$OUT/spec.txt"
+}
