@@ -17,6 +17,12 @@
 #define COLUMN_BLOCK 64
 /* rows of x that share one read of the weights */
 #define ROW_BLOCK 6
+/* how far ahead of its reads, in bytes, the weights are prefetched. The weights are read once
+ * a step and are mostly out of the cache by the next (a step reads every layer's): the
+ * hardware's prefetchers alone kept 1-6 rows at 6-8 GB/s on this project's AVX2 CPU, 9-11 GB/s
+ * with this (session 28: 1,024 to 16,384 bytes tried); weights in the cache lose nothing.
+ * A prefetch past the end of the weights is harmless (prefetches do not fault). */
+#define PREFETCH 4096
 
 static inline __m256 load8(const uint16_t *p) {
     __m128i h = _mm_loadu_si128((const __m128i *)p);
@@ -61,6 +67,9 @@ static inline uint16_t narrow(float f) {
             for (; k + 8 <= K; k += 8) {                                                          \
                 __m256 v[CB];                                                                     \
                 _Pragma("GCC unroll 8") for (int c = 0; c < CB; c++) v[c] = load8(wc[c] + k);    \
+                if ((k & 31) == 0) /* a new cache line of each row: fetch the one 4 KB on */    \
+                    _Pragma("GCC unroll 8") for (int c = 0; c < CB; c++)                          \
+                        _mm_prefetch((const char *)(wc[c] + k) + PREFETCH, _MM_HINT_T0);          \
                 _Pragma("GCC unroll 8") for (int r = 0; r < RB; r++) {                            \
                     __m256 xv = _mm256_loadu_ps(x + r * K + k);                                   \
                     _Pragma("GCC unroll 8") for (int c = 0; c < CB; c++)                          \
