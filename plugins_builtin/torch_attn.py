@@ -62,19 +62,6 @@ class TorchAttention(AttentionBackend):
     def build_metadata(self, batch: StepBatch) -> TorchAttentionMetadata:
         dev = batch.input_ids.device
         b, max_q, max_kv, bs = batch.num_seqs, batch.max_query_len, batch.max_seq_len, batch.block_size
-        q_lens = torch.tensor(batch.query_lens_cpu, device=dev)
-        seq_lens = batch.seq_lens.to(torch.long)
-        offs = torch.arange(max_q, device=dev)
-        valid_q = offs[None, :] < q_lens[:, None]                                 # [B, max_q]
-        q_pos = batch.context_lens.to(torch.long)[:, None] + offs[None, :]         # [B, max_q]
-        q_pos = torch.where(valid_q, q_pos, torch.zeros_like(q_pos))  # pads look at key 0 only
-        one_seq = b == 1 and max_q > 1
-        if max_q == 1 or one_seq:  # (one sequence: q[None] and out[0] need no gathers)
-            q_index = out_index = None
-        else:
-            starts = batch.query_start_loc[:-1].to(torch.long)
-            q_index = torch.where(valid_q, starts[:, None] + offs[None, :], torch.zeros_like(q_pos))
-            out_index = valid_q.flatten().nonzero().squeeze(1)
         n_blocks = -(-max_kv // bs)
         groups = batch.kv_groups or (KVGroupBatch(batch.slot_mapping, batch.block_tables, None),)
         writes = tuple((g.slot_mapping if g.write_rows is None else g.slot_mapping[g.write_rows], g.write_rows)
@@ -90,6 +77,19 @@ class TorchAttention(AttentionBackend):
             # attention costs a fixed ~0.1 ms per layer on CPU, the cost of a whole small layer)
             slots = {(g, w): group_slots[g][:, max(0, max_kv - w) if w else 0:] for g, w in keys}
             return TorchAttentionMetadata(writes, None, None, slots, {w: None for w in (None, *windows)})
+        q_lens = torch.tensor(batch.query_lens_cpu, device=dev)
+        seq_lens = batch.seq_lens.to(torch.long)
+        offs = torch.arange(max_q, device=dev)
+        valid_q = offs[None, :] < q_lens[:, None]                                 # [B, max_q]
+        q_pos = batch.context_lens.to(torch.long)[:, None] + offs[None, :]         # [B, max_q]
+        q_pos = torch.where(valid_q, q_pos, torch.zeros_like(q_pos))  # pads look at key 0 only
+        one_seq = b == 1 and max_q > 1
+        if max_q == 1 or one_seq:  # (one sequence: q[None] and out[0] need no gathers)
+            q_index = out_index = None
+        else:
+            starts = batch.query_start_loc[:-1].to(torch.long)
+            q_index = torch.where(valid_q, starts[:, None] + offs[None, :], torch.zeros_like(q_pos))
+            out_index = valid_q.flatten().nonzero().squeeze(1)
         kv_pos = torch.arange(max_kv, device=dev)
         base = (kv_pos[None, None, :] <= q_pos[:, :, None]) & (kv_pos[None, None, :] < seq_lens[:, None, None])
         masks: dict[int | None, torch.Tensor | None] = {None: base[:, None]}
