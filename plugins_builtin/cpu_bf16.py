@@ -3,7 +3,7 @@
 The C source is compiled at first use with the machine's C compiler (``$CC``, else ``cc``) into
 ``kernels/`` of a per-user cache (``$DEEPINFER_CACHE_DIR``, else ``$XDG_CACHE_HOME/deepinfer`` or
 ``~/.cache/deepinfer``), named by a hash of the source, the flags and the compiler's ``--version``
-output, and loaded with ctypes. Built by gcc beside a torch that ships ``libgomp.so.1`` (its Linux
+output (a new build deletes the others there), and loaded with ctypes. Built by gcc beside a torch that ships ``libgomp.so.1`` (its Linux
 wheels), it shares torch's OpenMP runtime and threads (one soname, loaded once). Where it cannot
 be built (not x86-64 with AVX2, no compiler, no writable cache), ``unavailable_reason()`` says why
 and callers keep torch's matmul.
@@ -67,6 +67,7 @@ def _build() -> tuple[ctypes.CDLL | None, str | None]:
             os.umask(umask)
             os.chmod(tmp, 0o755 & ~umask)  # mkstemp's 0600 would keep a shared cache's other users out
             os.replace(tmp, target)  # atomic: another process building the same key loses nothing
+            _remove_other_builds(target)
         except (OSError, subprocess.SubprocessError) as e:
             return None, f"{compiler[0]} could not build {SOURCE.name}: {e}"
         finally:
@@ -81,6 +82,18 @@ def _build() -> tuple[ctypes.CDLL | None, str | None]:
                    ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
     fn.restype = ctypes.c_int
     return lib, None
+
+
+def _remove_other_builds(keep: Path) -> None:
+    """Delete the cache's libraries of other sources, flags or compilers (a previous deepinfer's), so
+    that the cache does not grow with every change. A process that has one loaded keeps it (the
+    file's pages stay mapped); one that starts later builds its own again."""
+    for old in keep.parent.glob("cpu_bf16_linear-*.so"):
+        if old != keep:
+            try:
+                old.unlink()
+            except OSError:
+                pass  # (another process removed it first, or the cache is read-only to us)
 
 
 @functools.cache

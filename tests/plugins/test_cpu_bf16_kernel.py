@@ -123,7 +123,14 @@ def fresh_build(monkeypatch, tmp_path):
 
 
 def test_the_build_is_cached_by_source_and_compiler(fresh_build):
+    (fresh_build / "kernels").mkdir()
+    stale = fresh_build / "kernels" / "cpu_bf16_linear-0123456789abcdef.so"  # an earlier source's
+    stale.write_bytes(b"")
+    other = fresh_build / "kernels" / "notes.txt"
+    other.write_text("not a build")
     assert cpu_bf16.unavailable_reason() is None
+    assert not stale.exists() and other.exists()  # a new build replaces the earlier ones only
+    other.unlink()
     built = list((fresh_build / "kernels").iterdir())
     assert len(built) == 1 and built[0].suffix == ".so"  # no temporary file left beside it
     stamp = built[0].stat().st_mtime_ns
