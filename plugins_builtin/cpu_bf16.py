@@ -2,8 +2,9 @@
 
 The C source is compiled at first use with the machine's C compiler (``$CC``, else ``cc``) into
 ``kernels/`` of a per-user cache (``$DEEPINFER_CACHE_DIR``, else ``$XDG_CACHE_HOME/deepinfer`` or
-``~/.cache/deepinfer``), named by a hash of the source, the flags and the compiler's ``--version``
-output (a new build deletes the others there), and loaded with ctypes. Built by gcc beside a torch that ships ``libgomp.so.1`` (its Linux
+``~/.cache/deepinfer``), named by a hash of the source, the flags and the compiler's
+``--version`` output (a new build deletes other builds there unused for a week), and loaded with
+ctypes. Built by gcc beside a torch that ships ``libgomp.so.1`` (its Linux
 wheels), it shares torch's OpenMP runtime and threads (one soname, loaded once). Where it cannot
 be built (not x86-64 with AVX2, no compiler, no writable cache), ``unavailable_reason()`` says why
 and callers keep torch's matmul.
@@ -19,6 +20,7 @@ import shlex
 import shutil
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -67,7 +69,7 @@ def _build() -> tuple[ctypes.CDLL | None, str | None]:
             os.umask(umask)
             os.chmod(tmp, 0o755 & ~umask)  # mkstemp's 0600 would keep a shared cache's other users out
             os.replace(tmp, target)  # atomic: another process building the same key loses nothing
-            _remove_other_builds(target)
+            _remove_stale_builds(target)
         except (OSError, subprocess.SubprocessError) as e:
             return None, f"{compiler[0]} could not build {SOURCE.name}: {e}"
         finally:
@@ -77,6 +79,10 @@ def _build() -> tuple[ctypes.CDLL | None, str | None]:
         lib = ctypes.CDLL(str(target))
     except OSError as e:
         return None, f"cannot load {target}: {e}"
+    try:
+        os.utime(target)  # in use: not stale to another version's build (_remove_stale_builds)
+    except OSError:
+        pass  # (a cache shared read-only)
     fn = lib.deepinfer_bf16_linear
     fn.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_long,
                    ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
@@ -84,16 +90,21 @@ def _build() -> tuple[ctypes.CDLL | None, str | None]:
     return lib, None
 
 
-def _remove_other_builds(keep: Path) -> None:
-    """Delete the cache's libraries of other sources, flags or compilers (a previous deepinfer's), so
-    that the cache does not grow with every change. A process that has one loaded keeps it (the
-    file's pages stay mapped); one that starts later builds its own again."""
+#: a build of another source, flags or compiler unused this long is deleted when one is built
+STALE_SECONDS = 7 * 24 * 3600
+
+
+def _remove_stale_builds(keep: Path) -> None:
+    """Delete the cache's libraries of other sources, flags or compilers (an earlier deepinfer's)
+    that no process has loaded for ``STALE_SECONDS`` (loading one marks it), so that the cache does
+    not grow with every change while checkouts of several versions can share it."""
+    now = time.time()
     for old in keep.parent.glob("cpu_bf16_linear-*.so"):
-        if old != keep:
-            try:
+        try:
+            if old != keep and now - old.stat().st_mtime > STALE_SECONDS:
                 old.unlink()
-            except OSError:
-                pass  # (another process removed it first, or the cache is read-only to us)
+        except OSError:
+            pass  # (another process removed it first, or the cache is read-only to us)
 
 
 @functools.cache

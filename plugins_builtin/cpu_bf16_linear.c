@@ -18,10 +18,11 @@
 /* rows of x that share one read of the weights */
 #define ROW_BLOCK 6
 /* how far ahead of its reads, in bytes, the weights are prefetched. The weights are read once
- * a step and are mostly out of the cache by the next (a step reads every layer's): the
- * hardware's prefetchers alone kept 1-6 rows at 6-8 GB/s on this project's AVX2 CPU, 9-11 GB/s
- * with this (session 28: 1,024 to 16,384 bytes tried); weights in the cache lose nothing.
- * A prefetch past the end of the weights is harmless (prefetches do not fault). */
+ * a step and are mostly out of the cache by the next (a step reads every layer's): cold, 1-6 rows
+ * read them at 4-9 GB/s with the hardware's prefetchers alone on this project's AVX2 CPU, 6-11
+ * GB/s with this (session 28: 1,024 to 16,384 bytes tried); weights in the cache lose nothing.
+ * The address may lie past the end of the weights (computed as an integer: a prefetch does not
+ * fault). */
 #define PREFETCH 4096
 
 static inline __m256 load8(const uint16_t *p) {
@@ -69,7 +70,7 @@ static inline uint16_t narrow(float f) {
                 _Pragma("GCC unroll 8") for (int c = 0; c < CB; c++) v[c] = load8(wc[c] + k);    \
                 if ((k & 31) == 0) /* a new cache line of each row: fetch the one 4 KB on */    \
                     _Pragma("GCC unroll 8") for (int c = 0; c < CB; c++)                          \
-                        _mm_prefetch((const char *)(wc[c] + k) + PREFETCH, _MM_HINT_T0);          \
+                        _mm_prefetch((const char *)((uintptr_t)(wc[c] + k) + PREFETCH), _MM_HINT_T0); \
                 _Pragma("GCC unroll 8") for (int r = 0; r < RB; r++) {                            \
                     __m256 xv = _mm256_loadu_ps(x + r * K + k);                                   \
                     _Pragma("GCC unroll 8") for (int c = 0; c < CB; c++)                          \

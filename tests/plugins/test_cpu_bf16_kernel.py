@@ -3,7 +3,9 @@ product, and its build: cached, and a clear reason where it cannot be built."""
 from __future__ import annotations
 
 import logging
+import os
 import sys
+import time
 
 import pytest
 import torch
@@ -123,20 +125,28 @@ def fresh_build(monkeypatch, tmp_path):
 
 
 def test_the_build_is_cached_by_source_and_compiler(fresh_build):
-    (fresh_build / "kernels").mkdir()
-    stale = fresh_build / "kernels" / "cpu_bf16_linear-0123456789abcdef.so"  # an earlier source's
-    stale.write_bytes(b"")
-    other = fresh_build / "kernels" / "notes.txt"
-    other.write_text("not a build")
+    kernels = fresh_build / "kernels"
+    kernels.mkdir()
+    stale, recent, other = (kernels / "cpu_bf16_linear-0123456789abcdef.so",  # earlier sources' builds
+                            kernels / "cpu_bf16_linear-fedcba9876543210.so", kernels / "notes.txt")
+    for path in (stale, recent, other):
+        path.write_bytes(b"")
+    week_ago = time.time() - cpu_bf16.STALE_SECONDS - 60
+    os.utime(stale, (week_ago, week_ago))
     assert cpu_bf16.unavailable_reason() is None
-    assert not stale.exists() and other.exists()  # a new build replaces the earlier ones only
+    # a new build deletes builds unused for a week only (another version may be using the recent one)
+    assert not stale.exists() and recent.exists() and other.exists()
+    recent.unlink()
     other.unlink()
     built = list((fresh_build / "kernels").iterdir())
     assert len(built) == 1 and built[0].suffix == ".so"  # no temporary file left beside it
-    stamp = built[0].stat().st_mtime_ns
+    file = built[0].stat()
+    os.utime(built[0], (file.st_atime - 3600, file.st_mtime - 3600))
     lib, why = cpu_bf16._build()  # another process: loads the cached library, builds nothing
     assert why is None and lib is not None
-    assert list((fresh_build / "kernels").iterdir()) == built and built[0].stat().st_mtime_ns == stamp
+    assert list((fresh_build / "kernels").iterdir()) == built
+    assert built[0].stat().st_ino == file.st_ino  # the same file (a build would have replaced it)
+    assert built[0].stat().st_mtime > file.st_mtime - 60  # marked as in use by the load
 
 
 @pytest.mark.parametrize("compiler, reason", [("/nonexistent/cc", "no C compiler: '/nonexistent/cc' is not on PATH"),

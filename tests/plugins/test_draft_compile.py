@@ -31,7 +31,10 @@ def test_compiled_draft_step_matches_the_eager_step(dtype):
         while pos + len(tokens) <= n:  # one and two new tokens in turn, at every length
             feed = [(tokens, pos, table)]
             assert step.covers(feed)
-            prob, best = step.run(feed)  # with the guards that tell the compilations apart only
+            with torch._dynamo.config.patch(error_on_recompile=True):  # (run sets failed if it would)
+                skipping = step.run(feed)  # the guards' skipping stance
+            assert skipping is not None, step.failed
+            prob, best = skipping
             # every guard checked and no compilation allowed: the same compiled step, the same
             # result (what makes skipping the other guards sound)
             step.warm = False
