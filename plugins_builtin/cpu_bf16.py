@@ -5,8 +5,9 @@ The C source is compiled at first use with the machine's C compiler (``$CC``, el
 ``~/.cache/deepinfer``), named by a hash of the source, the flags and the compiler's
 ``--version`` output (a new build deletes other builds there unused for a week), and loaded with
 ctypes. Built by gcc beside a torch that ships ``libgomp.so.1`` (its Linux wheels), it shares
-torch's OpenMP runtime and threads (one soname, loaded once). Where it cannot be built (not x86-64 with AVX2, no compiler, no writable cache), ``unavailable_reason()`` says why
-and callers keep torch's matmul.
+torch's OpenMP runtime and threads (one soname, loaded once). Where it cannot be built (not
+x86-64 with AVX2, no compiler, no writable cache), ``unavailable_reason()`` says why and callers
+keep torch's matmul.
 """
 from __future__ import annotations
 
