@@ -20,7 +20,8 @@
 /* how far ahead of its reads, in bytes, the weights are prefetched. The weights are read once
  * a step and are mostly out of the cache by the next (a step reads every layer's): cold, 1-6 rows
  * read them at 4-9 GB/s with the hardware's prefetchers alone on this project's AVX2 CPU, 6-11
- * GB/s with this (session 28: 1,024 to 16,384 bytes tried); weights in the cache lose nothing.
+ * GB/s with this (session 28: 1,024 to 16,384 bytes tried); weights in the cache read about as
+ * fast (6 rows: the same; 1 row: 0-9% slower on the smaller shapes).
  * The address may lie past the end of the weights (computed as an integer: a prefetch does not
  * fault). */
 #define PREFETCH 4096
