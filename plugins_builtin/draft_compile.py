@@ -45,7 +45,7 @@ class CompiledGreedyStep:
         self.model, self.attention, self.kv_caches = model, attention, kv_caches
         self.block_size, self.device = block_size, device
         self.failed: str | None = None
-        self.warm = False  # both kinds of step compiled (warm_up): calls skip all but the guards between them
+        self.warm = False  # both kinds of step compiled (warm_up): calls may skip guards (module docstring)
         # a code object of its own: torch.compile keeps its compilations per code object, and up to
         # 8 of them; engines of one process (each draft a new instance) would share and exhaust them
         fn = CompiledGreedyStep._greedy

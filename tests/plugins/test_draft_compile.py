@@ -1,12 +1,13 @@
 """The draft model's compiled greedy step (CPU) against its eager step: same tokens, same
-probabilities and the same KV written, for every length and for one or two new tokens (calls
-that skip the guards between compilations agree with calls that check them all); pools exact."""
+probabilities and the same KV written, for every length and for one or two new tokens (calls in
+the guard-skipping stance need no compilation and agree with fully guarded calls); pools exact."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from deepinfer import LLM
+from deepinfer_builtin import draft_compile
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -20,6 +21,7 @@ def test_compiled_draft_step_matches_the_eager_step(dtype):
     tol = {"rtol": 1e-4, "atol": 1e-5} if dtype == "float32" else {"rtol": 2 ** -5, "atol": 2e-2}
     step = runner.compiled
     assert step is not None and step.failed is None and step.warm, step and step.failed
+    assert draft_compile._default_stance()  # (so the calls below take the guard-skipping stance)
     prompt = llm.get_tokenizer().encode("def read_config(path):\n    with open(path) as f:\n")
     n = len(prompt) + 18
     blocks = runner.pool.allocate(-(-n // runner.block_size))
