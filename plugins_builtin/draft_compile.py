@@ -6,8 +6,9 @@ arithmetic: the demo draft's step (2 layers, hidden 256, an 8,192-token LM head)
 eagerly and 1.35 ms compiled on this project's CPU (session 19). The compiled step computes one
 sequence's new token through the model, the LM head and the softmax, and returns the greedy token
 and its probability; the number of keys it reads is a dynamic dimension, so one compilation
-serves every length. Other steps (several tokens, several sequences, sampled requests) run
-eagerly. Inductor needs a C++ compiler: without one, or if the step fails to compile for any
+serves every length. Its inputs are built for the one sequence
+(``TorchAttention.sequence_metadata``), not through a StepBatch. Other steps (several tokens,
+several sequences, sampled requests) run eagerly. Inductor needs a C++ compiler: without one, or if the step fails to compile for any
 other reason, the draft runs eagerly and the reason is logged and kept in ``failed``.
 
 Once ``warm_up`` has compiled both kinds of step, calls take torch.compile's
@@ -29,10 +30,11 @@ from __future__ import annotations
 import logging
 import types
 
+import numpy as np
 import torch
 import torch._dynamo.exc
 
-from deepinfer.plugins import BlockPool, build_step_batch
+from deepinfer.plugins import BlockPool
 
 log = logging.getLogger("deepinfer")
 
@@ -55,7 +57,7 @@ class CompiledGreedyStep:
     @staticmethod
     def supported(attention) -> bool:
         """Whether this attention backend can mark its metadata's lengths dynamic."""
-        return hasattr(attention, "mark_dynamic")
+        return hasattr(attention, "mark_dynamic") and hasattr(attention, "sequence_metadata")
 
     def covers(self, feeds: list[tuple[list[int], int, list[int]]]) -> bool:
         """A step of one sequence with one or two new tokens (two: a round's first step after its
@@ -70,14 +72,19 @@ class CompiledGreedyStep:
     def run(self, feeds: list[tuple[list[int], int, list[int]]]) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(probability, token) after the feed's last token, each [1]; None if it failed to compile
         (the caller then runs the step eagerly: nothing was written)."""
-        batch = build_step_batch(feeds, self.block_size, self.device)
-        meta = self.attention.build_metadata(batch)
+        tokens, start, block_ids = feeds[0]
+        end, bs = start + len(tokens), self.block_size
+        keys = np.arange(end)  # every key's slot, then the attention's metadata of that one sequence
+        slots = torch.from_numpy(np.asarray(block_ids, dtype=np.int64)[keys // bs] * bs + keys % bs)
+        meta = self.attention.sequence_metadata(slots.to(self.device), len(tokens))
         self.attention.mark_dynamic(meta)
+        ids = torch.tensor(tokens, dtype=torch.long, device=self.device)
+        positions = torch.arange(start, end, device=self.device)
         try:
             if self.warm and torch.is_inference_mode_enabled() and _default_stance():
                 with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
-                    return self._step(batch.input_ids, batch.positions, self.kv_caches, meta)
-            return self._step(batch.input_ids, batch.positions, self.kv_caches, meta)
+                    return self._step(ids, positions, self.kv_caches, meta)
+            return self._step(ids, positions, self.kv_caches, meta)
         except (RuntimeError, OSError, torch._dynamo.exc.FailOnRecompileLimitHit) as e:
             # (a missing compiler, a step it refused, or too many compilations); run eagerly from now on
             self.failed = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"

@@ -7,7 +7,10 @@ import pytest
 import torch
 
 from deepinfer import LLM
+from deepinfer.core.model_runner import build_step_batch
+from deepinfer.plugins import AttentionLayerSpec
 from deepinfer_builtin import draft_compile
+from deepinfer_builtin.torch_attn import TorchAttention
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -95,3 +98,32 @@ def test_a_step_that_fails_to_compile_runs_eagerly(caplog):
     assert "run eagerly" in caplog.text and not step.covers([([1], 5, [0])])
     assert llm.get_metrics()["deepinfer:spec_decode_num_accepted_tokens"] > 0
     llm.engine.drafter.runner.pool.check_all_free()
+
+
+@pytest.mark.parametrize("windows", [(None, None), (None, 5)])
+def test_sequence_metadata_is_build_metadatas(windows):
+    """The compiled step's inputs, built without a StepBatch, equal ``build_metadata``'s for the
+    same step: one sequence, 1-3 new tokens after 1-40 cached ones, with and without a sliding
+    window (whose decodes read only their window's keys)."""
+    attn = TorchAttention(TorchAttention.Options(), None)
+    layers = [AttentionLayerSpec(i, 4, 2, 8, sliding_window=w) for i, w in enumerate(windows)]
+    attn.allocate_kv_cache(layers, 16, 4, torch.float32, torch.device("cpu"))
+    table = [9, 3, 14, 0, 7, 2, 11, 5, 12, 1, 6, 15]
+    for cached in range(1, 41):
+        for q in (1, 2, 3):
+            want = attn.build_metadata(build_step_batch([([1] * q, cached, table)], 4, torch.device("cpu")))
+            n = cached + q
+            got = attn.sequence_metadata(torch.tensor([table[p // 4] * 4 + p % 4 for p in range(n)]), q)
+            assert len(got.writes) == len(want.writes) == 1
+            assert torch.equal(got.writes[0][0], want.writes[0][0]) and got.writes[0][1] is want.writes[0][1] is None
+            assert got.q_index is want.q_index is None and got.out_index is want.out_index is None
+            assert got.one_seq == want.one_seq == (q > 1)
+            assert got.kv_slots.keys() == want.kv_slots.keys() == {(0, w) for w in windows}
+            for key, slots in want.kv_slots.items():
+                assert torch.equal(got.kv_slots[key], slots), (cached, q, key)
+            assert got.masks.keys() == want.masks.keys()
+            for w, mask in want.masks.items():
+                assert (got.masks[w] is None and mask is None) or torch.equal(got.masks[w], mask), (cached, q, w)
+    with pytest.raises(ValueError, match="one KV group"):
+        attn.allocate_kv_cache([AttentionLayerSpec(0, 4, 2, 8, kv_group=1)], 16, 4, torch.float32, torch.device("cpu"))
+        attn.sequence_metadata(torch.arange(5), 1)
