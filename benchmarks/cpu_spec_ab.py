@@ -7,7 +7,8 @@ cpu device's options for that engine instead). All engines live in
 one process and take turns prompt by prompt (the order rotating), so that a machine whose speed
 drifts by the minute (this project's CPU) slows them alike. Prints each engine's tokens/s and its
 ratio to no drafter, its drafts verified and accepted per draft step, and the medians of its
-engine steps, target forwards and proposals.
+engine steps, target forwards and proposals (and of the draft's compiled steps: the whole call, and
+the compiled code's part).
 """
 from __future__ import annotations
 
@@ -56,6 +57,10 @@ def main() -> None:
         _timed(llm.engine.runner.model, "forward", times[name, "target forward"])
         if llm.engine.drafter is not None:
             _timed(llm.engine.drafter, "propose", times[name, "proposal"])
+            step = getattr(getattr(llm.engine.drafter, "runner", None), "compiled", None)
+            if step is not None:  # the draft's compiled step: the whole call, and the compiled code's
+                _timed(step, "run", times[name, "draft step"])
+                _timed(step, "_step", times[name, "compiled call"])
     seconds: dict[str, float] = collections.defaultdict(float)
     names = list(engines)
     for r in range(args.rounds):

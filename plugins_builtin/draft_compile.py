@@ -56,7 +56,8 @@ class CompiledGreedyStep:
 
     @staticmethod
     def supported(attention) -> bool:
-        """Whether this attention backend can mark its metadata's lengths dynamic."""
+        """Whether this attention backend builds one sequence's metadata (``sequence_metadata``) and
+        can mark its lengths dynamic."""
         return hasattr(attention, "mark_dynamic") and hasattr(attention, "sequence_metadata")
 
     def covers(self, feeds: list[tuple[list[int], int, list[int]]]) -> bool:

@@ -112,8 +112,10 @@ class TorchAttention(AttentionBackend):
         windows = {w for _, w in keys if w is not None}
         row, writes = slots[None], ((slots[n - q:].clone(), None),)
         if q == 1:  # (as a decode of build_metadata: each window reads exactly its keys, no mask)
-            return TorchAttentionMetadata(writes, None, None, {(0, w): row[:, max(0, n - w) if w else 0:] for _, w in keys},
-                                          {w: None for w in (None, *windows)})
+            # (sliced before the batch dimension is added: a view whose stride is its own length, as
+            # at every length, where a slice of ``row`` would have n's: a guard torch.compile checks)
+            kv_slots = {(0, w): slots[max(0, n - w) if w else 0:][None] for _, w in keys}
+            return TorchAttentionMetadata(writes, None, None, kv_slots, {w: None for w in (None, *windows)})
         kv_pos = torch.arange(n, device=slots.device)
         q_pos = kv_pos[n - q:]
         base = kv_pos[None, None, :] <= q_pos[None, :, None]                    # [1, q, n]

@@ -13,14 +13,23 @@ from deepinfer_builtin import draft_compile
 from deepinfer_builtin.torch_attn import TorchAttention
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_compiled_draft_step_matches_the_eager_step(dtype):
+@pytest.mark.parametrize(("draft", "dtype"), [("demo", "float32"), ("demo", "bfloat16"), ("sliding", "float32")])
+def test_compiled_draft_step_matches_the_eager_step(draft, dtype, tmp_path):
     """In bfloat16 the compiled step keeps float32 between fused ops where the eager one rounds to
     bfloat16, so its probabilities and KV agree to bfloat16's precision, and its token is the
-    eager one's or a near-tie of it."""
-    llm = LLM(progress=False, plugins=["draft-model"], plugin_options={"draft-model": {"dtype": dtype}})
+    eager one's or a near-tie of it. "sliding": a tiny Qwen3 whose first layer has a window of 6
+    keys, stepped well past it (its decodes then read only the window's keys)."""
+    if draft == "demo":
+        llm = LLM(progress=False, plugins=["draft-model"], plugin_options={"draft-model": {"dtype": dtype}})
+    else:
+        from tests.tiny_models import hybrid, make_model
+
+        make_model(tmp_path, "qwen3", **hybrid(6))
+        llm = LLM(str(tmp_path), dtype=dtype, progress=False, plugins=["draft-model"],
+                  plugin_options={"draft-model": {"model": str(tmp_path)}})
     runner = llm.engine.drafter.runner
     assert runner.dtype == getattr(torch, dtype)
+    assert (draft == "sliding") == any(s.sliding_window for s in runner.model.attention_layers())
     tol = {"rtol": 1e-4, "atol": 1e-5} if dtype == "float32" else {"rtol": 2 ** -5, "atol": 2e-2}
     step = runner.compiled
     assert step is not None and step.failed is None and step.warm, step and step.failed
@@ -119,11 +128,17 @@ def test_sequence_metadata_is_build_metadatas(windows):
             assert got.q_index is want.q_index is None and got.out_index is want.out_index is None
             assert got.one_seq == want.one_seq == (q > 1)
             assert got.kv_slots.keys() == want.kv_slots.keys() == {(0, w) for w in windows}
+            exact = {"rtol": 0, "atol": 0}  # (and the same dtype and device)
+            torch.testing.assert_close(got.writes[0][0], want.writes[0][0], **exact)
             for key, slots in want.kv_slots.items():
-                assert torch.equal(got.kv_slots[key], slots), (cached, q, key)
+                torch.testing.assert_close(got.kv_slots[key], slots, **exact, msg=f"{cached} {q} {key}")
+                # the compiled step is guarded on strides: a row's is its own length at every length
+                assert got.kv_slots[key].stride() == (got.kv_slots[key].shape[1], 1)
             assert got.masks.keys() == want.masks.keys()
             for w, mask in want.masks.items():
-                assert (got.masks[w] is None and mask is None) or torch.equal(got.masks[w], mask), (cached, q, w)
+                assert (got.masks[w] is None) == (mask is None), (cached, q, w)
+                if mask is not None:
+                    torch.testing.assert_close(got.masks[w], mask, **exact, msg=f"{cached} {q} {w}")
+    attn.allocate_kv_cache([AttentionLayerSpec(0, 4, 2, 8, kv_group=1)], 16, 4, torch.float32, torch.device("cpu"))
     with pytest.raises(ValueError, match="one KV group"):
-        attn.allocate_kv_cache([AttentionLayerSpec(0, 4, 2, 8, kv_group=1)], 16, 4, torch.float32, torch.device("cpu"))
         attn.sequence_metadata(torch.arange(5), 1)
