@@ -6,9 +6,9 @@ arithmetic: the demo draft's step (2 layers, hidden 256, an 8,192-token LM head)
 eagerly and 1.35 ms compiled on this project's CPU (session 19). The compiled step computes one
 sequence's new token through the model, the LM head and the softmax, and returns the greedy token
 and its probability; the number of keys it reads is a dynamic dimension, so one compilation
-serves every length. Its inputs are built for the one sequence
-(``TorchAttention.sequence_metadata``), not through a StepBatch. Other steps (several tokens,
-several sequences, sampled requests) run eagerly. Inductor needs a C++ compiler: without one, or if the step fails to compile for any
+serves every length. Its inputs are built for the one sequence (by the attention's
+``sequence_metadata``), not through a StepBatch. Other steps (several tokens, several sequences,
+sampled requests) run eagerly. Inductor needs a C++ compiler: without one, or if the step fails to compile for any
 other reason, the draft runs eagerly and the reason is logged and kept in ``failed``.
 
 Once ``warm_up`` has compiled both kinds of step, calls take torch.compile's

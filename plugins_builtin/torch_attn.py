@@ -112,8 +112,9 @@ class TorchAttention(AttentionBackend):
         windows = {w for _, w in keys if w is not None}
         row, writes = slots[None], ((slots[n - q:].clone(), None),)
         if q == 1:  # (as a decode of build_metadata: each window reads exactly its keys, no mask)
-            # (sliced before the batch dimension is added: a view whose stride is its own length, as
-            # at every length, where a slice of ``row`` would have n's: a guard torch.compile checks)
+            # slice the 1-D slots, then add the batch dimension: each view's stride is then its own
+            # length at every length; a slice of ``row`` would keep stride n, which the compiled
+            # step's guards check (draft_compile.py)
             kv_slots = {(0, w): slots[max(0, n - w) if w else 0:][None] for _, w in keys}
             return TorchAttentionMetadata(writes, None, None, kv_slots, {w: None for w in (None, *windows)})
         kv_pos = torch.arange(n, device=slots.device)
