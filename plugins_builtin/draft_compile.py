@@ -8,8 +8,9 @@ sequence's new token through the model, the LM head and the softmax, and returns
 and its probability; the number of keys it reads is a dynamic dimension, so one compilation
 serves every length. Its inputs are built for the one sequence (by the attention's
 ``sequence_metadata``), not through a StepBatch. Other steps (several tokens, several sequences,
-sampled requests) run eagerly. Inductor needs a C++ compiler: without one, or if the step fails to compile for any
-other reason, the draft runs eagerly and the reason is logged and kept in ``failed``.
+sampled requests) run eagerly. Inductor needs a C++ compiler: without one, or if the step fails to
+compile for any other reason, the draft runs eagerly and the reason is logged and kept in
+``failed``.
 
 Once ``warm_up`` has compiled both kinds of step, calls take torch.compile's
 ``skip_guard_eval_unsafe`` stance, which checks only part of the guards: the global state (grad
