@@ -21,8 +21,10 @@ and the symbolic shape guards. The full check cost 0.3-0.8 ms a call in a microb
 ms against about 2.0, session 28). This is sound because nothing skipped can change between calls:
 ``covers`` admits only these two kinds of step, of one sequence after at least one cached token
 (the shape guards ask for at least two keys); the model, its weights and attributes are the same
-objects every call; and the number of keys is the dynamic dimension both were compiled for. The
-stance is process-wide while it lasts, so it is taken only where the caller left torch.compile's
+objects every call; the number of keys is the dynamic dimension both were compiled for; and the
+metadata's slot tensors have strides that follow from their lengths alone (each window's slice is
+made before the batch dimension is added: ``TorchAttention.sequence_metadata``). The stance is
+process-wide while it lasts, so it is taken only where the caller left torch.compile's
 default stance, and the engine steps from one thread. Calls outside inference mode (which the
 warm-up compiled in) check every guard.
 """
