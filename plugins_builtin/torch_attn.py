@@ -102,8 +102,8 @@ class TorchAttention(AttentionBackend):
         """``build_metadata``'s result for a step of one sequence of ``len(slots)`` keys whose last
         ``q`` are new, without a StepBatch: ``slots`` [n] int64 holds each key's cache slot, in order.
         For the draft's compiled step (draft_compile.py): inside the engine about 0.2 ms a step
-        cheaper than a StepBatch and ``build_metadata`` (session 29). Layers of KV group 0 only (a draft's: only a
-        target's sliding-window layers may keep a pool of their own)."""
+        cheaper than a StepBatch and ``build_metadata`` (session 29). Layers of KV group 0 only (a
+        draft's: only a target's sliding-window layers may keep a pool of their own)."""
         keys = self._keys | {(0, None)}
         if any(g for g, _ in keys):
             raise ValueError("sequence_metadata serves one KV group only; this model's layers use "
