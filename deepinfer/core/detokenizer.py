@@ -20,21 +20,40 @@ class IncrementalDetokenizer:
     prefix_offset: int = 0
     read_offset: int = 0
     stopped_by: str | None = None
+    unread: bool = False  # tokens were deferred: the text does not cover them yet
 
     def add(self, new_ids: list[int]) -> str | None:
         """Append tokens; returns the stop string if one appeared (the text is cut there)."""
         self.token_ids.extend(new_ids)
+        return self._read(back_off=False)
+
+    def defer(self, new_ids: list[int]) -> None:
+        """Append tokens whose text is made only when it is read (``visible_text``), in one decode
+        with any others deferred since: for text that decides nothing before then (no stop
+        strings). The text is the same as from adding them one at a time."""
+        self.token_ids.extend(new_ids)
+        self.unread = True
+
+    def _read(self, back_off: bool) -> str | None:
+        """Extend the text over the tokens not read yet, up to the last that ends a whole character;
+        returns the stop string if one appeared. ``back_off``: if the last token does not end
+        one, look for an earlier token that does (tokens added one at a time tried each already)."""
+        self.unread = False
         if self.tokenizer is None or self.stopped_by is not None:
             return None
-        dec = self.tokenizer.decode
-        prefix = dec(self.token_ids[self.prefix_offset:self.read_offset], self.skip_special_tokens)
-        full = dec(self.token_ids[self.prefix_offset:], self.skip_special_tokens)
-        if full.endswith("\ufffd") or len(full) <= len(prefix):
+        dec, skip = self.tokenizer.decode, self.skip_special_tokens
+        prefix = dec(self.token_ids[self.prefix_offset:self.read_offset], skip)
+        stop_at = self.read_offset if back_off else len(self.token_ids) - 1
+        for end in range(len(self.token_ids), stop_at, -1):
+            full = dec(self.token_ids[self.prefix_offset:end], skip)
+            if len(full) > len(prefix) and not full.endswith("\ufffd"):
+                break
+        else:
             return None  # an incomplete character: wait for more tokens
         before = len(self.text)
         self.text += full[len(prefix):]
         self.prefix_offset = self.read_offset
-        self.read_offset = len(self.token_ids)
+        self.read_offset = end
         if self.stop:
             return self._check_stop(before)
         return None
@@ -55,6 +74,8 @@ class IncrementalDetokenizer:
 
     def visible_text(self, finished: bool) -> str:
         """Text safe to show: while running, a tail that may begin a stop string is held back."""
+        if self.unread:
+            self._read(back_off=True)
         if finished or not self.stop:
             return self.text
         hold = 0

@@ -78,9 +78,6 @@ class LLMEngine:
             runner.on_verified = drafter.on_verified
         self._proposed = False  # this step's drafts were proposed at the end of the last step
         self._propose_error: Exception | None = None  # an early proposal's, raised at the next step
-        #: (detokenizer, tokens) that the step's text still has to take: requests without stop
-        #: strings detokenize after the early proposal (see ``_append``)
-        self._text_later: list[tuple[IncrementalDetokenizer, list[int]]] = []
         for name in ("prompt_tokens", "prompt_tokens_computed", "generation_tokens", "num_preemptions",
                      "request_success", "request_aborted", "request_sampling_steps"):
             self.metrics.counter(f"deepinfer:{name}")
@@ -191,24 +188,22 @@ class LLMEngine:
                 self._proposed = True
             except Exception as e:  # noqa: BLE001 (not swallowed: raised at the next step)
                 self._propose_error = e
-        for detok, tokens in self._text_later:
-            for token in tokens:  # one at a time, as _append would have (the same text)
-                detok.add([token])
-        self._text_later.clear()
         outputs = self._emit(touched)
         self._update_gauges()
         return outputs
 
     def _account(self, sched: SchedulerOutput, result: RunnerOutput) -> None:
+        prompt = 0
         for s in sched.scheduled:
             req = s.request
             start = req.num_computed_tokens
-            self.metrics.inc("deepinfer:prompt_tokens_computed",
-                             max(0, min(req.num_prompt_tokens, start + s.num_new_tokens) - start))
+            if start < req.num_prompt_tokens:
+                prompt += min(req.num_prompt_tokens, start + s.num_new_tokens) - start
             if req.request_id in result.prompt_logprobs:
                 req.prompt_logprobs.extend(result.prompt_logprobs[req.request_id])
             if req.request_id in result.num_verified:
                 self._observe(req, result.num_verified[req.request_id], result.num_rejected[req.request_id])
+        self.metrics.inc("deepinfer:prompt_tokens_computed", prompt)
 
     def _take(self, flight: StepInFlight, touched: dict[str, RequestState]) -> None:
         """Wait for a step and apply it: append its tokens, advance the requests, finish some."""
@@ -245,12 +240,14 @@ class LLMEngine:
     def _deliver(self, reqs: Sequence[Request], result: RunnerOutput, touched: dict[str, RequestState]) -> list[Request]:
         now = time.monotonic()
         finished: list[Request] = []
+        sampling = 0
         for req in reqs:
-            tokens = result.sampled.get(req.request_id) or []
+            tokens = result.sampled.get(req.request_id)
             if tokens:
-                self.metrics.inc("deepinfer:request_sampling_steps")
-            if tokens and self._append(req, tokens, result.logprobs.get(req.request_id), now, touched):
-                finished.append(req)
+                sampling += 1
+                if self._append(req, tokens, result.logprobs.get(req.request_id), now, touched):
+                    finished.append(req)
+        self.metrics.inc("deepinfer:request_sampling_steps", sampling)
         return finished
 
     def _finish(self, finished: list[Request]) -> None:
@@ -280,7 +277,7 @@ class LLMEngine:
         touched[state.request_id] = state
         if req.first_token_time is None:
             req.first_token_time = now
-        later = not detok.stop  # no stop string: the text decides nothing here, and is made later
+        later = not detok.stop  # no stop string: the text decides nothing here; it is made when read
         for i, token in enumerate(tokens):
             if i == 0 and req.all_token_ids[-1] == PLACEHOLDER_TOKEN:
                 req.all_token_ids[-1] = token  # sampled by a step that was left running
@@ -288,13 +285,14 @@ class LLMEngine:
                 req.all_token_ids.append(token)
             if logprobs and logprobs[i] is not None:
                 req.logprobs.append(logprobs[i])
-            self.metrics.inc("deepinfer:generation_tokens")
             if check_stop(req, token, None if later else detok.add([token])):
+                self.metrics.inc("deepinfer:generation_tokens", i + 1)
                 if later:
-                    self._text_later.append((detok, tokens[:i + 1]))
+                    detok.defer(tokens[:i + 1])
                 return True
+        self.metrics.inc("deepinfer:generation_tokens", len(tokens))
         if later:
-            self._text_later.append((detok, tokens))
+            detok.defer(tokens)
         return False
 
     # ------------------------------------------------------------------------------ speculation

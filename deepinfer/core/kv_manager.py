@@ -86,6 +86,15 @@ class KVCacheManager:
 
     def allocate(self, request: Request, num_new_tokens: int, match: PrefixMatch | None = None) -> bool:
         """Reserve blocks for ``num_new_tokens`` more tokens (after taking ``match``); False if short."""
+        if match is None and self.sliding is None:  # a running request's step: most need no block
+            need = self.num_blocks_needed(request, num_new_tokens)
+            if need:
+                if need > self.pool.num_free_blocks:
+                    return False
+                new = self.pool.allocate(need)
+                self._blocks.setdefault(request.request_id, []).extend(new)
+                request.block_ids = request.block_ids + [b.block_id for b in new]
+            return True
         if not self.can_allocate(request, num_new_tokens, match):
             return False
         blocks = self._blocks.setdefault(request.request_id, [])
