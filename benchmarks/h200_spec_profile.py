@@ -1,7 +1,7 @@
 """Where a speculative round's time goes on the GPU: cProfile (host) and the torch profiler
 (device) over one batch-64 generate of `bench spec`'s workload, per drafter.
 
-    python3 benchmarks/h200_spec_profile.py --out DIR [--drafters draft-model,deepspark] [--batch 64]
+    python3 benchmarks/h200_spec_profile.py --out DIR [--drafters draft-model,deepspark] [--batch 64] [--top 30]
 """
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--device", default="sm90")
+    ap.add_argument("--top", type=int, default=30, help="functions listed under each cProfile sort")
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -36,7 +37,7 @@ def main() -> None:
 
         run()  # warm-up: compiles, captures
         plain = timed(run)
-        report = profiled(run, 30, ("tottime", "cumulative"))
+        report = profiled(run, a.top, ("tottime", "cumulative"))
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                                 torch.profiler.ProfilerActivity.CUDA]) as tp:
             llm.generate(prompts, params, use_tqdm=False)
