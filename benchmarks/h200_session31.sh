@@ -32,4 +32,10 @@ case "${1:-a}" in
        none draft-model deepspark 2>&1 | filter > "$OUT/host_ab.txt"
      timeout 250 python3 benchmarks/host_ab.py --old _old --device sm90 --batch 1 --prompts 8 --runs 5 \
        none draft-model deepspark 2>&1 | filter >> "$OUT/host_ab.txt" ;;
+  # d: call a's profiles again, on commit aa08aed's core
+  d) timeout 300 python3 benchmarks/h200_spec_profile.py --out "$OUT/prof" --drafters none,draft-model,deepspark \
+       --top 60 2>&1 | filter > "$OUT/spec_profile.txt" ;;
+  # e: what a graph's launch costs the host, at 64 requests and at batch 1
+  e) timeout 200 python3 benchmarks/h200_replay_cost.py --drafters none,draft-model --batch 64 2>&1 | filter > "$OUT/replay.txt"
+     timeout 150 python3 benchmarks/h200_replay_cost.py --drafters none,draft-model --batch 1 2>&1 | filter >> "$OUT/replay.txt" ;;
 esac
