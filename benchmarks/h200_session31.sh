@@ -38,4 +38,6 @@ case "${1:-a}" in
   # e: what a graph's launch costs the host, at 64 requests and at batch 1
   e) timeout 200 python3 benchmarks/h200_replay_cost.py --drafters none,draft-model --batch 64 2>&1 | filter > "$OUT/replay.txt"
      timeout 150 python3 benchmarks/h200_replay_cost.py --drafters none,draft-model --batch 1 2>&1 | filter >> "$OUT/replay.txt" ;;
+  # f: the final code: gpu-marked tests of the models, plugins and core, and issue 8's recorded command
+  f) issue8_tests_and_spec spec ;;
 esac

@@ -21,6 +21,9 @@ class IncrementalDetokenizer:
     read_offset: int = 0
     stopped_by: str | None = None
     unread: bool = False  # tokens were deferred: the text does not cover them yet
+    #: every end after read_offset up to this one gives no text yet (with these offsets): a read
+    #: tries only later ends, so tokens that add no text (skipped special ones) are decoded once
+    tried: int = 0
 
     def add(self, new_ids: list[int]) -> str | None:
         """Append tokens; returns the stop string if one appeared (the text is cut there)."""
@@ -28,9 +31,10 @@ class IncrementalDetokenizer:
         return self._read(back_off=False)
 
     def defer(self, new_ids: list[int]) -> None:
-        """Append tokens whose text is made only when it is read (``visible_text``), in one decode
+        """Append tokens whose text is made only when it is read (``visible_text``), in one pass
         with any others deferred since: for text that decides nothing before then (no stop
-        strings). The text is the same as from adding them one at a time."""
+        strings). The text is the same as from adding them one at a time, with decoders whose
+        windows' texts join cleanly (byte-level BPE, SentencePiece's: the demo models')."""
         self.token_ids.extend(new_ids)
         self.unread = True
 
@@ -41,19 +45,24 @@ class IncrementalDetokenizer:
         self.unread = False
         if self.tokenizer is None or self.stopped_by is not None:
             return None
+        n, known = len(self.token_ids), max(self.read_offset, self.tried)
+        low = known if back_off else n - 1
+        if low >= n:
+            return None
         dec, skip = self.tokenizer.decode, self.skip_special_tokens
         prefix = dec(self.token_ids[self.prefix_offset:self.read_offset], skip)
-        stop_at = self.read_offset if back_off else len(self.token_ids) - 1
-        for end in range(len(self.token_ids), stop_at, -1):
+        for end in range(n, low, -1):
             full = dec(self.token_ids[self.prefix_offset:end], skip)
             if len(full) > len(prefix) and not full.endswith("\ufffd"):
                 break
-        else:
-            return None  # an incomplete character: wait for more tokens
+        else:  # no text yet, or an incomplete character: wait for more tokens
+            if known >= low:
+                self.tried = n  # (and every end before n)
+            return None
         before = len(self.text)
         self.text += full[len(prefix):]
         self.prefix_offset = self.read_offset
-        self.read_offset = end
+        self.read_offset = self.tried = end
         if self.stop:
             return self._check_stop(before)
         return None

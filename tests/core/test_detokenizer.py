@@ -7,7 +7,7 @@ import pytest
 
 from deepinfer.core.detokenizer import IncrementalDetokenizer
 from deepinfer.core.tokenizer import Tokenizer
-from tests.tiny_models import make_tokenizer
+from tests.tiny_models import SPECIALS, make_tokenizer
 
 TEXT = "def read_config(path):\n    return 'Über naïve café 日本語 🙂'\n"
 
@@ -28,23 +28,60 @@ def test_incremental_text_equals_full_decode(tok):
     assert d.text == tok.decode(ids) == TEXT
 
 
-@pytest.mark.parametrize("seed", range(8))
-def test_deferred_tokens_decoded_when_read_give_the_same_text(tok, seed):
-    ids = tok.encode(TEXT, add_special_tokens=False)
+@pytest.mark.parametrize("skip", [True, False])
+@pytest.mark.parametrize("seed", range(6))
+def test_deferred_tokens_read_now_and_then_show_what_one_at_a_time_shows(tok, seed, skip):
     rng = random.Random(seed)
-    d = IncrementalDetokenizer(tok)
-    i = 0
+    specials = [tok._tok.token_to_id(t) for t in SPECIALS]
+    ids = []
+    for t in tok.encode(TEXT, add_special_tokens=False):
+        ids.append(t)
+        if rng.random() < 0.15:
+            ids.extend(rng.choices(specials, k=rng.randint(1, 3)))
+    ids += rng.choices(specials, k=12)  # a tail that adds no text (with skip)
+    one = IncrementalDetokenizer(tok, skip_special_tokens=skip)
+    later = IncrementalDetokenizer(tok, skip_special_tokens=skip)
+    i = reads = 0
     while i < len(ids):
-        n = rng.randint(1, 6)
-        before = d.text
-        d.defer(ids[i:i + n])
-        i += n
-        assert d.text == before  # nothing decoded until the text is read
+        chunk = ids[i:i + rng.randint(1, 6)]
+        i += len(chunk)
+        for t in chunk:
+            one.add([t])
+        before = later.text
+        later.defer(chunk)
+        assert later.text == before  # nothing decoded until the text is read
         if rng.random() < 0.4:
-            shown = d.visible_text(finished=False)
-            assert TEXT.startswith(shown)
-    assert d.visible_text(finished=True) == TEXT
-    assert d.token_ids == ids
+            assert later.visible_text(finished=False) == one.text
+            reads += 1
+    assert later.visible_text(finished=True) == one.text == tok.decode(ids, skip)
+    assert later.token_ids == ids and reads > 3
+    if skip:
+        assert one.text == TEXT
+
+
+def test_tokens_that_add_no_text_are_decoded_once_however_often_read(tok):
+    calls = []
+
+    class Counting:
+        def decode(self, ids, skip_special_tokens=True):
+            calls.append(len(ids))
+            return tok.decode(ids, skip_special_tokens)
+
+    end = tok._tok.token_to_id(SPECIALS[1])
+    d = IncrementalDetokenizer(Counting())
+    d.defer(tok.encode("hello", add_special_tokens=False))
+    assert d.visible_text(finished=False) == "hello"
+    calls.clear()
+    for _ in range(300):  # a model that goes on after its answer with tokens skipped in the text
+        d.defer([end])
+        assert d.visible_text(finished=False) == "hello"
+    assert len(calls) <= 2 * 300  # the window's prefix and its one new end, a read
+
+
+def test_without_a_tokenizer_deferred_tokens_are_kept_and_give_no_text():
+    d = IncrementalDetokenizer(None)
+    d.defer([5, 6])
+    assert d.visible_text(finished=True) == "" and d.token_ids == [5, 6]
 
 
 def test_deferred_text_cut_inside_a_character_equals_one_at_a_time(tok):
