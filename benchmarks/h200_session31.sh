@@ -40,4 +40,7 @@ case "${1:-a}" in
      timeout 150 python3 benchmarks/h200_replay_cost.py --drafters none,draft-model --batch 1 2>&1 | filter >> "$OUT/replay.txt" ;;
   # f: the final code: gpu-marked tests of the models, plugins and core, and issue 8's recorded command
   f) issue8_tests_and_spec spec ;;
+  # g: after the review's detokenizer change: the gpu-marked tests of the models, plugins and core
+  g) timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/models tests/plugins tests/core \
+       > "$OUT/gpu_tests.txt" 2>&1 ;;
 esac
