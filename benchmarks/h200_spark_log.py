@@ -38,8 +38,8 @@ def main() -> None:
     log: list[tuple[int, bool]] = []
     original = d.rates.speculate
 
-    def speculate(batch: int) -> tuple[bool, bool]:
-        out = original(batch)
+    def speculate(batch: int, *rest) -> tuple[bool, bool]:
+        out = original(batch, *rest)
         log.append((batch, out[0]))
         return out
 

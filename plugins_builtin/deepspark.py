@@ -33,34 +33,21 @@ still verify eagerly there verify every draft too).
 
 Rounds that draft nothing (``skip_when_slower``). Where the engine verifies in device graphs, a
 round drafts and verifies all k whatever the batch, and at large batches plain decode steps may
-give more tokens a second (so may a CPU's eager steps of large batches, whose verification grows
-with the drafts). There (``"always"``, the default; ``"graphs"``: in device graphs only), batches
-of at least ``skip_min_batch`` requests draft nothing for a round unless speculating is measured
-``skip_margin`` faster, and once speculating, go on while it is faster at all (RoundRates: a round's
-generated tokens a request over its time to the next proposal, per batch size class; docs/plugins.md
-says which rounds are samples). Now and then four rounds of the other kind run (after
-``explore_every`` rounds, then ever less often). Where rounds chain behind verifications, the next
-round's kind is chosen then (``on_verified``), so that a plain round leaves no chained round unused.
-This is vLLM's disabling of speculation by batch size, measured instead of set.
+give more tokens a second (so may a CPU's eager steps of large batches). There (``"always"``, the
+default; ``"graphs"``: in device graphs only), batches of at least ``skip_min_batch`` requests
+draft nothing for a round unless speculating is measured ``skip_margin`` faster, and once
+speculating, go on while it is faster at all (RoundRates: a round's time to the next proposal and
+generated tokens a request, per batch size class). Where requests wait, the kinds compare by their
+seconds a token; where none waits, the batch only shrinks and is done when its last request is, so
+they compare by the time until then: each request's tokens left (from max_tokens), over its own
+tokens a speculative round so far where speculating, rounds costing what the kind's cost at the
+requests still running (RoundRates.drain). Requests that accept unevenly then thin the batch
+early, which per-round rates do not see. Now and then four rounds of the other kind run. Where
+rounds chain behind verifications, the next round's kind is chosen then (``on_verified``). This is
+vLLM's disabling of speculation by batch size, measured instead of set.
 
-Lookup first (``lookup``, on by default; docs/plugins.md has the details). Where a request's
-context holds an earlier occurrence of its last n tokens (lookup_min_n <= n <= lookup_max_n, as the
-ngram drafter finds it), the k tokens that followed it are a free draft, whose P_j a second table
-(by n and position) gives. A round takes every request's lookup, and the draft model does not run,
-while such rounds are measured to give tokens faster than the model's; otherwise the requests whose
-lookup is expected to gain at least what the model's drafts do take it (lookup.py), and in the loop
-graph they join the model's round, drafts unused, so that the draft never falls far behind. Only
-rounds of fewer than ``lookup_max_batch`` requests look up (mixed rounds of larger batches cost more
-than they save on an H200), and not where rounds chain behind verifications (``chain_rounds``): a
-round of lookups leaves nothing to chain from.
-
-Drafting in one graph (``loop_graph``, on by default). With device graphs, a greedy round's k draft
-steps replay from one graph, so the round costs one launch and one copy to the host whatever its
-depth: deepspark then drafts all k (neither the early stop nor the round depth is consulted: there
-is nothing to save by stopping) and the rule above chooses each request's verified prefix from the
-drafts' confidences, as the published DeepSpark does. Other rounds (sampled requests, a batch or
-sequence beyond the captured sizes) draft step by step; a sequence with more new tokens than the
-loop's first step takes first computes the surplus (``DraftRunner._catch_up``).
+Lookup first (``lookup``: repeated context as a free draft, lookup.py) and drafting in one graph
+(``loop_graph``: then all k are drafted and the rule picks each verified prefix): docs/plugins.md.
 """
 from __future__ import annotations
 
@@ -74,7 +61,7 @@ from deepinfer.plugins import DraftProposal, Request, hookimpl
 from deepinfer_builtin.draft_model import DraftModelDrafter, DraftModelOptions
 from deepinfer_builtin.draft_runner import Draft
 from deepinfer_builtin.lookup import LookupDrafts
-from deepinfer_builtin.round_rates import AcceptanceTable, RoundCosts, RoundRates
+from deepinfer_builtin.round_rates import AcceptanceTable, RoundCosts, RoundRates, rounds_left
 
 
 class DeepSparkOptions(DraftModelOptions):
@@ -174,6 +161,8 @@ class DeepSparkDrafter(DraftModelDrafter):
         self._last_kind: bool | None = None  # whether the last round speculated (any batch size)
         self._last_ids: set[str] = set()     # the last round's requests
         self._after_plain = False            # this round speculates after a plain step
+        self._closed = False                 # no request waits: the batch only shrinks
+        self._gained: dict[str, list[int]] = {}  # request -> [tokens, rounds] of its speculative rounds
         self.clock = time.perf_counter
         self._ended: float | None = None  # when the last proposal returned
         self._mark = 0.0                  # the round's last timing point
@@ -214,9 +203,8 @@ class DeepSparkDrafter(DraftModelDrafter):
         """The next round's kind, chosen now: a plain round needs no tokens (the engine may leave
         the last step running meanwhile). A plain round before a speculative one is no sample: its
         time to the next proposal would include the wait for the step left running."""
-        batch = len(requests)
-        speculate, sample = self._choose(batch)
-        self._plan = (speculate, sample, self.rates.size_class(batch))
+        speculate, sample = self._choose(requests)
+        self._plan = (speculate, sample, self.rates.size_class(len(requests)))
         if speculate and self._round is not None and not self._round.speculative:
             self._round = None
         return speculate
@@ -225,8 +213,9 @@ class DeepSparkDrafter(DraftModelDrafter):
         """The next round is chained (draft-model's) only if it is to draft: its kind is chosen now."""
         self._chained_plan = None
         if self.may_skip(batch := len(verified)):
-            speculate, sample = self._choose(batch)
-            self._chained_plan = (speculate, sample, self.rates.size_class(batch), {r.request_id for r, *_ in verified})
+            requests = [r for r, *_ in verified]
+            speculate, sample = self._choose(requests)
+            self._chained_plan = (speculate, sample, self.rates.size_class(batch), {r.request_id for r in requests})
             if not speculate:
                 return
         super().on_verified(verified, best, best_host)
@@ -235,9 +224,12 @@ class DeepSparkDrafter(DraftModelDrafter):
         """Whether a round of ``batch`` requests may draft nothing (``skip_when_slower``)."""
         return batch >= self.options.skip_min_batch and self._skipping
 
-    def _choose(self, batch: int) -> tuple[bool, bool]:
-        """(whether the next round drafts, whether it may be a sample): RoundRates' where it may skip."""
-        return self.rates.speculate(batch) if self.may_skip(batch) else (True, False)
+    def _choose(self, requests: list[Request]) -> tuple[bool, bool]:
+        """(whether the next round drafts, whether it may be a sample): RoundRates' where it may
+        skip, by the time until the batch is done where no request waits ("Rounds that draft nothing")."""
+        if not self.may_skip(batch := len(requests)):
+            return True, False
+        return self.rates.speculate(batch, (lambda gain: rounds_left(requests, self._gained, gain)) if self._closed else None)
 
     def value_chain(self, confidence: list[float]) -> tuple[list[int], list[float]]:
         """Buckets and P_j (chance drafts 1..j all pass) for one request's drafts."""
@@ -294,7 +286,7 @@ class DeepSparkDrafter(DraftModelDrafter):
             speculate, sample, size = plan  # that finished since left its class)
             sample = sample and size == self.rates.size_class(batch)
         else:
-            speculate, sample = self._choose(batch)
+            speculate, sample = self._choose(requests)
         # a sample only after a round of its kind, and without a newcomer (whose prompt the draft
         # computes in this round)
         sample = sample and self._last_kind is speculate and ids <= self._last_ids
@@ -311,9 +303,10 @@ class DeepSparkDrafter(DraftModelDrafter):
         return out
 
     @hookimpl
-    def deepinfer_step_end(self, num_tokens: int) -> None:
+    def deepinfer_step_end(self, engine, num_tokens: int) -> None:
         """A round is a sample only if its step computed just its requests' tokens and drafts (no
         prompt of another request) and it ends with the next step's proposal."""
+        self._closed = engine is not None and engine.scheduler.num_waiting == 0
         self._plan = None  # (a plan no proposal took: every request finished meanwhile)
         r = self._round
         if r is not None:
@@ -377,6 +370,12 @@ class DeepSparkDrafter(DraftModelDrafter):
         r = self._round
         if r is not None:
             r.tokens += num_accepted
+        gained = self._gained.get(request.request_id)
+        if gained is None:
+            self._gained[request.request_id] = [num_accepted + 1, 1]
+        else:
+            gained[0] += num_accepted + 1
+            gained[1] += 1
         buckets = self._buckets.pop(request.request_id, None)
         self._seen += 1
         if buckets is None or (self._seen - 1 - self._turn) % self._stride:
@@ -396,5 +395,6 @@ class DeepSparkDrafter(DraftModelDrafter):
 
     def release(self, request: Request) -> None:
         self._buckets.pop(request.request_id, None)
+        self._gained.pop(request.request_id, None)
         self.lookups.release(request.request_id)
         super().release(request)

@@ -5,6 +5,7 @@ deepspark.py's docstring."""
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 
 
 class AcceptanceTable:
@@ -89,17 +90,20 @@ class RoundRates:
     other takes over, the gap starts over."""
 
     def __init__(self, explore_every: int, window: int = 12, max_gap: int = 1024, look: int = 4,
-                 margin: float = 0.15) -> None:
+                 margin: float = 0.15, drain_every: int = 8) -> None:
         self.explore_every = max(explore_every, 2)
         self.max_gap = max(max_gap, explore_every)
         self.look = min(look, self.explore_every)
         self.margin = margin
         self.window = window
+        self.drain_every = drain_every
         #: (speculative, size class) -> the last rounds' (seconds, tokens a request)
         self.rounds: dict[tuple[bool, int], deque[tuple[float, float]]] = {}
         self._runs: dict[int, tuple[bool, int]] = {}       # size class -> (kind, rounds in a row)
         self._plan: dict[int, list[bool]] = {}             # size class -> the next rounds' kinds
         self._best: dict[int, tuple[bool, int]] = {}       # size class -> (the faster kind, gap)
+        #: size class -> [what a batch that nothing joins multiplies speculation's rate by, uses left]
+        self._closed: dict[int, list] = {}
 
     @staticmethod
     def size_class(batch: int) -> int:
@@ -115,6 +119,33 @@ class RoundRates:
         kept = sorted(rounds, key=lambda r: r[0])[:len(rounds) - cut]
         return sum(sec for sec, _ in kept) / sum(tok for _, tok in kept)
 
+    def round_seconds(self, speculative: bool, size: int) -> float | None:
+        """A round's seconds at a size class (the mean of the kept rounds, as ``rate`` keeps
+        them), or at the nearest class measured (larger first); None if the kind has no sample."""
+        sizes = sorted((s for k, s in self.rounds if k is speculative), key=lambda s: (s < size, abs(s - size)))
+        if not sizes:
+            return None
+        rounds = self.rounds[speculative, sizes[0]]
+        cut = (len(rounds) + 3) // 4 if len(rounds) >= 3 else 0
+        kept = sorted(r[0] for r in rounds)[:len(rounds) - cut]
+        return sum(kept) / len(kept)
+
+    def drain(self, speculative: bool, rounds: list[float]) -> float | None:
+        """Seconds until a batch that nothing will join is done if every round is of this kind:
+        ``rounds`` holds each request's rounds still needed; each round costs what the kind's
+        rounds cost at the number of requests still running (``round_seconds``)."""
+        cost: dict[int, float | None] = {}
+        total, done, left = 0.0, 0.0, len(rounds)
+        for n in sorted(rounds):
+            size = self.size_class(left)
+            if size not in cost:
+                cost[size] = self.round_seconds(speculative, size)
+            if cost[size] is None:
+                return None
+            total += (n - done) * cost[size]
+            done, left = n, left - 1
+        return total
+
     @property
     def seconds(self) -> dict[tuple[bool, int], float]:
         """``rate`` of every (speculative, size class) measured."""
@@ -127,8 +158,15 @@ class RoundRates:
         key = (speculative, self.size_class(batch))
         self.rounds.setdefault(key, deque(maxlen=self.window)).append((max(seconds, 1e-9), max(tokens, 1) / batch))
 
-    def speculate(self, batch: int) -> tuple[bool, bool]:
-        """(whether the next round at this batch size drafts, whether it will be a sample)."""
+    def speculate(self, batch: int, closed: Callable[[float], tuple[list[float], list[float]]] | None = None
+                  ) -> tuple[bool, bool]:
+        """(whether the next round at this batch size drafts, whether it will be a sample).
+        ``closed``, for a batch that nothing will join: given the tokens a request that a
+        speculative round gives at this size, returns each request's rounds still needed if
+        speculating and if not (or None while too little is known of them); the kinds are then
+        compared by the time until the batch is done (``drain``) instead of by their rates at this
+        size: speculation's rate is scaled by the ratio of the two, taken anew every
+        ``drain_every`` rounds of the class (kept from the last batch while None)."""
         size = self.size_class(batch)
         plan = self._plan.setdefault(size, [])
         spec, plain = self.rate(True, size), self.rate(False, size)
@@ -139,6 +177,20 @@ class RoundRates:
             choice = spec is None
             plan.extend([choice] * (self.look - 1))
         else:
+            if closed is None:
+                self._closed.pop(size, None)
+            else:  # (the drains cost tens of microseconds a batch: they set a factor for a few rounds)
+                factor = self._closed.get(size)
+                if factor is None or factor[1] <= 0:
+                    value = factor[0] if factor else 1.0  # (held while too little is known of the requests)
+                    left = closed(self.round_seconds(True, size) / spec)
+                    if left is not None:
+                        spec_drain, plain_drain = self.drain(True, left[0]), self.drain(False, left[1])
+                        if spec_drain is not None and plain_drain:
+                            value = spec_drain * plain / (plain_drain * spec)
+                    factor = self._closed[size] = [value, self.drain_every]
+                factor[1] -= 1
+                spec *= factor[0]  # its seconds a token as the time until the batch is done makes them
             # speculating must win by the margin, to start and to take over: its samples leave out
             # what it costs besides (rounds that catch the draft up, the first rounds after a
             # prompt, requests that advance unevenly and so need rounds after the batch thins);
@@ -155,3 +207,24 @@ class RoundRates:
         run = run + 1 if kind == choice else 1
         self._runs[size] = (choice, run)
         return choice, run > 1
+
+
+def rounds_left(requests, gained: dict[str, list[int]], gain: float, prior: float = 4.0
+                ) -> tuple[list[float], list[float]] | None:
+    """Each request's rounds still needed if speculating and if not, for RoundRates.drain: its
+    tokens left (to max_tokens or the context's end); speculating, over its own tokens a
+    speculative round so far (``gained``: request id -> [tokens, rounds]), with ``gain`` (the
+    batch's) as a prior worth ``prior`` rounds. None while the requests have had fewer than
+    ``prior`` speculative rounds on average: their spread, which sets when the batch is done,
+    is not known yet."""
+    if sum(gained.get(r.request_id, (0, 0))[1] for r in requests) < prior * len(requests):
+        return None
+    spec, plain = [], []
+    for r in requests:
+        left = r.max_model_len - len(r.all_token_ids)
+        if r.params.max_tokens is not None:
+            left = min(left, r.params.max_tokens - len(r.all_token_ids) + len(r.prompt_token_ids))
+        tokens, rounds = gained.get(r.request_id, (0, 0))
+        plain.append(left)
+        spec.append(left * (rounds + prior) / (tokens + prior * gain))
+    return spec, plain

@@ -54,7 +54,7 @@ def _engine(pair, seed: int):
     eng, rng = llm.engine, random.Random(seed)
     assert eng.drafter.skips_rounds
     eng.overlap = True
-    eng.drafter.rates.speculate = lambda batch: (rng.random() < 0.5, False)
+    eng.drafter.rates.speculate = lambda batch, *rest: (rng.random() < 0.5, False)
     seen = {"deferred": 0, "verified": 0, True: 0, False: 0}
     propose, launch, begin, needs = (eng.drafter.runner.propose, eng.runner.launch, eng._begin_deferred,
                                      eng.drafter.needs_tokens)

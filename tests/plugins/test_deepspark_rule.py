@@ -35,6 +35,7 @@ def _timed_deepspark(step_seconds: float, rest_seconds: float, tick: float | Non
     d.options = DeepSparkOptions(buckets=1, prior_strength=1.0, min_value=0.25, skip_when_slower="graphs")
     d.rates, d._round, d.in_graphs = RoundRates(d.options.explore_every), None, False
     d._last_kind, d._last_ids, d._after_plain, d._plan, d._chained_plan = None, set(), False, None, None
+    d._closed, d._gained = False, {}
     d.table = AcceptanceTable(1, 5, 1.0)
     for pos in range(5):
         for i in range(999):
@@ -267,7 +268,7 @@ def test_deepspark_drafts_nothing_while_plain_steps_are_faster():
         props = d.propose(requests)
         if props:
             d.observe(req, 1, 1)  # its draft accepted: 2 tokens this round
-        d.deepinfer_step_end(num_tokens=len(requests) + sum(len(p.verified) for p in props.values()) + prompt_tokens)
+        d.deepinfer_step_end(engine=None, num_tokens=len(requests) + sum(len(p.verified) for p in props.values()) + prompt_tokens)
         now[0] += 3.0 if props else 1.0
         return bool(props)
 
@@ -277,14 +278,14 @@ def test_deepspark_drafts_nothing_while_plain_steps_are_faster():
     # asked first (the engine may leave its last step running), it chooses the round it then runs:
     # one choice a round
     calls, speculate = [], d.rates.speculate
-    d.rates.speculate = lambda batch: calls.append(batch) or speculate(batch)
+    d.rates.speculate = lambda batch, *rest: calls.append(batch) or speculate(batch, *rest)
     assert d.needs_tokens([req]) is False and step([req]) is False and calls == [1]
     d.rates.speculate = speculate
     # a plain round followed by a speculative one is no sample (the engine waits for the step left
     # running before that proposal)
     pending = d._round
     assert pending is not None and not pending.speculative
-    d.rates.speculate = lambda batch: (True, False)
+    d.rates.speculate = lambda batch, *rest: (True, False)
     assert d.needs_tokens([req]) is True and d._round is None
     d.rates.speculate, d._round, d._plan = speculate, pending, None
     plain = len(d.rates.rounds[(F, 1)])

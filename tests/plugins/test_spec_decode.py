@@ -218,8 +218,8 @@ def test_deepspark_mixing_plain_and_speculative_rounds_is_lossless(demo_referenc
     rates, kinds = llm.engine.drafter.rates, []
     speculate = rates.speculate
 
-    def recording(batch):
-        choice = speculate(batch)
+    def recording(batch, *rest):
+        choice = speculate(batch, *rest)
         kinds.append(choice[0])
         return choice
 
