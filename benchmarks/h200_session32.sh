@@ -16,4 +16,9 @@ case "${1:-a}" in
        2>&1 | filter > "$OUT/plain_rounds.txt"
      timeout 100 python3 benchmarks/h200_spark_log.py --runs 3 2>&1 | filter > "$OUT/spark_log.txt"
      issue8_tests_and_spec spec ;;
+  # d: after plain steps chosen for a batch that nothing joins run to its end (no looks): the
+  # same in one process, then the gpu-marked tests and issue 8's recorded command
+  d) timeout 150 python3 benchmarks/h200_plain_rounds.py --runs 7 none-sync draft-model deepspark plain \
+       2>&1 | filter > "$OUT/plain_rounds.txt"
+     issue8_tests_and_spec spec ;;
 esac

@@ -87,7 +87,8 @@ class RoundRates:
     to take over; plain steps whenever faster); after ``gap - look`` rounds of it, ``look`` of the other.
     The gap starts at ``explore_every`` and doubles with every look that finds the same kind
     faster, up to ``max_gap``: a look costs, and the faster kind mostly stays the faster; when the
-    other takes over, the gap starts over."""
+    other takes over, the gap starts over. Where nothing will join the batch, speculation's rate
+    is scaled by how the time until the batch is done compares (``speculate``'s ``closed``)."""
 
     def __init__(self, explore_every: int, window: int = 12, max_gap: int = 1024, look: int = 4,
                  margin: float = 0.15, drain_every: int = 8) -> None:
@@ -173,6 +174,11 @@ class RoundRates:
         kind, run = self._runs.get(size, (None, 0))
         if plan:
             choice = plan.pop(0)
+        elif closed is not None and kind is False and not self._best.get(size, (True,))[0]:
+            # plain steps chosen for a batch that nothing joins run to its end, without looks: each
+            # leaves the draft a token further behind, which a speculative round would first have
+            # to compute (neither rate includes that), and the batch's spread only grows
+            choice = False
         elif spec is None or plain is None:
             choice = spec is None
             plan.extend([choice] * (self.look - 1))

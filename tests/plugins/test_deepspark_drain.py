@@ -51,7 +51,8 @@ def test_a_batch_that_nothing_joins_speculates_only_if_it_is_done_sooner(uneven)
     With one request gaining 1.5 tokens a round against the others' 4, a batch that nothing joins
     would still wait for it after the others are done: 7.5 rounds at 4 requests (2 s) and 12.5 at
     one (priced as class 4's) take 40 s against 30 plain steps' 30 s. Where requests may join,
-    the rates decide. The drains set a factor on speculation's rate that holds for 8 rounds."""
+    the rates decide. The drains set a factor on speculation's rate that holds for 8 rounds;
+    plain steps chosen for such a batch run to its end."""
     def measured():
         r = RoundRates(16)
         for _ in range(4):
@@ -67,18 +68,24 @@ def test_a_batch_that_nothing_joins_speculates_only_if_it_is_done_sooner(uneven)
 
     assert measured().speculate(4)[0] is True  # requests may join: the rates decide
     r = measured()
-    choices = [r.speculate(4, closed)[0] for _ in range(8)]
-    assert choices == [not uneven] * 8 and calls == [pytest.approx(3.0)]
+    first = [r.speculate(4, closed)[0] for _ in range(8)]
+    assert first == [not uneven] * 8 and calls == [pytest.approx(3.0)]
     r.speculate(4, closed)
-    assert len(calls) == 2  # taken anew after drain_every rounds
-    r.speculate(4)  # requests wait: the rates alone, and the factor is dropped
-    r.speculate(4, closed)
-    assert len(calls) == 3
-    # while too little is known of a new batch's requests, the last factor holds
-    for _ in range(8):
+    if uneven:
+        # plain steps, once chosen, run to the batch's end: no looks at speculating, no more drains
+        assert len(calls) == 1 and r._closed[4][0] == pytest.approx(40 / 20)
+        assert [r.speculate(4, closed)[0] for _ in range(100)] == [False] * 100 and len(calls) == 1
+        assert True in [r.speculate(4)[0] for _ in range(20)]  # requests wait: the rates, with looks
+    else:
+        assert len(calls) == 2  # taken anew after drain_every rounds
+        r.speculate(4)  # requests wait: the rates alone, and the factor is dropped
         r.speculate(4, closed)
-    r.speculate(4, lambda gain: None)
-    assert r._closed[4][0] == pytest.approx(40 / 20 if uneven else 1.0)
+        assert len(calls) == 3
+    # while too little is known of a new batch's requests, the last factor holds (1.0 at first)
+    held = measured()
+    held._closed[4] = [1.7, 0]
+    held.speculate(4, lambda gain: None)
+    assert held._closed[4][0] == 1.7
     fresh = measured()
     fresh.speculate(4, lambda gain: None)
     assert fresh._closed[4][0] == 1.0
