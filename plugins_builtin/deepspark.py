@@ -225,11 +225,13 @@ class DeepSparkDrafter(DraftModelDrafter):
         return batch >= self.options.skip_min_batch and self._skipping
 
     def _choose(self, requests: list[Request]) -> tuple[bool, bool]:
-        """(whether the next round drafts, whether it may be a sample): RoundRates' where it may
-        skip, by the time until the batch is done where no request waits ("Rounds that draft nothing")."""
+        """(whether the next round drafts, whether it may be a sample): RoundRates' where it may skip."""
         if not self.may_skip(batch := len(requests)):
             return True, False
-        return self.rates.speculate(batch, (lambda gain: rounds_left(requests, self._gained, gain)) if self._closed else None)
+        if not self._closed:
+            return self.rates.speculate(batch)
+        joined = not self._last_ids.issuperset(r.request_id for r in requests)
+        return self.rates.speculate(batch, lambda gain: rounds_left(requests, self._gained, gain), joined)
 
     def value_chain(self, confidence: list[float]) -> tuple[list[int], list[float]]:
         """Buckets and P_j (chance drafts 1..j all pass) for one request's drafts."""
@@ -370,12 +372,9 @@ class DeepSparkDrafter(DraftModelDrafter):
         r = self._round
         if r is not None:
             r.tokens += num_accepted
-        gained = self._gained.get(request.request_id)
-        if gained is None:
-            self._gained[request.request_id] = [num_accepted + 1, 1]
-        else:
-            gained[0] += num_accepted + 1
-            gained[1] += 1
+        gained = self._gained.setdefault(request.request_id, [0, 0])  # (its tokens and rounds)
+        gained[0] += num_accepted + 1
+        gained[1] += 1
         buckets = self._buckets.pop(request.request_id, None)
         self._seen += 1
         if buckets is None or (self._seen - 1 - self._turn) % self._stride:

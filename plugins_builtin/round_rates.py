@@ -159,22 +159,23 @@ class RoundRates:
         key = (speculative, self.size_class(batch))
         self.rounds.setdefault(key, deque(maxlen=self.window)).append((max(seconds, 1e-9), max(tokens, 1) / batch))
 
-    def speculate(self, batch: int, closed: Callable[[float], tuple[list[float], list[float]]] | None = None
-                  ) -> tuple[bool, bool]:
+    def speculate(self, batch: int, closed: Callable[[float], tuple[list[float], list[float]] | None] | None = None,
+                  joined: bool = False) -> tuple[bool, bool]:
         """(whether the next round at this batch size drafts, whether it will be a sample).
         ``closed``, for a batch that nothing will join: given the tokens a request that a
         speculative round gives at this size, returns each request's rounds still needed if
         speculating and if not (or None while too little is known of them); the kinds are then
         compared by the time until the batch is done (``drain``) instead of by their rates at this
         size: speculation's rate is scaled by the ratio of the two, taken anew every
-        ``drain_every`` rounds of the class (kept from the last batch while None)."""
+        ``drain_every`` rounds of the class (kept from the last batch while None). Plain steps
+        chosen for such a batch run to its end, without looks, unless a request ``joined`` it."""
         size = self.size_class(batch)
         plan = self._plan.setdefault(size, [])
         spec, plain = self.rate(True, size), self.rate(False, size)
         kind, run = self._runs.get(size, (None, 0))
         if plan:
             choice = plan.pop(0)
-        elif closed is not None and kind is False and not self._best.get(size, (True,))[0]:
+        elif closed is not None and not joined and kind is False and not self._best.get(size, (True,))[0]:
             # plain steps chosen for a batch that nothing joins run to its end, without looks: each
             # leaves the draft a token further behind, which a speculative round would first have
             # to compute (neither rate includes that), and the batch's spread only grows

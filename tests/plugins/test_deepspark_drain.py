@@ -75,6 +75,8 @@ def test_a_batch_that_nothing_joins_speculates_only_if_it_is_done_sooner(uneven)
         # plain steps, once chosen, run to the batch's end: no looks at speculating, no more drains
         assert len(calls) == 1 and r._closed[4][0] == pytest.approx(40 / 20)
         assert [r.speculate(4, closed)[0] for _ in range(100)] == [False] * 100 and len(calls) == 1
+        # a request that joins the batch brings back the rates' choice (here a look, after so long)
+        assert r.speculate(4, closed, True)[0] is True and r._closed[4][0] == pytest.approx(40 / 20)
         assert True in [r.speculate(4)[0] for _ in range(20)]  # requests wait: the rates, with looks
     else:
         assert len(calls) == 2  # taken anew after drain_every rounds
@@ -100,9 +102,9 @@ def test_deepspark_compares_drains_only_when_no_request_waits(demo_reference_two
     d, seen = llm.engine.drafter, []
     speculate = d.rates.speculate
 
-    def recording(batch, closed=None):
+    def recording(batch, closed=None, joined=False):
         seen.append((closed is not None, llm.engine.scheduler.num_waiting))
-        return speculate(batch, closed)
+        return speculate(batch, closed, joined)
 
     d.rates.speculate = recording
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
