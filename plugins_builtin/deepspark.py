@@ -37,14 +37,14 @@ give more tokens a second (so may a CPU's eager steps of large batches). There (
 default; ``"graphs"``: in device graphs only), batches of at least ``skip_min_batch`` requests
 draft nothing for a round unless speculating is measured ``skip_margin`` faster, and once
 speculating, go on while it is faster at all (RoundRates: a round's time to the next proposal and
-generated tokens a request, per batch size class). Where requests wait, the kinds compare by their
-seconds a token; where none waits, the batch only shrinks and is done when its last request is, so
-they compare by the time until then: each request's tokens left (from max_tokens), over its own
-tokens a speculative round so far where speculating, rounds costing what the kind's cost at the
-requests still running (RoundRates.drain). Requests that accept unevenly then thin the batch
-early, which per-round rates do not see. Now and then four rounds of the other kind run. Where
-rounds chain behind verifications, the next round's kind is chosen then (``on_verified``). This is
-vLLM's disabling of speculation by batch size, measured instead of set.
+generated tokens a request, per batch size class), with now and then four rounds of the other
+kind. Where none waits and every request has max_tokens, the batch only shrinks and is done when
+its last request is, so they compare by the time until then (RoundRates.drain: each request's
+tokens left, over its own tokens a speculative round so far where speculating, rounds priced at the
+requests still running): requests that accept unevenly thin the batch early, which per-round rates
+do not see. Plain steps chosen there run to the batch's end without looks, unless a request joins.
+Where rounds chain, the next round's kind is chosen at the verification (``on_verified``). This
+is vLLM's disabling of speculation by batch size, measured instead of set.
 
 Lookup first (``lookup``: repeated context as a free draft, lookup.py) and drafting in one graph
 (``loop_graph``: then all k are drafted and the rule picks each verified prefix): docs/plugins.md.
@@ -91,11 +91,10 @@ class DeepSparkOptions(DraftModelOptions):
                                                      "the slower kind, so that both stay measured (the gap "
                                                      "doubles with every look that finds the same kind faster, "
                                                      "up to 1,024 rounds)")
-    overlap_plain_rounds: bool = Field(False, description="with skip_when_slower: tell the engine before each "
-                                                          "round whether it drafts, so that rounds that draft "
-                                                          "nothing keep overlap scheduling (off by default: it "
-                                                          "gained nothing on an H200, where such steps are bound "
-                                                          "by the host's work)")
+    overlap_plain_rounds: bool = Field(False, description="with skip_when_slower: tell the engine before each round "
+                                                          "whether it drafts, so that rounds that draft nothing keep "
+                                                          "overlap scheduling (off by default: it gained nothing on "
+                                                          "an H200, where such steps are bound by the host's work)")
     lookup: bool = Field(True, description="where the context holds an earlier occurrence of its last tokens, "
                                            "propose what followed it instead of running the draft model, where "
                                            "that is expected to pay better (lookup.py; off where rounds chain)")
@@ -228,7 +227,7 @@ class DeepSparkDrafter(DraftModelDrafter):
         """(whether the next round drafts, whether it may be a sample): RoundRates' where it may skip."""
         if not self.may_skip(batch := len(requests)):
             return True, False
-        if not self._closed:
+        if not self._closed or any(r.params.max_tokens is None for r in requests):  # (no known end)
             return self.rates.speculate(batch)
         joined = not self._last_ids.issuperset(r.request_id for r in requests)
         return self.rates.speculate(batch, lambda gain: rounds_left(requests, self._gained, gain), joined)
@@ -366,6 +365,8 @@ class DeepSparkDrafter(DraftModelDrafter):
             self._buckets[rid] = chains[rid][0]
             if n_verify[rid]:
                 out[rid] = DraftProposal(d.tokens, d.probs, n_verify[rid])
+            else:  # a round for it all the same, of one token (observe sees only the verified)
+                self._gained[rid] = [n + 1 for n in self._gained.get(rid, (0, 0))]
         return out
 
     def observe(self, request: Request, num_verified: int, num_accepted: int) -> None:

@@ -105,6 +105,7 @@ class RoundRates:
         self._best: dict[int, tuple[bool, int]] = {}       # size class -> (the faster kind, gap)
         #: size class -> [what a batch that nothing joins multiplies speculation's rate by, uses left]
         self._closed: dict[int, list] = {}
+        self._plain_to_end = False  # a batch that nothing joins chose plain steps (see speculate)
 
     @staticmethod
     def size_class(batch: int) -> int:
@@ -167,20 +168,23 @@ class RoundRates:
         speculating and if not (or None while too little is known of them); the kinds are then
         compared by the time until the batch is done (``drain``) instead of by their rates at this
         size: speculation's rate is scaled by the ratio of the two, taken anew every
-        ``drain_every`` rounds of the class (kept from the last batch while None). Plain steps
-        chosen for such a batch run to its end, without looks, unless a request ``joined`` it."""
+        ``drain_every`` rounds of the class and when a request ``joined`` (kept from the last
+        batch while None). Plain steps chosen for such a batch run to its end, at every size
+        class, without looks, unless a request joins it or requests wait."""
         size = self.size_class(batch)
         plan = self._plan.setdefault(size, [])
-        spec, plain = self.rate(True, size), self.rate(False, size)
         kind, run = self._runs.get(size, (None, 0))
-        if plan:
-            choice = plan.pop(0)
-        elif closed is not None and not joined and kind is False and not self._best.get(size, (True,))[0]:
-            # plain steps chosen for a batch that nothing joins run to its end, without looks: each
-            # leaves the draft a token further behind, which a speculative round would first have
-            # to compute (neither rate includes that), and the batch's spread only grows
+        sticky = closed is not None and not joined and self._plain_to_end
+        chosen = False  # (by comparing the kinds, not a look or a first measurement)
+        if sticky:
+            # plain steps chosen for a batch that nothing joins run to its end (whatever size class
+            # it thins to), without looks: each leaves the draft a token further behind, which a
+            # speculative round would first have to compute (neither rate includes that), and the
+            # batch's spread only grows
             choice = False
-        elif spec is None or plain is None:
+        elif plan:
+            choice = plan.pop(0)
+        elif (spec := self.rate(True, size)) is None or (plain := self.rate(False, size)) is None:
             choice = spec is None
             plan.extend([choice] * (self.look - 1))
         else:
@@ -188,7 +192,7 @@ class RoundRates:
                 self._closed.pop(size, None)
             else:  # (the drains cost tens of microseconds a batch: they set a factor for a few rounds)
                 factor = self._closed.get(size)
-                if factor is None or factor[1] <= 0:
+                if factor is None or factor[1] <= 0 or joined:
                     value = factor[0] if factor else 1.0  # (held while too little is known of the requests)
                     left = closed(self.round_seconds(True, size) / spec)
                     if left is not None:
@@ -206,11 +210,14 @@ class RoundRates:
             choice = not plain < spec if best else spec < plain * (1 - self.margin)
             if best != choice:
                 gap = self.explore_every
+            chosen = True
             if kind == choice and run >= gap - self.look:
                 choice = not choice
                 plan.extend([choice] * (self.look - 1))
                 gap = min(2 * gap, self.max_gap)
             self._best[size] = (not choice if plan else choice, gap)
+        if not sticky:
+            self._plain_to_end = chosen and closed is not None and not choice and not plan
         run = run + 1 if kind == choice else 1
         self._runs[size] = (choice, run)
         return choice, run > 1

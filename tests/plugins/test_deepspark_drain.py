@@ -72,12 +72,18 @@ def test_a_batch_that_nothing_joins_speculates_only_if_it_is_done_sooner(uneven)
     assert first == [not uneven] * 8 and calls == [pytest.approx(3.0)]
     r.speculate(4, closed)
     if uneven:
-        # plain steps, once chosen, run to the batch's end: no looks at speculating, no more drains
+        # plain steps, once chosen, run to the batch's end, also at size classes not measured (2,
+        # where a first choice would otherwise measure speculating): no looks, no more drains
         assert len(calls) == 1 and r._closed[4][0] == pytest.approx(40 / 20)
-        assert [r.speculate(4, closed)[0] for _ in range(100)] == [False] * 100 and len(calls) == 1
-        # a request that joins the batch brings back the rates' choice (here a look, after so long)
-        assert r.speculate(4, closed, True)[0] is True and r._closed[4][0] == pytest.approx(40 / 20)
-        assert True in [r.speculate(4)[0] for _ in range(20)]  # requests wait: the rates, with looks
+        assert [r.speculate(4 - i // 50, closed)[0] for i in range(100)] == [False] * 100 and len(calls) == 1
+        assert r.speculate(2, closed)[0] is False and 2 not in r._closed
+        # requests wait: the rates decide at once (speculating, 33% faster a token)
+        assert r.speculate(4)[0] is True
+        # a request that joins a batch that chose plain steps brings back the choice, with the
+        # drains taken anew (here a look at speculating, after so long a run of plain steps)
+        assert [r.speculate(4, closed)[0] for _ in range(20)] == [False] * 20 and r._plain_to_end
+        calls.clear()
+        assert r.speculate(4, closed, True)[0] is True and len(calls) == 1 and not r._plain_to_end
     else:
         assert len(calls) == 2  # taken anew after drain_every rounds
         r.speculate(4)  # requests wait: the rates alone, and the factor is dropped
@@ -91,6 +97,43 @@ def test_a_batch_that_nothing_joins_speculates_only_if_it_is_done_sooner(uneven)
     fresh = measured()
     fresh.speculate(4, lambda gain: None)
     assert fresh._closed[4][0] == 1.0
+
+
+def test_deepspark_passes_whether_the_batch_is_closed_and_whether_a_request_joined():
+    """The drains only where no request waits and every request has max_tokens (its end); a
+    request whose drafts all fall below min_value still counts a speculative round of one token."""
+    from deepinfer_builtin.draft_runner import Draft
+    from tests.plugins.test_deepspark_rule import _timed_deepspark
+
+    d = _timed_deepspark(step_seconds=0.001, rest_seconds=0.010)
+    d.options = d.options.model_copy(update={"skip_when_slower": "always", "skip_min_batch": 1})
+    seen = []
+    d.rates.speculate = lambda batch, closed=None, joined=False: seen.append((batch, closed, joined)) or (F, T)
+    params = SimpleNamespace(max_tokens=20)
+    reqs = [SimpleNamespace(request_id=str(i), params=params, max_model_len=100, prompt_token_ids=[1],
+                            all_token_ids=[1, 2]) for i in range(3)]
+    d._choose(reqs)
+    assert seen[-1] == (3, None, False)  # (requests wait)
+    d._closed, d._last_ids = True, {"0", "1"}
+    d._choose(reqs)
+    assert seen[-1][1] is not None and seen[-1][2] is True  # "2" joined
+    d._last_ids = {"0", "1", "2", "x"}
+    d._choose(reqs)
+    assert seen[-1][2] is False
+    d._gained = {"0": [8, 4], "1": [4, 4], "2": [12, 4]}
+    spec, plain = seen[-1][1](2.0)
+    assert plain == [19, 19, 19] and spec == pytest.approx([19 * 8 / 16, 19 * 8 / 12, 19 * 8 / 20])
+    reqs[0].params = SimpleNamespace(max_tokens=None)
+    d._choose(reqs)
+    assert seen[-1][1] is None  # a request without max_tokens: no known end, the rates decide
+    # an unverified request's round (min_value above every P_j): one token, one round
+    d.options = d.options.model_copy(update={"min_value": 0.9, "skip_min_batch": 8})
+    d.runner = SimpleNamespace(propose=lambda requests, k, *a, whole_rounds, lazy: {"a": Draft([5], None, [0.5])})
+    d._gained, d._buckets, d._ended, d.k = {}, {}, None, 5
+    assert d.propose([SimpleNamespace(request_id="a")]) == {} and d._gained == {"a": [1, 1]}
+
+
+T, F = True, False
 
 
 def test_deepspark_compares_drains_only_when_no_request_waits(demo_reference_two):
