@@ -117,9 +117,14 @@ class RoundRates:
         rounds = self.rounds.get((speculative, size))
         if not rounds:
             return None
-        cut = (len(rounds) + 3) // 4 if len(rounds) >= 3 else 0  # the slowest quarter
-        kept = sorted(rounds, key=lambda r: r[0])[:len(rounds) - cut]
+        kept = self._kept(rounds)
         return sum(sec for sec, _ in kept) / sum(tok for _, tok in kept)
+
+    @staticmethod
+    def _kept(rounds: deque[tuple[float, float]]) -> list[tuple[float, float]]:
+        """The rounds a rate counts: all but the slowest quarter (of three or more)."""
+        cut = (len(rounds) + 3) // 4 if len(rounds) >= 3 else 0
+        return sorted(rounds, key=lambda r: r[0])[:len(rounds) - cut]
 
     def round_seconds(self, speculative: bool, size: int) -> float | None:
         """A round's seconds at a size class (the mean of the kept rounds, as ``rate`` keeps
@@ -127,10 +132,8 @@ class RoundRates:
         sizes = sorted((s for k, s in self.rounds if k is speculative), key=lambda s: (s < size, abs(s - size)))
         if not sizes:
             return None
-        rounds = self.rounds[speculative, sizes[0]]
-        cut = (len(rounds) + 3) // 4 if len(rounds) >= 3 else 0
-        kept = sorted(r[0] for r in rounds)[:len(rounds) - cut]
-        return sum(kept) / len(kept)
+        kept = self._kept(self.rounds[speculative, sizes[0]])
+        return sum(sec for sec, _ in kept) / len(kept)
 
     def drain(self, speculative: bool, rounds: list[float]) -> float | None:
         """Seconds until a batch that nothing will join is done if every round is of this kind:
@@ -237,7 +240,7 @@ def rounds_left(requests, gained: dict[str, list[int]], gain: float, prior: floa
     for r in requests:
         left = r.max_model_len - len(r.all_token_ids)
         if r.params.max_tokens is not None:
-            left = min(left, r.params.max_tokens - len(r.all_token_ids) + len(r.prompt_token_ids))
+            left = min(left, r.params.max_tokens - r.num_output_tokens)
         tokens, rounds = gained.get(r.request_id, (0, 0))
         plain.append(left)
         spec.append(left * (rounds + prior) / (tokens + prior * gain))

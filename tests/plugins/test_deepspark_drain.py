@@ -33,7 +33,7 @@ def test_rounds_left_from_max_tokens_or_the_context_and_each_requests_own_gain()
     def req(rid, max_tokens, max_model_len, generated=10):
         return SimpleNamespace(request_id=rid, params=SimpleNamespace(max_tokens=max_tokens),
                                max_model_len=max_model_len, prompt_token_ids=[1, 2, 3],
-                               all_token_ids=[1, 2, 3] + [7] * generated)
+                               all_token_ids=[1, 2, 3] + [7] * generated, num_output_tokens=generated)
 
     requests = [req("a", 50, 1000), req("b", None, 100), req("c", 500, 100)]
     spec, plain = rounds_left(requests, {"a": [30, 10], "b": [6, 2]}, gain=2.0)
@@ -111,7 +111,7 @@ def test_deepspark_passes_whether_the_batch_is_closed_and_whether_a_request_join
     d.rates.speculate = lambda batch, closed=None, joined=False: seen.append((batch, closed, joined)) or (F, T)
     params = SimpleNamespace(max_tokens=20)
     reqs = [SimpleNamespace(request_id=str(i), params=params, max_model_len=100, prompt_token_ids=[1],
-                            all_token_ids=[1, 2]) for i in range(3)]
+                            all_token_ids=[1, 2], num_output_tokens=1) for i in range(3)]
     d._choose(reqs)
     assert seen[-1] == (3, None, False)  # (requests wait)
     d._closed, d._last_ids = True, {"0", "1"}
