@@ -21,14 +21,6 @@ class PromptTooLongError(ValueError):
     """A prompt does not fit the model's context."""
 
 
-def _may_speculate(req: Request) -> bool:
-    """Penalties and min_tokens depend on every earlier output token: such requests decode plainly.
-    (Asked of every decoding sequence at every step: written out for speed.)"""
-    p = req.params
-    return (not p.needs_penalties
-            and (not p.min_tokens or len(req.all_token_ids) - len(req.prompt_token_ids) >= p.min_tokens))
-
-
 class _NoHooks:
     """Stands in for the hook relay when no observer is registered."""
 
@@ -329,7 +321,7 @@ class LLMEngine:
         running = RequestStatus.RUNNING
         return [seq for state in self.requests.values() for seq in state.seqs
                 if seq.status is running and seq.num_computed_tokens == len(seq.all_token_ids) - 1
-                and _may_speculate(seq)]
+                and len(seq.all_token_ids) >= seq.speculable_from]  # (penalties, min_tokens: plainly)
 
     def _observe(self, req: Request, num_verified: int, num_rejected: int) -> None:
         accepted = num_verified - num_rejected

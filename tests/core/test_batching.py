@@ -82,3 +82,24 @@ def test_step_reports_every_change_when_streaming_and_only_finished_otherwise(mo
         while eng.has_unfinished_requests():
             seen += [(len(o.outputs[0].token_ids), o.finished) for o in eng.step()]
         assert seen == ([(i, i == 5) for i in range(1, 6)] if streaming else [(5, True)])
+
+
+def test_requests_with_penalties_or_before_min_tokens_decode_without_drafts(model_dir):
+    """The engine offers the drafter only the decoding sequences that may speculate: never one
+    with penalties, one with min_tokens only once it has that many output tokens."""
+    llm = LLM(model_dir, dtype="float32", block_size=4, plugins=["ngram"], progress=False)
+    eng = llm.engine
+    kinds = {"plain": SamplingParams(temperature=0, max_tokens=12, ignore_eos=True),
+             "penalised": SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, presence_penalty=0.5),
+             "min4": SamplingParams(temperature=0, max_tokens=12, min_tokens=4, ignore_eos=True)}
+    for name, params in kinds.items():
+        eng.add_request(name, [9, 10, 11, 9, 10, 11, 9, 10], params)
+    offered = []
+    while eng.has_unfinished_requests():
+        decoding = {r.request_id: r.num_output_tokens for r in eng._decoding()}
+        offered.append(decoding)
+        eng.step()
+    outputs = [n for step in offered for rid, n in step.items() if rid == "min4"]
+    assert outputs and min(outputs) == 4  # from its fourth output token on, not before
+    assert all("penalised" not in step for step in offered)
+    assert any("plain" in step and step["plain"] < 4 for step in offered)
