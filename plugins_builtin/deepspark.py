@@ -90,7 +90,7 @@ class DeepSparkOptions(DraftModelOptions):
     explore_every: int = Field(16, ge=2, description="with skip_when_slower: after this many rounds, four of "
                                                      "the slower kind, so that both stay measured (the gap "
                                                      "doubles with every look that finds the same kind faster, "
-                                                     "up to 1,024 rounds)")
+                                                     "to at least twice the run it ends; up to 1,024)")
     overlap_plain_rounds: bool = Field(False, description="with skip_when_slower: tell the engine before each round "
                                                           "whether it drafts, so that rounds that draft nothing keep "
                                                           "overlap scheduling (off by default: it gained nothing on "
@@ -167,9 +167,7 @@ class DeepSparkDrafter(DraftModelDrafter):
         self._mark = 0.0                  # the round's last timing point
         self._plan: tuple[bool, bool, int] | None = None  # needs_tokens' choice (and size class)
         self._chained_plan: tuple[bool, bool, int, set[str]] | None = None  # on_verified's (and its requests)
-        #: the engine verifies in device graphs of k + 1 rows a request, computed whether or not
-        #: they are verified: a drafted token then costs nothing more to verify
-        self.free_verification = False
+        self.free_verification = False  # (verification graphs compute k + 1 rows a request anyway)
         self.in_graphs = False  # the engine verifies in device graphs (enable_graphs)
 
     @property
@@ -189,8 +187,7 @@ class DeepSparkDrafter(DraftModelDrafter):
 
     @property
     def _skipping(self) -> bool:
-        """Whether rounds may draft nothing here (``skip_when_slower``: "graphs" is decided when the
-        engine enables graphs, before it is built)."""
+        """Whether rounds may draft nothing here (``skip_when_slower``; "graphs": see enable_graphs)."""
         mode = self.options.skip_when_slower
         return mode == "always" or (mode == "graphs" and self.in_graphs)
 
@@ -223,13 +220,17 @@ class DeepSparkDrafter(DraftModelDrafter):
         """Whether a round of ``batch`` requests may draft nothing (``skip_when_slower``)."""
         return batch >= self.options.skip_min_batch and self._skipping
 
-    def _choose(self, requests: list[Request]) -> tuple[bool, bool]:
+    def _choose(self, requests: list[Request], ids: set[str] | None = None) -> tuple[bool, bool]:
         """(whether the next round drafts, whether it may be a sample): RoundRates' where it may skip."""
         if not self.may_skip(batch := len(requests)):
+            self.rates.plain_to_end = False  # (RoundRates sees no such round: a request may join unseen)
             return True, False
-        if not self._closed or any(r.params.max_tokens is None for r in requests):  # (no known end)
+        if not self._closed:
             return self.rates.speculate(batch)
-        joined = not self._last_ids.issuperset(r.request_id for r in requests)
+        joined = not (ids if ids is not None else {r.request_id for r in requests}) <= self._last_ids
+        # (plain steps held for a batch that nothing joined: every request had max_tokens when chosen)
+        if (joined or not self.rates.plain_to_end) and any(r.params.max_tokens is None for r in requests):
+            return self.rates.speculate(batch)  # (no known end)
         return self.rates.speculate(batch, lambda gain: rounds_left(requests, self._gained, gain), joined)
 
     def value_chain(self, confidence: list[float]) -> tuple[list[int], list[float]]:
@@ -287,7 +288,7 @@ class DeepSparkDrafter(DraftModelDrafter):
             speculate, sample, size = plan  # that finished since left its class)
             sample = sample and size == self.rates.size_class(batch)
         else:
-            speculate, sample = self._choose(requests)
+            speculate, sample = self._choose(requests, ids)
         # a sample only after a round of its kind, and without a newcomer (whose prompt the draft
         # computes in this round)
         sample = sample and self._last_kind is speculate and ids <= self._last_ids
@@ -295,10 +296,9 @@ class DeepSparkDrafter(DraftModelDrafter):
         self._last_kind, self._last_ids = speculate, ids
         if speculate:
             out = self._draft(requests, start)
-        else:
-            self._ended = None  # (the plain step is not a speculative round's rest)
+        else:  # (the plain step is not a speculative round's rest)
+            self._ended, out = None, {}
             self.lookups.round_starts(start, None)
-            out = {}
         if sample:  # every request gains one token, plus its accepted drafts (observe)
             self._round = _Round(speculate, batch, start, ids, batch, batch + sum(len(p.verified) for p in out.values()))
         return out

@@ -86,8 +86,9 @@ class RoundRates:
     measured first, then the faster runs (speculating only if faster by ``margin``, to start and
     to take over; plain steps whenever faster); after ``gap - look`` rounds of it, ``look`` of the other.
     The gap starts at ``explore_every`` and doubles with every look that finds the same kind
-    faster, up to ``max_gap``: a look costs, and the faster kind mostly stays the faster; when the
-    other takes over, the gap starts over. Where nothing will join the batch, speculation's rate
+    faster (at least to twice the run the look ends, which plain steps held to a batch's end make
+    longer than the gap), up to ``max_gap``: a look costs, and the faster kind mostly stays the
+    faster; when the other takes over, the gap starts over. Where nothing will join the batch, speculation's rate
     is scaled by how the time until the batch is done compares (``speculate``'s ``closed``)."""
 
     def __init__(self, explore_every: int, window: int = 12, max_gap: int = 1024, look: int = 4,
@@ -105,7 +106,8 @@ class RoundRates:
         self._best: dict[int, tuple[bool, int]] = {}       # size class -> (the faster kind, gap)
         #: size class -> [what a batch that nothing joins multiplies speculation's rate by, uses left]
         self._closed: dict[int, list] = {}
-        self._plain_to_end = False  # a batch that nothing joins chose plain steps (see speculate)
+        #: a batch that nothing joins chose plain steps: they run to its end (see speculate)
+        self.plain_to_end = False
 
     @staticmethod
     def size_class(batch: int) -> int:
@@ -177,7 +179,7 @@ class RoundRates:
         size = self.size_class(batch)
         plan = self._plan.setdefault(size, [])
         kind, run = self._runs.get(size, (None, 0))
-        sticky = closed is not None and not joined and self._plain_to_end
+        sticky = closed is not None and not joined and self.plain_to_end
         chosen = False  # (by comparing the kinds, not a look or a first measurement)
         if sticky:
             # plain steps chosen for a batch that nothing joins run to its end (whatever size class
@@ -217,10 +219,12 @@ class RoundRates:
             if kind == choice and run >= gap - self.look:
                 choice = not choice
                 plan.extend([choice] * (self.look - 1))
-                gap = min(2 * gap, self.max_gap)
+                # (at least twice the run it ends: plain steps held to a batch's end run past the
+                # gap, and the next batch's look should not come sooner than one run after)
+                gap = min(max(2 * gap, 2 * run), self.max_gap)
             self._best[size] = (not choice if plan else choice, gap)
         if not sticky:
-            self._plain_to_end = chosen and closed is not None and not choice and not plan
+            self.plain_to_end = chosen and closed is not None and not choice and not plan
         run = run + 1 if kind == choice else 1
         self._runs[size] = (choice, run)
         return choice, run > 1

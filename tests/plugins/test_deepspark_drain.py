@@ -81,9 +81,23 @@ def test_a_batch_that_nothing_joins_speculates_only_if_it_is_done_sooner(uneven)
         assert r.speculate(4)[0] is True
         # a request that joins a batch that chose plain steps brings back the choice, with the
         # drains taken anew (here a look at speculating, after so long a run of plain steps)
-        assert [r.speculate(4, closed)[0] for _ in range(20)] == [False] * 20 and r._plain_to_end
+        assert [r.speculate(4, closed)[0] for _ in range(20)] == [False] * 20 and r.plain_to_end
         calls.clear()
-        assert r.speculate(4, closed, True)[0] is True and len(calls) == 1 and not r._plain_to_end
+        run = r._runs[4][1]
+        assert r.speculate(4, closed, True)[0] is True and len(calls) == 1 and not r.plain_to_end
+        # the look's gap: twice the run of plain steps it ends (held ones included), so that the
+        # next batch's first rounds look no sooner than one such run after
+        # the look's gap: at least twice the run of plain steps it ends (held ones included), so
+        # that after a batch held to its end the next look waits at least as long again
+        assert run == 20 and r._best[4] == (False, 40)
+        assert [r.speculate(4, closed)[0] for _ in range(3)] == [True] * 3  # (the rest of the look)
+        assert [r.speculate(4, closed)[0] for _ in range(201)] == [False] * 201 and r.plain_to_end
+        assert r.speculate(4, closed, True)[0] is True and r._best[4] == (False, 402)  # (doubling: 80)
+        assert [r.speculate(4, closed)[0] for _ in range(3)] == [True] * 3
+        assert [r.speculate(4, closed)[0] for _ in range(301)] == [False] * 301
+        assert r.speculate(4, closed, True)[0] is False  # a new batch 301 rounds on: no look yet
+        assert [r.speculate(4, closed)[0] for _ in range(96)] == [False] * 96
+        assert r.speculate(4, closed, True)[0] is True and r._best[4] == (False, 804)  # 398 on: a look
     else:
         assert len(calls) == 2  # taken anew after drain_every rounds
         r.speculate(4)  # requests wait: the rates alone, and the factor is dropped
@@ -126,6 +140,11 @@ def test_deepspark_passes_whether_the_batch_is_closed_and_whether_a_request_join
     reqs[0].params = SimpleNamespace(max_tokens=None)
     d._choose(reqs)
     assert seen[-1][1] is None  # a request without max_tokens: no known end, the rates decide
+    # below skip_min_batch RoundRates sees no round (a request could join unseen): a batch's held
+    # plain steps end there
+    d.rates.plain_to_end = True
+    d.options = d.options.model_copy(update={"skip_min_batch": 4})
+    assert d._choose(reqs) == (T, F) and not d.rates.plain_to_end and len(seen) == 4  # (rates not asked)
     # an unverified request's round (min_value above every P_j): one token, one round
     d.options = d.options.model_copy(update={"min_value": 0.9, "skip_min_batch": 8})
     d.runner = SimpleNamespace(propose=lambda requests, k, *a, whole_rounds, lazy: {"a": Draft([5], None, [0.5])})
