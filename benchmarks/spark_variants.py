@@ -1,0 +1,102 @@
+"""Drafter configurations side by side in bench spec's order, with where each one's host time goes:
+every engine built in one process, then at each batch size a 4-token warm-up and --repeats runs
+in turns (deepinfer.bench.spec's Workload and take_turns, as `deepinfer bench spec` runs them).
+A configuration is ``label=plugins`` or ``label=plugins:{json plugin options}``, e.g.
+
+    python3 benchmarks/spark_variants.py --batch 1,64 none= dm=draft-model ds=deepspark \\
+        'ds-nolookup=deepspark:{"deepspark": {"lookup": false}}'
+
+Prints bench spec's columns for each, then per run seconds, engine steps a run, milliseconds a step
+spent in the drafter's propose and in on_verified (drafting chained behind a verification), and,
+for a drafter that chooses between plain and speculative rounds, its choices by size class.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections import Counter
+
+from deepinfer.bench.spec import Workload, take_turns
+from deepinfer.llm import LLM
+
+
+def timed(obj, name: str, acc: list[float]) -> None:
+    """Add the seconds spent in ``obj.name`` to ``acc[0]`` (and count calls in ``acc[1]``)."""
+    fn = getattr(obj, name)
+
+    def wrapper(*args, **kwargs):
+        t = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            acc[0] += time.perf_counter() - t
+            acc[1] += 1
+    setattr(obj, name, wrapper)
+
+
+def build(spec: str, device: str, kv_gb: float | None):
+    label, _, rest = spec.partition("=")
+    plugins, _, opts = rest.partition(":")
+    kw = {} if kv_gb is None else {"kv_cache_memory_gb": kv_gb}
+    llm = LLM(None, progress=False, device=device, plugins=[p for p in plugins.split(",") if p],
+              plugin_options=json.loads(opts) if opts else {}, **kw)
+    eng = llm.engine
+    acc = {"step": [0.0, 0], "propose": [0.0, 0], "on_verified": [0.0, 0]}
+    timed(eng, "step", acc["step"])
+    choices: Counter = Counter()
+    d = eng.drafter
+    if d is not None:
+        timed(d, "propose", acc["propose"])
+        if getattr(eng.runner, "on_verified", None) is not None:
+            timed(eng.runner, "on_verified", acc["on_verified"])
+        if hasattr(d, "rates"):
+            speculate = d.rates.speculate
+
+            def logged(batch, *more, speculate=speculate):
+                out = speculate(batch, *more)
+                choices[d.rates.size_class(batch), "S" if out[0] else "P"] += 1
+                return out
+            d.rates.speculate = logged
+    return label, llm, acc, choices
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("configs", nargs="+")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--batch", default="1,64")
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--input-len", type=int, default=64)
+    ap.add_argument("--output-len", type=int, default=256)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--kv-gb", type=float, default=None, help="each engine's KV pool (bench spec: 2 on a GPU)")
+    a = ap.parse_args()
+    built = [build(s, a.device, a.kv_gb) for s in a.configs]
+    llms = {label: llm for label, llm, *_ in built}
+    work = {"prompts": a.prompts, "input_len": a.input_len, "output_len": a.output_len}
+    for batch in (int(b) for b in a.batch.split(",")):
+        wl = Workload(next(iter(llms.values())), batch, work)
+        m0 = {label: wl.warm_up(llm) for label, llm in llms.items()}
+        for _, _, acc, choices in built:
+            choices.clear()
+            for v in acc.values():
+                v[:] = [0.0, 0]
+        secs = take_turns(llms, wl.run, a.repeats)
+        print(f"batch {batch}: {wl.groups * batch} prompts x {a.output_len} tokens, {a.repeats} runs each, in turns")
+        base = None
+        for label, llm, acc, choices in built:
+            row = wl.row(label, secs[label], m0[label], llm.get_metrics())
+            base = base or row["tok_s"]
+            steps = acc["step"][1] / a.repeats
+            per = {k: 1e3 * v[0] / max(acc["step"][1], 1) for k, v in acc.items()}
+            print(f"  {label:14s} {row['tok_s']:9.1f} tok/s {row['tok_s'] / base:5.2f}x  "
+                  f"tok/step {row['tokens_per_step']:.2f} verified {row['verified_per_draft']:.2f} "
+                  f"accepted {row['accepted_per_draft']:.2f}  {steps:.0f} steps a run; ms a step: "
+                  f"step {per['step']:.3f} propose {per['propose']:.3f} on_verified {per['on_verified']:.3f}")
+            print("      runs: " + " ".join(f"{x:.3f}" for x in secs[label])
+                  + (f"  choices: {dict(sorted(choices.items()))}" if choices else ""))
+
+
+if __name__ == "__main__":
+    main()
