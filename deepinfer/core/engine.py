@@ -321,7 +321,7 @@ class LLMEngine:
         running = RequestStatus.RUNNING
         return [seq for state in self.requests.values() for seq in state.seqs
                 if seq.status is running and seq.num_computed_tokens == len(seq.all_token_ids) - 1
-                and len(seq.all_token_ids) >= seq.speculable_from]  # (penalties, min_tokens: plainly)
+                and len(seq.all_token_ids) >= seq.plain_from]  # (penalties, min_tokens: plainly)
 
     def _observe(self, req: Request, num_verified: int, num_rejected: int) -> None:
         accepted = num_verified - num_rejected

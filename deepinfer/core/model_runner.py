@@ -114,12 +114,6 @@ def _one_source(current: torch.Tensor | None, new: torch.Tensor) -> torch.Tensor
     return new
 
 
-def _overlappable(r: Request) -> bool:
-    """Its sampling needs no host-side state that a pending step could still change."""
-    p = r.params
-    return p.logprobs is None and p.prompt_logprobs is None and not p.needs_penalties
-
-
 @dataclass(slots=True)
 class StepInFlight:
     """A launched step. ``result`` holds what was computed at launch (verifications, prompt
@@ -292,7 +286,7 @@ class ModelRunner:
                 result.sampled[r.request_id] = []
             start = end
         flight = StepInFlight(out, result, sampling,
-                              must_sync=bool(verifying) or not all(_overlappable(s.request) for s in out.scheduled))
+                              must_sync=bool(verifying) or not all(s.request.overlappable for s in out.scheduled))
         if verifying:
             self._verify(hidden, verifying, result)
         if sampling:

@@ -62,17 +62,24 @@ class Request:
     first_token_time: float | None = None
     policy_state: dict[str, Any] = field(default_factory=dict)  # per cache-policy scratch
     draft: Any = None  # DraftProposal for the next step, set by the engine from the drafter
-    #: the length (prompt and output) from which it may decode speculatively: never with penalties,
-    #: after min_tokens output tokens otherwise (both depend on every earlier output token). Taken
-    #: from the parameters once, as they do not change after the request is added (read for every
-    #: decoding sequence at every step of an engine with a drafter)
-    speculable_from: int = field(init=False, default=0)
+    # From the parameters, once (they do not change after the request is added), for the checks
+    # made of every sequence at every step (a pydantic field or property costs more to read):
+    #: the length (prompt and output) from which its next token depends on the logits alone: never
+    #: with penalties, after min_tokens output tokens otherwise (EOS held back until then). Only
+    #: then may it decode speculatively or take the batch's plain argmax
+    plain_from: int = field(init=False, default=0)
+    greedy: bool = field(init=False, default=False)
+    #: its sampling needs no host-side state that a step in flight could still change (no
+    #: logprobs, no penalties)
+    overlappable: bool = field(init=False, default=True)
 
     def __post_init__(self) -> None:
         if not self.all_token_ids:
             self.all_token_ids = list(self.prompt_token_ids)
         p = self.params
-        self.speculable_from = 1 << 62 if p.needs_penalties else len(self.prompt_token_ids) + p.min_tokens
+        self.plain_from = 1 << 62 if p.needs_penalties else len(self.prompt_token_ids) + p.min_tokens
+        self.greedy = p.greedy
+        self.overlappable = p.logprobs is None and p.prompt_logprobs is None and not p.needs_penalties
         if self.params.seed is not None and self.generator is None:
             self.generator = torch.Generator().manual_seed(self.params.seed)
 

@@ -117,8 +117,8 @@ def torch_argmax(logits: torch.Tensor, out: torch.Tensor | None = None) -> torch
 
 
 def _plain_greedy(requests: Sequence[Request]) -> bool:
-    """Every row's token is its argmax: greedy, no penalties, no EOS held back."""
-    return all(r.params.greedy and not r.params.needs_penalties and not _suppress_eos(r) for r in requests)
+    """Every row's token is its argmax: greedy, no penalties, no EOS held back (Request.plain_from)."""
+    return all(r.greedy and len(r.all_token_ids) >= r.plain_from for r in requests)
 
 
 def _suppress_eos(req: Request) -> bool:
