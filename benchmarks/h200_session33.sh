@@ -17,4 +17,10 @@ case "${1:-a}" in
   b) timeout 150 python3 benchmarks/h200_spark_log.py --runs 6 2>&1 | filter > "$OUT/spark_log.txt"
      timeout 200 python3 benchmarks/h200_plain_rounds.py --runs 7 none-sync draft-model deepspark plain \
        2>&1 | filter > "$OUT/plain_rounds.txt" ;;
+  # c: after the host cuts (a request's parameters read once; deepspark's held plain steps; the
+  # look's gap): call a's configurations in bench spec's order, then the gpu-marked tests and
+  # issue 8's recorded command
+  c) timeout 200 $VARIANTS --batch 1,64 none= 'none-sync=:{"fcfs": {"overlap": false}}' dm=draft-model \
+       ds=deepspark 2>&1 | filter > "$OUT/variants.txt"
+     issue8_tests_and_spec spec ;;
 esac
