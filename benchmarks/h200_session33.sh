@@ -23,4 +23,8 @@ case "${1:-a}" in
   c) timeout 200 $VARIANTS --batch 1,64 none= 'none-sync=:{"fcfs": {"overlap": false}}' dm=draft-model \
        ds=deepspark 2>&1 | filter > "$OUT/variants.txt"
      issue8_tests_and_spec spec ;;
+  # d: where deepspark's batch-1 rounds spend host time beyond draft-model's (the same tokens a
+  # step and drafts verified, 5-7% slower in calls a and c): cProfile of one generate each
+  d) timeout 200 python3 benchmarks/h200_spec_profile.py --out "$OUT/prof" --batch 1 --output-len 256 --top 70 \
+       2>&1 | filter > "$OUT/prof_log.txt" ;;
 esac
