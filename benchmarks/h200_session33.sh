@@ -27,4 +27,10 @@ case "${1:-a}" in
   # step and drafts verified, 5-7% slower in calls a and c): cProfile of one generate each
   d) timeout 200 python3 benchmarks/h200_spec_profile.py --out "$OUT/prof" --batch 1 --output-len 256 --top 70 \
        2>&1 | filter > "$OUT/prof_log.txt" ;;
+  # e: the final code (as call c's) again: issue 8's recorded command, then deepspark against
+  # every round forced plain, no drafter without overlap and draft-model, in one process
+  e) timeout 280 python3 -m deepinfer.cli bench spec --device sm90 --batch 1,64 --output-len 256 --repeats 5 \
+       2>&1 | filter > "$OUT/spec.txt"
+     timeout 200 python3 benchmarks/h200_plain_rounds.py --runs 7 none-sync draft-model deepspark plain \
+       2>&1 | filter > "$OUT/plain_rounds.txt" ;;
 esac
