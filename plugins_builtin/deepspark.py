@@ -159,6 +159,7 @@ class DeepSparkDrafter(DraftModelDrafter):
         self._round: _Round | None = None
         self._last_kind: bool | None = None  # whether the last round speculated (any batch size)
         self._last_ids: set[str] = set()     # the last round's requests
+        self._known_end: set[str] = set()    # requests last found all to have max_tokens (_choose)
         self._after_plain = False            # this round speculates after a plain step
         self._closed = False                 # no request waits: the batch only shrinks
         self._gained: dict[str, list[int]] = {}  # request -> [tokens, rounds] of its speculative rounds
@@ -196,9 +197,8 @@ class DeepSparkDrafter(DraftModelDrafter):
         return self.options.overlap_plain_rounds and self._skipping
 
     def needs_tokens(self, requests: list[Request]) -> bool:
-        """The next round's kind, chosen now: a plain round needs no tokens (the engine may leave
-        the last step running meanwhile). A plain round before a speculative one is no sample: its
-        time to the next proposal would include the wait for the step left running."""
+        """The next round's kind, chosen now: a plain round needs no tokens (the engine may leave the
+        last step running). A plain round before a speculative one is no sample (it includes that wait)."""
         speculate, sample = self._choose(requests)
         self._plan = (speculate, sample, self.rates.size_class(len(requests)))
         if speculate and self._round is not None and not self._round.speculative:
@@ -227,11 +227,13 @@ class DeepSparkDrafter(DraftModelDrafter):
             return True, False
         if not self._closed:
             return self.rates.speculate(batch)
-        joined = not (ids if ids is not None else {r.request_id for r in requests}) <= self._last_ids
-        # (plain steps held for a batch that nothing joined: every request had max_tokens when chosen)
-        if (joined or not self.rates.plain_to_end) and any(r.params.max_tokens is None for r in requests):
-            return self.rates.speculate(batch)  # (no known end)
-        return self.rates.speculate(batch, lambda gain: rounds_left(requests, self._gained, gain), joined)
+        ids = ids if ids is not None else {r.request_id for r in requests}
+        if not ids <= self._known_end:  # (every request there was found with max_tokens)
+            if any(r.params.max_tokens is None for r in requests):
+                return self.rates.speculate(batch)  # (no known end)
+            self._known_end = ids
+        return self.rates.speculate(batch, lambda gain: rounds_left(requests, self._gained, gain),
+                                    not ids <= self._last_ids)  # (joined)
 
     def value_chain(self, confidence: list[float]) -> tuple[list[int], list[float]]:
         """Buckets and P_j (chance drafts 1..j all pass) for one request's drafts."""
@@ -278,8 +280,7 @@ class DeepSparkDrafter(DraftModelDrafter):
         batch, ids = len(requests), {r.request_id for r in requests}
         last = self._round
         if last is not None and last.checked and ids <= last.ids:
-            # the last round ends here: its tokens over its time (not if a request joined since: its
-            # prompt was computed in between)
+            # the last round ends here: its tokens over its time (not if one joined: its prompt ran)
             self.rates.record(last.speculative, last.batch, start - last.start, last.tokens)
         self._round = None
         chained, self._chained_plan = self._chained_plan, None  # (for these requests only)
@@ -289,8 +290,7 @@ class DeepSparkDrafter(DraftModelDrafter):
             sample = sample and size == self.rates.size_class(batch)
         else:
             speculate, sample = self._choose(requests, ids)
-        # a sample only after a round of its kind, and without a newcomer (whose prompt the draft
-        # computes in this round)
+        # a sample only after a round of its kind, without a newcomer (whose prompt the draft computes)
         sample = sample and self._last_kind is speculate and ids <= self._last_ids
         self._after_plain = speculate and self._last_kind is False
         self._last_kind, self._last_ids = speculate, ids
@@ -305,8 +305,7 @@ class DeepSparkDrafter(DraftModelDrafter):
 
     @hookimpl
     def deepinfer_step_end(self, engine, num_tokens: int) -> None:
-        """A round is a sample only if its step computed just its requests' tokens and drafts (no
-        prompt of another request) and it ends with the next step's proposal."""
+        """A round is a sample only if its step computed just its tokens and drafts (no prompt)."""
         self._closed = engine is not None and engine.scheduler.num_waiting == 0
         self._plan = None  # (a plan no proposal took: every request finished meanwhile)
         r = self._round
@@ -396,5 +395,6 @@ class DeepSparkDrafter(DraftModelDrafter):
     def release(self, request: Request) -> None:
         self._buckets.pop(request.request_id, None)
         self._gained.pop(request.request_id, None)
+        self._known_end.discard(request.request_id)  # (an id may come back with other parameters)
         self.lookups.release(request.request_id)
         super().release(request)

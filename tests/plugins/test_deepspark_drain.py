@@ -85,8 +85,6 @@ def test_a_batch_that_nothing_joins_speculates_only_if_it_is_done_sooner(uneven)
         calls.clear()
         run = r._runs[4][1]
         assert r.speculate(4, closed, True)[0] is True and len(calls) == 1 and not r.plain_to_end
-        # the look's gap: twice the run of plain steps it ends (held ones included), so that the
-        # next batch's first rounds look no sooner than one such run after
         # the look's gap: at least twice the run of plain steps it ends (held ones included), so
         # that after a batch held to its end the next look waits at least as long again
         assert run == 20 and r._best[4] == (False, 40)
@@ -137,14 +135,31 @@ def test_deepspark_passes_whether_the_batch_is_closed_and_whether_a_request_join
     d._gained = {"0": [8, 4], "1": [4, 4], "2": [12, 4]}
     spec, plain = seen[-1][1](2.0)
     assert plain == [19, 19, 19] and spec == pytest.approx([19 * 8 / 16, 19 * 8 / 12, 19 * 8 / 20])
-    reqs[0].params = SimpleNamespace(max_tokens=None)
-    d._choose(reqs)
-    assert seen[-1][1] is None  # a request without max_tokens: no known end, the rates decide
+    # requests found with max_tokens are not looked at again; a newcomer is
+    reads = []
+
+    class Counted:
+        @property
+        def max_tokens(self):
+            reads.append(1)  # (None: no max_tokens)
+    unknown = SimpleNamespace(request_id="3", params=Counted(), max_model_len=100, all_token_ids=[1, 2])
+    d._choose(reqs[1:])
+    assert seen[-1][1] is not None and not reads
+    d._choose(reqs + [unknown])
+    assert seen[-1][1] is None and reads == [1]  # without max_tokens: no known end, the rates decide
+    # requests scanned on their own (a verification's, on_verified) vouch for no other: one that
+    # was in the last round but not among them is looked at, even with plain steps held
+    d._known_end, d._last_ids, d.rates.plain_to_end = {"0", "1"}, {"0", "1", "3"}, True
+    d._choose(reqs[:2] + [unknown])
+    assert seen[-1][1] is None and reads == [1, 1]
+    d._buckets, d.runner = {}, SimpleNamespace(release=lambda rid: None)
+    d.release(unknown)  # (a request id let go may come back with other parameters)
+    assert "3" not in d._known_end
     # below skip_min_batch RoundRates sees no round (a request could join unseen): a batch's held
     # plain steps end there
     d.rates.plain_to_end = True
     d.options = d.options.model_copy(update={"skip_min_batch": 4})
-    assert d._choose(reqs) == (T, F) and not d.rates.plain_to_end and len(seen) == 4  # (rates not asked)
+    assert d._choose(reqs) == (T, F) and not d.rates.plain_to_end and len(seen) == 6  # (rates not asked)
     # an unverified request's round (min_value above every P_j): one token, one round
     d.options = d.options.model_copy(update={"min_value": 0.9, "skip_min_batch": 8})
     d.runner = SimpleNamespace(propose=lambda requests, k, *a, whole_rounds, lazy: {"a": Draft([5], None, [0.5])})

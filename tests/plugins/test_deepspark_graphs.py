@@ -58,20 +58,20 @@ def test_deepspark_chains_a_round_only_where_it_is_to_draft():
     reqs = [SimpleNamespace(request_id=str(i), all_token_ids=[1, 2, 3], params=greedy) for i in range(8)]
     verified = [(r, [-(i * 5 + j + 1) for j in range(5)], 6 * i) for i, r in enumerate(reqs)]
     for speculate in (False, True):
-        d._choose = lambda requests, s=speculate: (s, True)
+        d._choose = lambda requests, ids=None, s=speculate: (s, True)
         d.on_verified(verified, None, None)
         assert chained == ([8] if speculate else [])
         assert d._chained_plan == (speculate, True, d.rates.size_class(8), {r.request_id for r in reqs})
         if not speculate:
-            d._choose = lambda requests: pytest.fail("the proposal must take the plan made with the verification")
+            d._choose = lambda requests, ids=None: pytest.fail("the proposal must take the plan made with the verification")
             assert d.propose(reqs) == {} and d._chained_plan is None  # a plain round, as planned
     # a plan is for its requests only: a proposal with another one chooses anew
     other = SimpleNamespace(request_id="new", all_token_ids=[1, 2], params=greedy)
     chosen = []
-    d._choose = lambda requests: chosen.append(len(requests)) or (False, False)
+    d._choose = lambda requests, ids=None: chosen.append(len(requests)) or (False, False)
     d.propose(reqs[1:] + [other])
     assert chosen == [8] and d._chained_plan is None
-    d._choose = lambda requests: pytest.fail("a batch that cannot skip has no kind to choose")
+    d._choose = lambda requests, ids=None: pytest.fail("a batch that cannot skip has no kind to choose")
     d._chained_plan = (False, False, 0, {"0"})
     d.on_verified(verified[:1], None, None)
     assert chained == [8, 1] and d._chained_plan is None  # (and no plan left from before)
