@@ -36,4 +36,7 @@ case "${1:-a}" in
   # f: issue 8's recorded command a third time on the final code
   f) timeout 280 python3 -m deepinfer.cli bench spec --device sm90 --batch 1,64 --output-len 256 --repeats 5 \
        2>&1 | filter > "$OUT/spec.txt" ;;
+  # g: the final code (the review's change to the max_tokens scan after calls c-f): the gpu-marked
+  # tests and issue 8's recorded command
+  g) issue8_tests_and_spec spec ;;
 esac
