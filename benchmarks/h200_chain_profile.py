@@ -11,25 +11,13 @@ import time
 from pathlib import Path
 
 import torch
+from host_profile import count_calls
 
 from deepinfer.bench.spec import stdlib_prompts
 from deepinfer.core import model_runner as runner_mod
 from deepinfer.core.sampling_params import SamplingParams
 from deepinfer.llm import LLM
 from deepinfer_builtin import draft_runner
-
-
-def wrap(cls, name: str, stats: collections.Counter) -> None:
-    fn = getattr(cls, name)
-
-    def timed(*args, **kwargs):
-        t = time.perf_counter()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            stats[name, "s"] += time.perf_counter() - t
-            stats[name, "n"] += 1
-    setattr(cls, name, timed)
 
 
 def main() -> None:
@@ -43,7 +31,7 @@ def main() -> None:
     stats: collections.Counter = collections.Counter()
     for cls, name in ((draft_runner.DraftRunner, "chain"), (draft_runner.DraftRunner, "propose"),
                       (runner_mod.ModelRunner, "_verify"), (runner_mod.ModelRunner, "launch")):
-        wrap(cls, name, stats)
+        count_calls(cls, name, stats)
     for chain in (True, False):
         llm = LLM(None, progress=False, device="sm90", plugins=[a.drafter], kv_cache_memory_gb=2,
                   plugin_options={a.drafter: {"chain_rounds": chain}})

@@ -1,5 +1,5 @@
-"""Shared by the H200 profiling scripts: one timed run, then one under cProfile; the demo pair's
-batch-1 setup of the host-timing scripts."""
+"""Shared by the H200 profiling scripts: one timed run, then one under cProfile; a method's time
+and calls counted; the demo pair's batch-1 setup of the host-timing scripts."""
 from __future__ import annotations
 
 import argparse
@@ -8,7 +8,23 @@ import io
 import json
 import pstats
 import time
+from collections import Counter
 from collections.abc import Callable
+
+
+def count_calls(owner, name: str, stats: Counter) -> None:
+    """Replace ``owner.name`` (a class's method or an object's) with a wrapper that adds its
+    seconds to ``stats[name, "s"]`` and its calls to ``stats[name, "n"]``."""
+    fn = getattr(owner, name)
+
+    def counted(*args, **kwargs):
+        t = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            stats[name, "s"] += time.perf_counter() - t
+            stats[name, "n"] += 1
+    setattr(owner, name, counted)
 
 
 def timed(run: Callable[[], object], sync: Callable[[], object] = lambda: None) -> float:

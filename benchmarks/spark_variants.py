@@ -14,25 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from collections import Counter
+
+from host_profile import count_calls
 
 from deepinfer.bench.spec import Workload, take_turns
 from deepinfer.llm import LLM
-
-
-def timed(obj, name: str, acc: list[float]) -> None:
-    """Add the seconds spent in ``obj.name`` to ``acc[0]`` (and count calls in ``acc[1]``)."""
-    fn = getattr(obj, name)
-
-    def wrapper(*args, **kwargs):
-        t = time.perf_counter()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            acc[0] += time.perf_counter() - t
-            acc[1] += 1
-    setattr(obj, name, wrapper)
 
 
 def build(spec: str, device: str, kv_gb: float | None):
@@ -42,14 +29,14 @@ def build(spec: str, device: str, kv_gb: float | None):
     llm = LLM(None, progress=False, device=device, plugins=[p for p in plugins.split(",") if p],
               plugin_options=json.loads(opts) if opts else {}, **kw)
     eng = llm.engine
-    acc = {"step": [0.0, 0], "propose": [0.0, 0], "on_verified": [0.0, 0]}
-    timed(eng, "step", acc["step"])
+    acc: Counter = Counter()  # (part, "s"): seconds in it, (part, "n"): calls
+    count_calls(eng, "step", acc)
     choices: Counter = Counter()
     d = eng.drafter
     if d is not None:
-        timed(d, "propose", acc["propose"])
+        count_calls(d, "propose", acc)
         if getattr(eng.runner, "on_verified", None) is not None:
-            timed(eng.runner, "on_verified", acc["on_verified"])
+            count_calls(eng.runner, "on_verified", acc)
         if hasattr(d, "rates"):
             speculate = d.rates.speculate
 
@@ -80,16 +67,15 @@ def main() -> None:
         m0 = {label: wl.warm_up(llm) for label, llm in llms.items()}
         for _, _, acc, choices in built:
             choices.clear()
-            for v in acc.values():
-                v[:] = [0.0, 0]
+            acc.clear()
         secs = take_turns(llms, wl.run, a.repeats)
         print(f"batch {batch}: {wl.groups * batch} prompts x {a.output_len} tokens, {a.repeats} runs each, in turns")
         base = None
         for label, llm, acc, choices in built:
             row = wl.row(label, secs[label], m0[label], llm.get_metrics())
             base = base or row["tok_s"]
-            steps = acc["step"][1] / a.repeats
-            per = {k: 1e3 * v[0] / max(acc["step"][1], 1) for k, v in acc.items()}
+            steps = acc["step", "n"] / a.repeats
+            per = {k: 1e3 * acc[k, "s"] / max(acc["step", "n"], 1) for k in ("step", "propose", "on_verified")}
             print(f"  {label:14s} {row['tok_s']:9.1f} tok/s {row['tok_s'] / base:5.2f}x  "
                   f"tok/step {row['tokens_per_step']:.2f} verified {row['verified_per_draft']:.2f} "
                   f"accepted {row['accepted_per_draft']:.2f}  {steps:.0f} steps a run; ms a step: "
