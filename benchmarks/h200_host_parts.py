@@ -55,6 +55,15 @@ PARTS = [
     ("deepinfer_builtin.draft_model", "DraftModelDrafter", "propose"),
     ("deepinfer_builtin.draft_loop", "LoopRound", "lists"),
     ("deepinfer_builtin.draft_loop", "LoopRound", "__init__"),
+    # a verification step's parts between its graph's replay and the chained round's (session 34)
+    ("deepinfer.models.llama", "LlamaForCausalLM", "compute_logits"),
+    ("deepinfer.core.host_copy", "HostCopy", "__init__"),
+    ("deepinfer.core.host_copy", "HostCopy", "wait"),
+    ("deepinfer_builtin.deepspark", "DeepSparkDrafter", "on_verified"),
+    ("deepinfer_builtin.draft_model", "DraftModelDrafter", "on_verified"),
+    ("deepinfer_builtin.draft_runner", "DraftRunner", "_reserve"),
+    ("deepinfer_builtin.draft_loop", "DraftLoopGraphs", "_await_turn"),
+    ("deepinfer.core.packed_inputs", "PackedInputs", "upload"),
 ]
 
 

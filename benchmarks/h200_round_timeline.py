@@ -15,6 +15,10 @@ Segments (each from one landmark to the next, in the order a round meets them):
   loop -> verify replay     the rest of the proposal, scheduling, the verification's inputs
   verify replay             the verification graph's input copy and replay launch
   verify -> wait end        the LM head, argmax and the wait for the device (device-bound part)
+Where rounds chain, the loop graph's replay is queued inside the verification step, before its
+wait (``chain fill`` to ``chain issued``: the chained round's inputs and replay), and the stretch
+from the wait's end to the next verification's replay is the host's work while the chained round's
+draft steps run.
 """
 from __future__ import annotations
 
@@ -52,6 +56,7 @@ def main() -> None:
     patches = [(eng, "step", lambda f: stamp("step start", stamp("step end", f, at_end=True))),
                (drafter_cls, "propose", lambda f: stamp("propose", f)),
                (DraftLoopGraphs, "_upload_and_replay", lambda f: stamp("loop replay", stamp("loop issued", f, True))),
+               (DraftLoopGraphs, "run_chained", lambda f: stamp("chain fill", stamp("chain issued", f, True))),
                (runner_mod.ModelRunner, "_verify", lambda f: stamp("wait end", f, at_end=True))]
     plain_upload = DecodeGraphs._upload_and_replay
 

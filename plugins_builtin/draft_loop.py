@@ -19,7 +19,9 @@ class LoopRound:
     def __init__(self, out: torch.Tensor, lazy: bool) -> None:
         self.copy = HostCopy(out)
         self._lists: list | None = None
-        self.source = DeviceTokens(out[:, 0].reshape(-1).long(), self.all_tokens) if lazy else None
+        # (one kernel: the conversion writes the strided tokens out contiguously)
+        tokens = out[:, 0].to(torch.long, memory_format=torch.contiguous_format).view(-1) if lazy else None
+        self.source = DeviceTokens(tokens, self.all_tokens) if lazy else None
 
     def lists(self) -> list:
         """[tokens, probabilities], each [n][k] (tokens as floats: exact below 2^24)."""

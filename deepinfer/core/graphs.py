@@ -76,13 +76,17 @@ class DecodeGraphs:
     def __init__(self, model: CausalLM, attention: AttentionBackend, kv_caches: list[Any],
                  graphs: DeviceGraphs, device: torch.device, block_size: int, batch_sizes: Sequence[int],
                  max_seq_len: int, query_len: int = 1, placeholders: bool = True,
-                 single_runs: bool = True) -> None:
+                 single_runs: bool = True, greedy_head: bool = False) -> None:
         """``placeholders``: the replays resolve placeholder tokens themselves (one kernel, which
         for small sizes also stages the inputs: see the module's docstring); False for graphs
         that are never given any (a drafter's, the prefill graphs), which then resolve any that
         come before the replay and always copy their inputs. ``single_runs`` (query_len > 1): sequences of one token may
         come, flagged for attention's decode pass; False: every sequence brings 2 to query_len
-        tokens, and the graphs hold no such pass."""
+        tokens, and the graphs hold no such pass. ``greedy_head`` (verification graphs): a replay
+        also takes every row's argmax over the LM head's logits (``last_head``), so that a greedy
+        verification launches nothing of its own after the replay (each launch costs the host tens
+        of microseconds on an H200's host, more while the device is busy); sizes whose logits
+        would exceed ``HEAD_MAX_ELEMENTS`` leave it to the caller."""
         if not batch_sizes or min(batch_sizes) < 1:
             raise ValueError(f"graph batch sizes must be positive integers, got {list(batch_sizes)}")
         if query_len < 1:
@@ -108,6 +112,10 @@ class DecodeGraphs:
         self.inputs = PackedInputs(self._fields(), self.sizes, dev, pin=dev.type != "cpu", staged_bytes=staged)
         self._turn = self._filled = 0  # the host buffer the next step fills; the one it filled
         self._replays: dict[int, tuple[Callable[[], None], torch.Tensor]] = {}
+        self.greedy_head = greedy_head
+        self._heads: dict[int, torch.Tensor] = {}  # size -> its replay's argmaxes (greedy_head)
+        #: the last replay's argmax of every row's logits [size * query_len] (None: not computed)
+        self.last_head: torch.Tensor | None = None
 
     def _fields(self) -> dict[str, tuple[torch.dtype, Callable[[int], tuple[int, ...]]]]:
         """The input fields of a step of b sequences (a subclass may add its own)."""
@@ -140,8 +148,19 @@ class DecodeGraphs:
                 work = partial(self._staged, b)
             else:
                 work = self._replayed if self.prev_tokens.numel() else self.captured_work
+            if self.greedy_head and b * self.query_len * self.model.config.vocab_size <= self.HEAD_MAX_ELEMENTS:
+                work = partial(self._with_head, b, work)
             self._replays[b] = self.api.capture(lambda batch=batch, work=work: work(batch))
         self.inputs.reset_turn()
+
+    HEAD_MAX_ELEMENTS = 1 << 25  # the most logits a replay's greedy head computes (64 MiB in 16 bits)
+
+    def _with_head(self, b: int, work: Callable[[StepBatch], torch.Tensor], batch: StepBatch) -> torch.Tensor:
+        hidden = work(batch)
+        logits = self.model.compute_logits(hidden)
+        fused = getattr(self.fused_ops, "argmax", None)
+        self._heads[b] = fused(logits) if fused is not None else logits.argmax(-1)
+        return hidden
 
     def _staged(self, b: int, batch: StepBatch) -> torch.Tensor:
         # the inputs from host memory, placeholders resolved: no copy and no launch before the replay
@@ -303,6 +322,7 @@ class DecodeGraphs:
         if staged:
             self.inputs.staged_replay()
         replay()
+        self.last_head = self._heads.get(size)
         return out
 
 

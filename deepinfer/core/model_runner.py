@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Any
 
 import numpy as np
@@ -197,10 +198,10 @@ class ModelRunner:
         args = (self.model, self.attention, self.kv_caches, graphs, self.device, self.block_size, batch_sizes,
                 max_seq_len, query_len)
         singles = self.attention.handles_single_runs
-        self.verify_graphs = DecodeGraphs(*args, single_runs=singles)
+        self.verify_graphs = DecodeGraphs(*args, single_runs=singles, greedy_head=True)
         self.verify_graphs.capture()
         if singles:
-            self.verify_graphs_multi = DecodeGraphs(*args, single_runs=False)
+            self.verify_graphs_multi = DecodeGraphs(*args, single_runs=False, greedy_head=True)
             self.verify_graphs_multi.capture()
 
     def _inputs(self, out: SchedulerOutput) -> tuple[list[tuple[list[int], int, list[int]]], torch.Tensor | None]:
@@ -246,7 +247,7 @@ class ModelRunner:
             timing = (torch.Event(self.device, enable_timing=True), torch.Event(self.device, enable_timing=True),
                       decode_only)
         mark = timing[0].record if timing is not None else None
-        graph_size = padded = padded_size = None
+        graph_size = padded = padded_size = head = None
         if self.graphs is not None and decode_only:
             graph_size = self.graphs.size_for(len(seqs), max(start + 1 for _, start, _ in seqs))
         elif (padded := self._padded_graphs(seqs, bool(out.draft_tokens))) is not None:
@@ -258,6 +259,7 @@ class ModelRunner:
                                      on_device=mark)
         elif padded_size is not None:  # sequence i's rows start at i * query_len
             hidden = padded.run_padded(padded_size, tokens, starts, tables, on_device=mark, prev_tokens=prev)
+            head = padded.last_head
         else:
             if mark is not None:
                 mark()
@@ -288,7 +290,7 @@ class ModelRunner:
         flight = StepInFlight(out, result, sampling,
                               must_sync=bool(verifying) or not all(s.request.overlappable for s in out.scheduled))
         if verifying:
-            self._verify(hidden, verifying, result)
+            self._verify(hidden, verifying, result, head)
         if sampling:
             logits = self.model.compute_logits(_take_rows(hidden, rows))
             if flight.must_sync:
@@ -347,25 +349,29 @@ class ModelRunner:
                 result.sampled[r.request_id] = [t]
         return result
 
-    def _verify(self, hidden: torch.Tensor, verifying, result: RunnerOutput) -> None:
+    def _verify(self, hidden: torch.Tensor, verifying, result: RunnerOutput, head: torch.Tensor | None = None) -> None:
         from deepinfer.core.sampler import top_logprobs
         from deepinfer.core.spec import accept_greedy, verify
 
         index = [row + j for _, drafts, row in verifying for j in range(len(drafts) + 1)]
-        logits = self.model.compute_logits(_take_rows(hidden, index)).float()
+        plain = head is not None and all(r.params.greedy and r.params.logprobs is None for r, _, _ in verifying)
+        logits = None if plain else self.model.compute_logits(_take_rows(hidden, index))  # (head: greedy_head's)
         # greedy argmaxes in one kernel and copy; a drafter may queue work behind them (on_verified)
         best = None
         if any(r.params.greedy for r, _, _ in verifying):
-            copy = HostCopy(best := self.sampler.argmax(logits))
+            copy = HostCopy(best := _take_rows(head, index) if plain else self.sampler.argmax(logits))
             if self.on_verified is not None and all(r.params.greedy for r, _, _ in verifying):
-                starts = np.cumsum([0] + [len(d) + 1 for _, d, _ in verifying]).tolist()
+                starts = list(accumulate((len(d) + 1 for _, d, _ in verifying), initial=0))
                 self.on_verified([(r, d, at) for (r, d, _), at in zip(verifying, starts, strict=False)], best, copy)
             best = copy.wait().tolist()
+        # float32 rows only for what reads them: rejection sampling and logprobs
+        if any(not r.params.greedy or r.params.logprobs is not None for r, _, _ in verifying):
+            logits = logits.float()
         at = 0
         for r, drafts, _ in verifying:
             if r.draft is not None and r.draft.source is not None:  # drafts that were still on the device
                 drafts = r.draft.source.resolve(drafts)
-            rows = logits[at:at + len(drafts) + 1]
+            rows = None if plain else logits[at:at + len(drafts) + 1]
             if r.params.greedy:
                 tokens = accept_greedy(drafts, best[at:at + len(drafts) + 1])
             else:
