@@ -35,4 +35,7 @@ case "${1:-a}" in
        'dm-k3=draft-model:{"draft-model": {"num_speculative_tokens": 3}}' \
        'ds-spec-k3=deepspark:{"deepspark": {"skip_when_slower": "never", "num_speculative_tokens": 3}}' \
        2>&1 | filter > "$OUT/variants.txt" ;;
+  # g: the final code (call e's, with the test's new count of verifications that read the replay's
+  # argmaxes): the gpu-marked tests and issue 8's recorded command again
+  g) issue8_tests_and_spec spec ;;
 esac

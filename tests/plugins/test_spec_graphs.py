@@ -103,6 +103,23 @@ def draft_both(model_dir: str, graphs_factory, drafter: str = "draft-model", loo
     run_chained = DraftLoopGraphs.run_chained
     catching_up = [False]  # the draft's first-step graphs replayed in chunks of a catch-up
     spark, joined = [None], [0]  # the run's drafter; requests with lookups fed to the draft model
+    # verification steps by whether the replay gave its argmaxes (greedy_head) and how many times
+    # the target computed logits in them ("head:0": read from the replay, nothing launched after it)
+    from deepinfer.core.model_runner import ModelRunner
+    verify_fn, heads = ModelRunner._verify, Counter()
+
+    def verifying(self, hidden, vs, result, head=None):
+        target, calls, logits = self.model, [0], self.model.compute_logits
+
+        def counted(h):
+            calls[0] += 1
+            return logits(h)
+        target.compute_logits = counted
+        try:
+            verify_fn(self, hidden, vs, result, head)
+        finally:
+            del target.compute_logits
+        heads[f"{'head' if head is not None else 'none'}:{calls[0]}"] += 1
 
     def counting(self, size, *args, **kwargs):
         replayed["one-token"][size] += 1
@@ -161,7 +178,7 @@ def draft_both(model_dir: str, graphs_factory, drafter: str = "draft-model", loo
 
     DecodeGraphs.run, DecodeGraphs.run_padded, DraftRunner.propose = counting, counting_padded, recording
     DraftRunner._catch_up, DraftRunner._take_chained = chunked, taking
-    DraftLoopGraphs.run_chained = counting_chained
+    DraftLoopGraphs.run_chained, ModelRunner._verify = counting_chained, verifying
     try:
         for name in ("eager", "graphs"):
             for c in (*replayed.values(), loop_firsts):
@@ -170,6 +187,7 @@ def draft_both(model_dir: str, graphs_factory, drafter: str = "draft-model", loo
             chained.clear()
             chained_accepted.clear()
             joined[0] = 0
+            heads.clear()
             llm = LLM(model_dir, plugins=["triton", drafter], progress=False, enforce_eager=True,
                       plugin_options={**triton, drafter: {"model": draft_dir, **extra}}, **engine)
             spark[0] = llm.engine.drafter
@@ -198,12 +216,12 @@ def draft_both(model_dir: str, graphs_factory, drafter: str = "draft-model", loo
                          "accepted_at": [llm.get_metrics().get(f"deepinfer:spec_decode_num_accepted_tokens_pos_{i}", 0)
                                          for i in range(d.max_draft_tokens)] if (d := llm.engine.drafter) else [],
                          "flags_wrong": flags_wrong[:], "routing_wrong": routing_wrong[:], "joined": joined[0],
-                         "loop_firsts": {str(k): v for k, v in loop_firsts.items()}}
+                         "loop_firsts": {str(k): v for k, v in loop_firsts.items()}, "heads": dict(heads)}
             del llm
     finally:
         DecodeGraphs.run, DecodeGraphs.run_padded, DraftRunner.propose = run, run_padded, propose
         DraftRunner._catch_up, DraftRunner._take_chained = catch_up, take_chained
-        DraftLoopGraphs.run_chained = run_chained
+        DraftLoopGraphs.run_chained, ModelRunner._verify = run_chained, verify_fn
     return out
 
 
@@ -249,6 +267,12 @@ def check_draft_graphs(got: dict, drafter: str, loop: bool) -> None:
     elif got["graphs"]["lazy"]:  # the draft is the target: every draft accepted
         assert set(got["graphs"]["chained_accepted"]) == {"5"}, got["graphs"]["chained_accepted"]
     assert got["graphs"]["tokens"] == got["eager"]["tokens"] == got["reference"]
+    # replayed verifications (every verifying request greedy, no logprobs) read the replay's
+    # argmaxes and compute no logits; those that run eagerly (the longest sequences' last rounds,
+    # past the graphs' length) compute them once
+    assert set(got["graphs"]["heads"]) <= {"head:0", "none:1"} and got["graphs"]["heads"].get("head:0"), \
+        got["graphs"]["heads"]
+    assert set(got["eager"]["heads"]) == {"none:1"}, got["eager"]["heads"]
     replayed = got["graphs"]["replayed"]
     # draft steps after a round's first are one token per sequence: replays of 4 (3 padded to 4;
     # "+near" runs two greedy requests at a time), of 1, from one-token graphs, or with the loop,
