@@ -38,4 +38,15 @@ case "${1:-a}" in
   # g: the final code (call e's, with the test's new count of verifications that read the replay's
   # argmaxes): the gpu-marked tests and issue 8's recorded command again
   g) issue8_tests_and_spec spec ;;
+  # h: at 64 requests deepspark's plain steps ran 14% below no drafter's (call g): with
+  # overlap_plain_rounds (plain rounds keep overlap scheduling), against no drafter and draft-model
+  h) timeout 300 python3 benchmarks/spark_variants.py --device sm90 --kv-gb 2 --batch 64 --repeats 7 none= \
+       'none-sync=:{"fcfs": {"overlap": false}}' dm=draft-model ds=deepspark \
+       'ds-overlap=deepspark:{"deepspark": {"overlap_plain_rounds": true}}' 2>&1 | filter > "$OUT/variants.txt" ;;
+  # i: with the engine skipping deepspark's proposals while its plain steps are held to a closed
+  # batch's end (Drafter.rests_above): call h's configurations, then the gpu-marked tests and
+  # issue 8's recorded command on the final code
+  i) timeout 200 python3 benchmarks/spark_variants.py --device sm90 --kv-gb 2 --batch 64 --repeats 7 none= \
+       'none-sync=:{"fcfs": {"overlap": false}}' dm=draft-model ds=deepspark 2>&1 | filter > "$OUT/variants.txt"
+     issue8_tests_and_spec spec ;;
 esac

@@ -192,9 +192,7 @@ class DeepSparkDrafter(DraftModelDrafter):
         mode = self.options.skip_when_slower
         return mode == "always" or (mode == "graphs" and self.in_graphs)
 
-    @property
-    def skips_rounds(self) -> bool:
-        return self.options.overlap_plain_rounds and self._skipping
+    skips_rounds = property(lambda self: self.options.overlap_plain_rounds and self._skipping)
 
     def needs_tokens(self, requests: list[Request]) -> bool:
         """The next round's kind, chosen now: a plain round needs no tokens (the engine may leave the
@@ -216,8 +214,10 @@ class DeepSparkDrafter(DraftModelDrafter):
                 return
         super().on_verified(verified, best, best_host)
 
-    def may_skip(self, batch: int) -> bool:
-        """Whether a round of ``batch`` requests may draft nothing (``skip_when_slower``)."""
+    def rests_above(self) -> int | None:  # (plain steps held to a closed batch's end: RoundRates.plain_to_end)
+        return self.options.skip_min_batch if self.rates.plain_to_end and self._closed else None
+
+    def may_skip(self, batch: int) -> bool:  # (whether a round of batch requests may draft nothing)
         return batch >= self.options.skip_min_batch and self._skipping
 
     def _choose(self, requests: list[Request], ids: set[str] | None = None) -> tuple[bool, bool]:

@@ -69,6 +69,7 @@ class LLMEngine:
         if drafter is not None and self.early_propose:  # (a drafter may queue its next round early)
             runner.on_verified = drafter.on_verified
         self._proposed = False  # this step's drafts were proposed at the end of the last step
+        self._rest_above: int | None = None  # the drafter rests while at least this many run (Drafter.rests_above)
         self._propose_error: Exception | None = None  # an early proposal's, raised at the next step
         for name in ("prompt_tokens", "prompt_tokens_computed", "generation_tokens", "num_preemptions",
                      "request_success", "request_aborted", "request_sampling_steps"):
@@ -107,6 +108,7 @@ class LLMEngine:
                                                  p.skip_special_tokens))
         state = RequestState(request_id, prompt, list(prompt_token_ids), seqs, detoks)
         self.requests[request_id] = state
+        self._rest_above = None  # (a request joins: the drafter is asked again)
         for seq in seqs:
             self._seq_owner[seq.request_id] = state
             self.scheduler.add_request(seq)
@@ -290,7 +292,11 @@ class LLMEngine:
     # ------------------------------------------------------------------------------ speculation
     def _propose(self, touched: dict[str, RequestState]) -> None:
         """Ask the drafter for drafts for every sequence that is decoding and may speculate; first
-        take the step left running if the drafter needs its tokens (``Drafter.needs_tokens``)."""
+        take the step left running if the drafter needs its tokens (``Drafter.needs_tokens``); none
+        while the drafter rests (``Drafter.rests_above``: every sequence's draft is then None)."""
+        if self._rest_above is not None and len(self._seq_owner) >= self._rest_above:
+            return
+        self._rest_above = None
         decoding = self._decoding()
         blind = self._in_flight is not None and bool(decoding)  # tokens may end in placeholders
         if blind and self.drafter.needs_tokens(decoding):
@@ -305,6 +311,9 @@ class LLMEngine:
         if not proposals:  # a round without drafts (every step, for some drafters at large batches)
             for seq in decoding:
                 seq.draft = None
+            # a rest only while every sequence decodes (none waits or computes its prompt: a join is an add)
+            whole = bool(decoding) and len(decoding) == len(self._seq_owner)
+            self._rest_above = self.drafter.rests_above() if whole else None
             return
         m = self.metrics
         for seq in decoding:

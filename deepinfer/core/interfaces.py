@@ -287,6 +287,14 @@ class Drafter(Plugin, ABC):
         plans each step only after the previous one has finished."""
         return False
 
+    def rests_above(self) -> int | None:
+        """Asked after a proposal that drafted nothing: n promises that the drafter would draft
+        nothing for the sequences decoding then, or any of them, while at least n are unfinished
+        and no request is added; the engine (where every unfinished sequence was decoding) then
+        skips the proposal (and its list of decoding sequences) until a request is added or fewer
+        than n sequences are left. None (the default): no promise."""
+        return None
+
     def observe(self, request: Request, num_verified: int, num_accepted: int) -> None:
         """Learn from a verification result."""
 

@@ -199,3 +199,44 @@ def demo_reference_two():
     base = LLM(progress=False, dtype="float32")
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     return prompts, [o.outputs[0].token_ids for o in base.generate(prompts, params, use_tqdm=False)]
+
+
+def test_plain_steps_held_to_a_batchs_end_let_the_engine_skip_proposals():
+    """Once deepspark holds plain steps to a closed batch's end, the engine asks for no proposal
+    (Drafter.rests_above) until a request is added or fewer than skip_min_batch are left; then
+    it asks again at once. The greedy tokens stay the target's and every block comes back."""
+    prompts = [[10 + (7 * i + 3 * j) % 400 for j in range(5 + i)] for i in range(5)]
+    lengths = [6, 10, 14, 26, 8]
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in lengths]
+    base = LLM(progress=False, dtype="float32")
+    reference = [o.outputs[0].token_ids for o in base.generate(
+        [{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)]
+    llm = LLM(progress=False, dtype="float32", plugins=["deepspark"],
+              plugin_options={"deepspark": {"skip_min_batch": 3}})
+    eng, d = llm.engine, llm.engine.drafter
+
+    def held(batch, closed=None, joined=False):  # plain steps, held wherever the batch is closed
+        d.rates.plain_to_end = closed is not None and not joined
+        return False, False
+    d.rates.speculate = held
+    propose, asked = d.propose, []
+    d.propose = lambda requests: asked.append(len(requests)) or propose(requests)
+    for i in range(4):
+        eng.add_request(str(i), prompts[i], params[i])
+    steps, tokens = [], {}
+    while eng.has_unfinished_requests():
+        if len(steps) == 8:  # a request joins: the engine asks again
+            eng.add_request("4", prompts[4], params[4])
+        before, running = len(asked), len(eng._seq_owner)
+        for out in eng.step():
+            tokens[out.request_id] = out.outputs[0].token_ids
+        steps.append((running, len(asked) > before))
+    assert [tokens[str(i)] for i in range(5)] == reference
+    skipped = [i for i, (_, was_asked) in enumerate(steps) if not was_asked]
+    assert len(skipped) >= 4 and all(steps[i][0] >= 3 for i in skipped)
+    assert steps[8][1] and steps[9][1]  # (the joined request waited, then computed its prompt)
+    assert all(was_asked for running, was_asked in steps if running < 3)
+    # below skip_min_batch deepspark drafts again
+    assert llm.get_metrics()["deepinfer:spec_decode_num_drafts"] > 0
+    eng.kv.pool.check_all_free()
+    d.runner.pool.check_all_free()
