@@ -294,7 +294,8 @@ class LLMEngine:
         """Ask the drafter for drafts for every sequence that is decoding and may speculate; first
         take the step left running if the drafter needs its tokens (``Drafter.needs_tokens``); none
         while the drafter rests (``Drafter.rests_above``: every sequence's draft is then None)."""
-        if self._rest_above is not None and len(self._seq_owner) >= self._rest_above:
+        sched = self.scheduler
+        if self._rest_above is not None and not sched.num_waiting and sched.num_running >= self._rest_above:
             return
         self._rest_above = None
         decoding = self._decoding()
@@ -312,7 +313,7 @@ class LLMEngine:
             for seq in decoding:
                 seq.draft = None
             # a rest only while every sequence decodes (none waits or computes its prompt: a join is an add)
-            whole = bool(decoding) and len(decoding) == len(self._seq_owner)
+            whole = bool(decoding) and not sched.num_waiting and len(decoding) == sched.num_running
             self._rest_above = self.drafter.rests_above() if whole else None
             return
         m = self.metrics

@@ -118,7 +118,8 @@ class DeviceGraphs(ABC):
     @abstractmethod
     def capture(self, fn: Callable[[], torch.Tensor]) -> tuple[Callable[[], None], torch.Tensor]:
         """Warm ``fn`` up, record it, and return ``(replay, output)``; each ``replay()`` recomputes
-        ``output`` in place from the current contents of the tensors ``fn`` read."""
+        ``output`` in place from the current contents of the tensors ``fn`` read, and every other
+        tensor the recorded call made too (``DecodeGraphs``' greedy head reads one)."""
 
 
 # -------------------------------------------------------------------------------------- attention
@@ -289,10 +290,11 @@ class Drafter(Plugin, ABC):
 
     def rests_above(self) -> int | None:
         """Asked after a proposal that drafted nothing: n promises that the drafter would draft
-        nothing for the sequences decoding then, or any of them, while at least n are unfinished
-        and no request is added; the engine (where every unfinished sequence was decoding) then
-        skips the proposal (and its list of decoding sequences) until a request is added or fewer
-        than n sequences are left. None (the default): no promise."""
+        nothing for the sequences decoding then, or any of them, while at least n of them run,
+        none waits and no request is added; the engine (where every running sequence was decoding
+        and none waited) then skips the proposal (and its list of decoding sequences) until a
+        request is added, one waits (a preemption) or fewer than n run. None (the default): no
+        promise."""
         return None
 
     def observe(self, request: Request, num_verified: int, num_accepted: int) -> None:
