@@ -289,10 +289,11 @@ class ModelRunner:
             start = end
         flight = StepInFlight(out, result, sampling,
                               must_sync=bool(verifying) or not all(s.request.overlappable for s in out.scheduled))
+        # (queued before on_verified may queue a drafter's graph, which may reuse the pool memory under hidden)
+        logits = self.model.compute_logits(_take_rows(hidden, rows)) if sampling else None
         if verifying:
             self._verify(hidden, verifying, result, head)
         if sampling:
-            logits = self.model.compute_logits(_take_rows(hidden, rows))
             if flight.must_sync:
                 tokens, logprobs = self.sampler(logits, sampling)
                 for r, t, lp in zip(sampling, tokens, logprobs, strict=True):
@@ -364,9 +365,8 @@ class ModelRunner:
                 starts = list(accumulate((len(d) + 1 for _, d, _ in verifying), initial=0))
                 self.on_verified([(r, d, at) for (r, d, _), at in zip(verifying, starts, strict=False)], best, copy)
             best = copy.wait().tolist()
-        # float32 rows only for what reads them: rejection sampling and logprobs
         if any(not r.params.greedy or r.params.logprobs is not None for r, _, _ in verifying):
-            logits = logits.float()
+            logits = logits.float()  # (float32 rows only for rejection sampling and logprobs)
         at = 0
         for r, drafts, _ in verifying:
             if r.draft is not None and r.draft.source is not None:  # drafts that were still on the device
