@@ -1,7 +1,8 @@
 """Drafter configurations side by side in bench spec's order, with where each one's host time goes:
 every engine built in one process, then at each batch size a 4-token warm-up and --repeats runs
 in turns (deepinfer.bench.spec's Workload and take_turns, as `deepinfer bench spec` runs them).
-A configuration is ``label=plugins`` or ``label=plugins:{json plugin options}``, e.g.
+A configuration is ``label=plugins`` or ``label=plugins:{json plugin options}``, e.g. (a label
+ending in ``-nohead``: decode replays without their head graphs, the LM head and argmax eager)
 
     python3 benchmarks/spark_variants.py --batch 1,64 none= dm=draft-model ds=deepspark \\
         'ds-nolookup=deepspark:{"deepspark": {"lookup": false}}'
@@ -29,6 +30,8 @@ def build(spec: str, device: str, kv_gb: float | None):
     llm = LLM(None, progress=False, device=device, plugins=[p for p in plugins.split(",") if p],
               plugin_options=json.loads(opts) if opts else {}, **kw)
     eng = llm.engine
+    if label.endswith("-nohead") and eng.runner.graphs is not None:  # decode replays' logits eager, as before
+        eng.runner.graphs._head_replays.clear()
     acc: Counter = Counter()  # (part, "s"): seconds in it, (part, "n"): calls
     count_calls(eng, "step", acc)
     choices: Counter = Counter()

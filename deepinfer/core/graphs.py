@@ -76,7 +76,7 @@ class DecodeGraphs:
     def __init__(self, model: CausalLM, attention: AttentionBackend, kv_caches: list[Any],
                  graphs: DeviceGraphs, device: torch.device, block_size: int, batch_sizes: Sequence[int],
                  max_seq_len: int, query_len: int = 1, placeholders: bool = True,
-                 single_runs: bool = True, greedy_head: bool = False) -> None:
+                 single_runs: bool = True, greedy_head: bool = False, head_graphs: bool = False) -> None:
         """``placeholders``: the replays resolve placeholder tokens themselves (one kernel, which
         for small sizes also stages the inputs: see the module's docstring); False for graphs
         that are never given any (a drafter's, the prefill graphs), which then resolve any that
@@ -86,11 +86,18 @@ class DecodeGraphs:
         also takes every row's argmax over the LM head's logits (``last_head``), so that a greedy
         verification launches nothing of its own after the replay (each launch costs the host tens
         of microseconds on an H200's host, more while the device is busy); sizes whose logits
-        would exceed ``HEAD_MAX_ELEMENTS`` leave it to the caller."""
+        would exceed ``HEAD_MAX_ELEMENTS`` leave it to the caller. ``head_graphs`` (one-token graphs
+        with placeholders: decode steps): a second graph a size takes the argmax of every row's
+        logits over the forward's output into ``prev_tokens`` (``replay_head``), replayed only for
+        steps whose every sample is a plain argmax, so that steps that sample otherwise compute no
+        logits twice."""
         if not batch_sizes or min(batch_sizes) < 1:
             raise ValueError(f"graph batch sizes must be positive integers, got {list(batch_sizes)}")
         if query_len < 1:
             raise ValueError(f"query_len must be at least 1, got {query_len}")
+        if head_graphs and (query_len != 1 or not placeholders):
+            raise ValueError("head graphs write a decode step's argmaxes into its buffer of placeholder values: "
+                             "they need query_len 1 and placeholders")
         self.model, self.attention, self.kv_caches = model, attention, kv_caches
         self.api = graphs
         self.device = device
@@ -114,6 +121,8 @@ class DecodeGraphs:
         self._replays: dict[int, tuple[Callable[[], None], torch.Tensor]] = {}
         self.greedy_head = greedy_head
         self._heads: dict[int, torch.Tensor] = {}  # size -> its replay's argmaxes (greedy_head)
+        self.head_graphs = head_graphs
+        self._head_replays: dict[int, Callable[[], None]] = {}  # size -> its head graph (head_graphs)
         #: the last replay's argmax of every row's logits [size * query_len] (None: not computed)
         self.last_head: torch.Tensor | None = None
 
@@ -151,6 +160,9 @@ class DecodeGraphs:
             if self.greedy_head and b * self.query_len * self.model.config.vocab_size <= self.HEAD_MAX_ELEMENTS:
                 work = partial(self._with_head, b, work)
             self._replays[b] = self.api.capture(lambda batch=batch, work=work: work(batch))
+        for b in reversed(self.sizes) if self.head_graphs else ():
+            if b * self.model.config.vocab_size <= self.HEAD_MAX_ELEMENTS:
+                self._head_replays[b] = self.api.capture(partial(self._argmax_into_values, b))[0]
         self.inputs.reset_turn()
 
     HEAD_MAX_ELEMENTS = 1 << 25  # the most logits a replay's greedy head computes (64 MiB in 16 bits)
@@ -161,6 +173,25 @@ class DecodeGraphs:
         fused = getattr(self.fused_ops, "argmax", None)
         self._heads[b] = fused(logits) if fused is not None else logits.argmax(-1)
         return hidden
+
+    def _argmax_into_values(self, b: int) -> torch.Tensor:
+        """The head graph of size b: every row's argmax of the forward's output, into the values buffer."""
+        logits = self.model.compute_logits(self._replays[b][1])
+        fused = getattr(self.fused_ops, "argmax", None)
+        return self.prev_tokens[:b].copy_(fused(logits) if fused is not None else logits.argmax(-1))
+
+    def has_head(self, size: int) -> bool:
+        return size in self._head_replays
+
+    def replay_head(self, size: int) -> torch.Tensor | None:
+        """After a replay of this size (``run``): its rows' argmaxes over the LM head's logits,
+        written into ``prev_tokens[:size]`` by the size's head graph (whoever copies that buffer
+        elsewhere must have finished first); None where this size has none (``head_graphs``)."""
+        replay = self._head_replays.get(size)
+        if replay is None:
+            return None
+        replay()
+        return self.prev_tokens[:size]
 
     def _staged(self, b: int, batch: StepBatch) -> torch.Tensor:
         # the inputs from host memory, placeholders resolved: no copy and no launch before the replay

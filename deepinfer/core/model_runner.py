@@ -14,7 +14,7 @@ from deepinfer.core.host_copy import HostCopy
 from deepinfer.core.interfaces import AttentionBackend, DeviceGraphs, SchedulerOutput
 from deepinfer.core.model_registry import CausalLM
 from deepinfer.core.request import PLACEHOLDER_TOKEN, Request
-from deepinfer.core.sampler import Sampler
+from deepinfer.core.sampler import Sampler, plain_greedy
 from deepinfer.core.step import KVGroupBatch, StepBatch
 
 
@@ -165,7 +165,7 @@ class ModelRunner:
         """Capture decode steps for these batch sizes (sequences up to ``max_seq_len`` tokens)."""
         self._check_graphs()
         g = DecodeGraphs(self.model, self.attention, self.kv_caches, graphs, self.device, self.block_size,
-                         batch_sizes, max_seq_len)
+                         batch_sizes, max_seq_len, head_graphs=True)
         g.capture()
         self.graphs = g
 
@@ -289,13 +289,22 @@ class ModelRunner:
             start = end
         flight = StepInFlight(out, result, sampling,
                               must_sync=bool(verifying) or not all(s.request.overlappable for s in out.scheduled))
-        # (queued before on_verified may queue a drafter's graph, which may reuse the pool memory under hidden)
-        logits = self.model.compute_logits(_take_rows(hidden, rows)) if sampling else None
+        # a decode replay whose every sample is a plain argmax: its head graph writes them into the
+        # graphs' buffer of placeholder values (once the last samples there have reached the host)
+        argmaxes = logits = None
+        if graph_size is not None and len(sampling) == len(seqs) and self.graphs.has_head(graph_size) \
+                and plain_greedy(sampling) and all(r.params.logprobs is None for r in sampling):
+            if self._buffer_copy is not None:
+                self._buffer_copy.before_overwrite()
+            argmaxes = self.graphs.replay_head(graph_size)[:len(sampling)]
+        elif sampling:  # (queued before on_verified may queue a drafter's graph, which may reuse hidden's memory)
+            logits = self.model.compute_logits(_take_rows(hidden, rows))
         if verifying:
             self._verify(hidden, verifying, result, head)
         if sampling:
             if flight.must_sync:
-                tokens, logprobs = self.sampler(logits, sampling)
+                tokens, logprobs = (argmaxes.tolist(), [None] * len(sampling)) if argmaxes is not None \
+                    else self.sampler(logits, sampling)
                 for r, t, lp in zip(sampling, tokens, logprobs, strict=True):
                     result.sampled[r.request_id] = [t]
                     result.logprobs[r.request_id] = [lp]
@@ -304,9 +313,12 @@ class ModelRunner:
                 # which the next step's replay reads without a copy
                 buf = self.graphs.prev_tokens if self.graphs is not None else None
                 into = buf[:len(sampling)] if buf is not None and buf.numel() >= len(sampling) else None
-                if into is not None and self._buffer_copy is not None:
-                    self._buffer_copy.before_overwrite()  # the last samples there have reached the host
-                flight.tokens = self.sampler.sample_on_device(logits, sampling, out=into)
+                if argmaxes is not None:
+                    flight.tokens = argmaxes  # (in buf)
+                else:
+                    if into is not None and self._buffer_copy is not None:
+                        self._buffer_copy.before_overwrite()  # the last samples there have reached the host
+                    flight.tokens = self.sampler.sample_on_device(logits, sampling, out=into)
                 self._prev_tokens = flight.tokens
                 self._prev_rows = {r.request_id: i for i, r in enumerate(sampling)}
                 # their copy to the host runs beside the next step's work, not in line with it

@@ -59,7 +59,7 @@ class Sampler:
         logits = logits.float()
         want_logprobs = any(r.params.logprobs is not None for r in requests)
         raw_logprobs = logits.log_softmax(-1) if want_logprobs else None
-        if _plain_greedy(requests):
+        if plain_greedy(requests):
             tokens = self.argmax(logits).tolist()
         else:
             tokens = [self._sample_row(logits[i].clone(), r) for i, r in enumerate(requests)]
@@ -76,7 +76,7 @@ class Sampler:
         logits' device. When every request is plain greedy they never leave it, and are written
         into ``out`` if it is given (an int64 tensor [B] on that device); otherwise they come back
         in a new tensor."""
-        if not _plain_greedy(requests):
+        if not plain_greedy(requests):
             tokens = self(logits, requests)[0]
             return torch.tensor(tokens, dtype=torch.long, device=logits.device)
         if out is None:
@@ -116,7 +116,7 @@ def torch_argmax(logits: torch.Tensor, out: torch.Tensor | None = None) -> torch
     return logits.argmax(-1) if out is None else torch.argmax(logits, -1, out=out)
 
 
-def _plain_greedy(requests: Sequence[Request]) -> bool:
+def plain_greedy(requests: Sequence[Request]) -> bool:
     """Every row's token is its argmax: greedy, no penalties, no EOS held back (Request.plain_from)."""
     return all(r.greedy and len(r.all_token_ids) >= r.plain_from for r in requests)
 

@@ -40,23 +40,31 @@ def _prompts(lengths: list[int]) -> list[list[int]]:
 
 
 def run_both(model_dir: str, prompts, max_tokens: list[int], graphs_factory, sizes, max_seq_len: int,
-             overlap: bool | None = None, fused: bool = False, **engine) -> dict:
-    """Greedy tokens with graphs off and on, and the captured sizes the graph steps replayed
-    (``overlap``: force the engine's overlapped path on or off; None: its own choice; ``fused``:
-    give the model the CUDA devices' fused kernels, with which small replays stage their inputs)."""
+             overlap: bool | None = None, fused: bool = False, sampled: int | None = None, **engine) -> dict:
+    """Greedy tokens with graphs off and on, the captured sizes the graph steps replayed and how
+    many replays took their argmaxes from the head graphs ("heads") (``overlap``: force the
+    engine's overlapped path on or off; None: its own choice; ``fused``: give the model the CUDA
+    devices' fused kernels, with which small replays stage their inputs; ``sampled``: this
+    request samples, seeded, at temperature 1)."""
     from deepinfer import LLM, SamplingParams
     from deepinfer.core.graphs import DecodeGraphs
 
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in max_tokens]
+    if sampled is not None:
+        params[sampled] = SamplingParams(temperature=1.0, seed=3, max_tokens=max_tokens[sampled], ignore_eos=True)
     replayed: Counter[int] = Counter()
-    run = DecodeGraphs.run
+    run, head = DecodeGraphs.run, DecodeGraphs.replay_head
 
     def counting(self, size, *args, **kwargs):
         replayed[size] += 1
         return run(self, size, *args, **kwargs)
 
+    def heads(self, size):
+        replayed["heads"] += 1
+        return head(self, size)
+
     out = {}
-    DecodeGraphs.run = counting
+    DecodeGraphs.run, DecodeGraphs.replay_head = counting, heads
     try:
         for name in ("eager", "graphs"):
             llm = LLM(model_dir, plugins=["triton"], progress=False, enforce_eager=True, **engine)
@@ -72,7 +80,7 @@ def run_both(model_dir: str, prompts, max_tokens: list[int], graphs_factory, siz
             out[name] = [o.outputs[0].token_ids for o in res]
             llm.engine.kv.pool.check_all_free()
     finally:
-        DecodeGraphs.run = run
+        DecodeGraphs.run, DecodeGraphs.replay_head = run, head
     out["replayed"] = {str(k): v for k, v in replayed.items()}
     return out
 
@@ -91,11 +99,20 @@ def test_graph_steps_give_the_eager_tokens_in_the_interpreter(tmp_path, fused):
     # three sequences pad to the captured 4, then two replay 2; the longest outgrows max_seq_len
     # and the steps that hold it run eagerly
     assert got["replayed"].get("4", 0) > 0 and got["replayed"].get("2", 0) > 0
-    assert sum(got["replayed"].values()) < got["decode_steps"]
-    assert got["captured"] == 3
+    replays = sum(v for k, v in got["replayed"].items() if k != "heads")
+    assert replays < got["decode_steps"]
+    # every size has a forward graph and a head graph, and every replay's samples (plain
+    # greedy) came from its head graph, straight into the buffer the next replay reads
+    assert got["captured"] == 6 and got["replayed"]["heads"] == replays
     assert got["in_place"].get("True", 0) > 0 and "False" not in got["in_place"]  # no copy of the samples
     # with the fused kernels the replays read their inputs from host memory in their first kernel
     assert (got["staged"] > 0) == fused and (got["uploads"] > 0) != fused
+    # a request that samples at temperature 1 is in every step: no replay takes the head graphs'
+    # argmaxes, and every request's tokens (the seeded one's too) are the eager engine's
+    mixed = got["mixed"]
+    assert mixed["graphs"] == mixed["eager"] and "heads" not in mixed["replayed"]
+    assert sum(mixed["replayed"].values()) > 0
+    assert [t for i, t in enumerate(mixed["graphs"]) if i != 1] == [t for i, t in enumerate(got["eager"]) if i != 1]
 
 
 def test_graphs_need_an_attention_plugin_that_supports_them(tmp_path):
@@ -153,6 +170,10 @@ def _main(model_dir: str, fused: bool) -> None:
     got["staged"], got["uploads"] = counts["staged"], counts["uploads"]
     got["in_place"] = {str(k): v for k, v in in_place.items()}
     got["captured"] = factory.captured
+    # request 1, the longest, samples
+    got["mixed"] = run_both(model_dir, _prompts([3, 30, 9]), max_tokens, EagerGraphs, [1, 2, 4], 36, overlap=True,
+                            fused=fused, sampled=1, device="cpu", dtype="float32", block_size=4, num_kv_blocks=64,
+                            max_model_len=64, plugin_options={"triton": {"split_size": 16}})
     got["decode_steps"] = max(max_tokens) - 1
     print(json.dumps(got))
 

@@ -1,0 +1,14 @@
+# H200, session 35:
+#   run(command="bash benchmarks/h200_session35.sh a", carry=[".whl"], timeout_s=600)
+# after ../shared/gpu/wheels.sh.
+. benchmarks/h200_common.sh
+case "${1:-a}" in
+  # a: decode replays' head graphs (the LM head and argmax of plain greedy steps in a graph of
+  # their own): with and without them at 64 requests and at batch 1, no drafter and deepspark
+  # beside draft-model, in one process; then the gpu-marked tests
+  a) timeout 330 python3 benchmarks/spark_variants.py --device sm90 --kv-gb 2 --batch 64,1 --repeats 5 none= \
+       none-nohead= dm=draft-model ds=deepspark ds-nohead=deepspark 2>&1 | filter > "$OUT/variants.txt"
+     issue8_tests_and_spec ;;
+  # b: the recorded command on the final code
+  b) issue8_tests_and_spec spec ;;
+esac
