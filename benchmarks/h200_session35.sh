@@ -9,6 +9,14 @@ case "${1:-a}" in
   a) timeout 330 python3 benchmarks/spark_variants.py --device sm90 --kv-gb 2 --batch 64,1 --repeats 5 none= \
        none-nohead= dm=draft-model ds=deepspark ds-nohead=deepspark 2>&1 | filter > "$OUT/variants.txt"
      issue8_tests_and_spec ;;
-  # b: the recorded command on the final code
-  b) issue8_tests_and_spec spec ;;
+  # b: after call a (head graphs: no drafter 1.95x faster at batch 1, above both drafters):
+  # deepspark skipping at batch 1 too (skip_min_batch 1), with plain rounds overlapped or not, and
+  # speculation's best at batch 1 with shallower rounds (draft-model k = 2 and 3)
+  b) timeout 300 python3 benchmarks/spark_variants.py --device sm90 --kv-gb 2 --batch 1,64 --repeats 5 none= \
+       dm=draft-model ds=deepspark 'ds-s1=deepspark:{"deepspark": {"skip_min_batch": 1}}' \
+       'ds-s1-ov=deepspark:{"deepspark": {"skip_min_batch": 1, "overlap_plain_rounds": true}}' \
+       'dm-k2=draft-model:{"draft-model": {"num_speculative_tokens": 2}}' \
+       'dm-k3=draft-model:{"draft-model": {"num_speculative_tokens": 3}}' 2>&1 | filter > "$OUT/variants.txt" ;;
+  # z: the recorded command on the final code
+  z) issue8_tests_and_spec spec ;;
 esac
