@@ -17,6 +17,8 @@ case "${1:-a}" in
        'ds-s1-ov=deepspark:{"deepspark": {"skip_min_batch": 1, "overlap_plain_rounds": true}}' \
        'dm-k2=draft-model:{"draft-model": {"num_speculative_tokens": 2}}' \
        'dm-k3=draft-model:{"draft-model": {"num_speculative_tokens": 3}}' 2>&1 | filter > "$OUT/variants.txt" ;;
-  # z: the recorded command on the final code
-  z) issue8_tests_and_spec spec ;;
+  # c: call b's configurations, then the gpu-marked tests and issue 8's recorded command, in one
+  # call (two calls for b were refused)
+  c) bash "$0" b
+     issue8_tests_and_spec spec ;;
 esac
