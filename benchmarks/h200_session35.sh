@@ -21,4 +21,11 @@ case "${1:-a}" in
   # call (two calls for b were refused)
   c) bash "$0" b
      issue8_tests_and_spec spec ;;
+  # d: deepspark's plain rounds overlapped by default (overlap_plain_rounds, 1.16x at 64 in call
+  # c): no drafter, draft-model and deepspark with and without it at 64, then the gpu-marked tests
+  # and issue 8's recorded command on the final code
+  d) timeout 200 python3 benchmarks/spark_variants.py --device sm90 --kv-gb 2 --batch 64 --repeats 7 none= \
+       dm=draft-model ds=deepspark 'ds-sync=deepspark:{"deepspark": {"overlap_plain_rounds": false}}' \
+       2>&1 | filter > "$OUT/variants.txt"
+     issue8_tests_and_spec spec ;;
 esac

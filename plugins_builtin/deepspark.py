@@ -91,10 +91,10 @@ class DeepSparkOptions(DraftModelOptions):
                                                      "the slower kind, so that both stay measured (the gap "
                                                      "doubles with every look that finds the same kind faster, "
                                                      "to at least twice the run it ends; up to 1,024)")
-    overlap_plain_rounds: bool = Field(False, description="with skip_when_slower: tell the engine before each round "
-                                                          "whether it drafts, so that rounds that draft nothing keep "
-                                                          "overlap scheduling (off by default: it gained nothing on "
-                                                          "an H200, where such steps are bound by the host's work)")
+    overlap_plain_rounds: bool = Field(True, description="with skip_when_slower: tell the engine before each round "
+                                                         "whether it drafts, so that rounds that draft nothing keep "
+                                                         "overlap scheduling (on devices that run queued work "
+                                                         "asynchronously)")
     lookup: bool = Field(True, description="where the context holds an earlier occurrence of its last tokens, "
                                            "propose what followed it instead of running the draft model, where "
                                            "that is expected to pay better (lookup.py; off where rounds chain)")

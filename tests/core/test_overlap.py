@@ -143,9 +143,9 @@ def test_overlap_follows_the_scheduler_option_and_the_device(model_dir):
         drafting = LLM(model_dir, progress=False, plugins=["ngram"])
         assert drafting.engine.overlap is False  # a drafter needs every token on the host
         # ... unless it says before each proposal whether it drafts (deepspark on the demo pair,
-        # with rounds that may draft nothing and the option on)
-        for options, overlap in (({"overlap_plain_rounds": True, "skip_when_slower": "always"}, True),
-                                 ({"skip_when_slower": "always"}, False),
+        # with rounds that may draft nothing and the option on, as by default)
+        for options, overlap in (({}, True), ({"overlap_plain_rounds": True, "skip_when_slower": "always"}, True),
+                                 ({"overlap_plain_rounds": False, "skip_when_slower": "always"}, False),
                                  ({"overlap_plain_rounds": True, "skip_when_slower": "never"}, False)):
             spark = LLM(progress=False, plugins=["deepspark"], plugin_options={"deepspark": options})
             assert spark.engine.overlap is overlap, options
