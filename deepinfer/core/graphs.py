@@ -169,19 +169,19 @@ class DecodeGraphs:
 
     def _with_head(self, b: int, work: Callable[[StepBatch], torch.Tensor], batch: StepBatch) -> torch.Tensor:
         hidden = work(batch)
+        self._heads[b] = self._argmax(hidden)
+        return hidden
+
+    def _argmax(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Every row's argmax over the LM head's logits (the device's fused argmax where offered,
+        as the sampler's)."""
         logits = self.model.compute_logits(hidden)
         fused = getattr(self.fused_ops, "argmax", None)
-        self._heads[b] = fused(logits) if fused is not None else logits.argmax(-1)
-        return hidden
+        return fused(logits) if fused is not None else logits.argmax(-1)
 
     def _argmax_into_values(self, b: int) -> torch.Tensor:
         """The head graph of size b: every row's argmax of the forward's output, into the values buffer."""
-        logits = self.model.compute_logits(self._replays[b][1])
-        fused = getattr(self.fused_ops, "argmax", None)
-        return self.prev_tokens[:b].copy_(fused(logits) if fused is not None else logits.argmax(-1))
-
-    def has_head(self, size: int) -> bool:
-        return size in self._head_replays
+        return self.prev_tokens[:b].copy_(self._argmax(self._replays[b][1]))
 
     def replay_head(self, size: int) -> torch.Tensor | None:
         """After a replay of this size (``run``): its rows' argmaxes over the LM head's logits,

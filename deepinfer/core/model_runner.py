@@ -6,16 +6,15 @@ from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Any
 
-import numpy as np
 import torch
 
-from deepinfer.core.graphs import DecodeGraphs, PrefillGraphs, resolve_placeholders
+from deepinfer.core.graphs import DecodeGraphs, PrefillGraphs
 from deepinfer.core.host_copy import HostCopy
 from deepinfer.core.interfaces import AttentionBackend, DeviceGraphs, SchedulerOutput
 from deepinfer.core.model_registry import CausalLM
 from deepinfer.core.request import PLACEHOLDER_TOKEN, Request
 from deepinfer.core.sampler import Sampler, plain_greedy
-from deepinfer.core.step import KVGroupBatch, StepBatch
+from deepinfer.core.step_batch import build_step_batch
 
 
 @dataclass(slots=True)
@@ -27,73 +26,6 @@ class RunnerOutput:
     prompt_logprobs: dict[str, list[dict[int, float] | None]] = field(default_factory=dict)
     num_rejected: dict[str, int] = field(default_factory=dict)  # drafts whose KV is rolled back
     num_verified: dict[str, int] = field(default_factory=dict)
-
-
-def _tables(block_ids: list[list[int]]) -> np.ndarray:
-    tables = np.zeros((len(block_ids), max([1, *map(len, block_ids)])), dtype=np.int32)
-    for i, ids in enumerate(block_ids):
-        tables[i, :len(ids)] = ids
-    return tables
-
-
-def _group(slots: np.ndarray, tables: np.ndarray, device: torch.device) -> KVGroupBatch:
-    skip = slots < 0
-    rows = torch.from_numpy(np.flatnonzero(~skip)).to(device) if skip.any() else None
-    return KVGroupBatch(torch.from_numpy(slots).to(device), torch.from_numpy(tables).to(device), rows)
-
-
-def build_step_batch(seqs: list[tuple[list[int], int, list[int]]], block_size: int,
-                     device: torch.device, sliding: list[tuple[list[int], int]] | None = None,
-                     prev_tokens: torch.Tensor | None = None, ops: Any = None) -> StepBatch:
-    """A StepBatch from (token ids to compute, position of the first, block table) per sequence.
-
-    ``sliding``, when sliding-window layers keep a KV pool of their own: per sequence, that pool's
-    block table and ``replay_until`` (positions before it get no full-attention KV write). A
-    negative token id -(r+1) stands for ``prev_tokens[r]`` (a sample still on the device),
-    resolved with the device's fused ``ops`` where they offer it (see ``resolve_placeholders``)."""
-    bs = block_size
-    ids: list[int] = []
-    pos_parts, slot_parts, sliding_parts = [], [], []
-    q_lens, seq_lens, ctx_lens = [], [], []
-    for i, (tokens, start, block_ids) in enumerate(seqs):
-        n = len(tokens)
-        ids.extend(tokens)
-        pos = np.arange(start, start + n, dtype=np.int64)
-        slots = np.asarray(block_ids, dtype=np.int64)[pos // bs] * bs + pos % bs
-        if sliding is not None:
-            table, replay_until = sliding[i]
-            slots[pos < replay_until] = -1  # full-attention KV of a replay is cached already
-            sliding_parts.append(np.asarray(table, dtype=np.int64)[pos // bs] * bs + pos % bs)
-        pos_parts.append(pos)
-        slot_parts.append(slots)
-        q_lens.append(n)
-        seq_lens.append(start + n)
-        ctx_lens.append(start)
-    tables = _tables([b for _, _, b in seqs])
-    slot_mapping = np.concatenate(slot_parts)
-    groups = (_group(slot_mapping, tables, device),)
-    if sliding is not None:
-        groups += (_group(np.concatenate(sliding_parts), _tables([t for t, _ in sliding]), device),)
-    qsl = np.zeros(len(q_lens) + 1, dtype=np.int32)
-    np.cumsum(q_lens, out=qsl[1:])
-    input_ids = torch.tensor(ids, dtype=torch.long, device=device)
-    if prev_tokens is not None:
-        input_ids = resolve_placeholders(input_ids, prev_tokens, ops=ops)
-    return StepBatch(
-        input_ids=input_ids,
-        positions=torch.from_numpy(np.concatenate(pos_parts)).to(device),
-        slot_mapping=groups[0].slot_mapping,
-        query_start_loc=torch.from_numpy(qsl).to(device),
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
-        context_lens=torch.tensor(ctx_lens, dtype=torch.int32, device=device),
-        block_tables=groups[0].block_tables,
-        query_lens_cpu=tuple(q_lens),
-        seq_lens_cpu=tuple(seq_lens),
-        block_size=bs,
-        max_query_len=max(q_lens),
-        max_seq_len=max(seq_lens),
-        kv_groups=groups,
-    )
 
 
 def _take_rows(hidden: torch.Tensor, rows: list[int]) -> torch.Tensor:
@@ -289,22 +221,13 @@ class ModelRunner:
             start = end
         flight = StepInFlight(out, result, sampling,
                               must_sync=bool(verifying) or not all(s.request.overlappable for s in out.scheduled))
-        # a decode replay whose every sample is a plain argmax: its head graph writes them into the
-        # graphs' buffer of placeholder values (once the last samples there have reached the host)
-        argmaxes = logits = None
-        if graph_size is not None and len(sampling) == len(seqs) and self.graphs.has_head(graph_size) \
-                and plain_greedy(sampling) and all(r.params.logprobs is None for r in sampling):
-            if self._buffer_copy is not None:
-                self._buffer_copy.before_overwrite()
-            argmaxes = self.graphs.replay_head(graph_size)[:len(sampling)]
-        elif sampling:  # (queued before on_verified may queue a drafter's graph, which may reuse hidden's memory)
-            logits = self.model.compute_logits(_take_rows(hidden, rows))
+        # (queued before on_verified may queue a drafter's graph, which may reuse the pool memory under hidden)
+        logits = self.model.compute_logits(_take_rows(hidden, rows)) if sampling and flight.must_sync else None
         if verifying:
             self._verify(hidden, verifying, result, head)
         if sampling:
             if flight.must_sync:
-                tokens, logprobs = (argmaxes.tolist(), [None] * len(sampling)) if argmaxes is not None \
-                    else self.sampler(logits, sampling)
+                tokens, logprobs = self.sampler(logits, sampling)
                 for r, t, lp in zip(sampling, tokens, logprobs, strict=True):
                     result.sampled[r.request_id] = [t]
                     result.logprobs[r.request_id] = [lp]
@@ -313,11 +236,14 @@ class ModelRunner:
                 # which the next step's replay reads without a copy
                 buf = self.graphs.prev_tokens if self.graphs is not None else None
                 into = buf[:len(sampling)] if buf is not None and buf.numel() >= len(sampling) else None
-                if argmaxes is not None:
-                    flight.tokens = argmaxes  # (in buf)
+                if into is not None and self._buffer_copy is not None:
+                    self._buffer_copy.before_overwrite()  # the last samples there have reached the host
+                # a decode replay whose every sample is a plain argmax: its head graph writes them there
+                if graph_size is not None and len(sampling) == len(seqs) and plain_greedy(sampling) \
+                        and (argmaxes := self.graphs.replay_head(graph_size)) is not None:
+                    flight.tokens = argmaxes[:len(sampling)]
                 else:
-                    if into is not None and self._buffer_copy is not None:
-                        self._buffer_copy.before_overwrite()  # the last samples there have reached the host
+                    logits = self.model.compute_logits(_take_rows(hidden, rows))
                     flight.tokens = self.sampler.sample_on_device(logits, sampling, out=into)
                 self._prev_tokens = flight.tokens
                 self._prev_rows = {r.request_id: i for i, r in enumerate(sampling)}

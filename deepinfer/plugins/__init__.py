@@ -25,12 +25,12 @@ from deepinfer.core.interfaces import (
 )
 from deepinfer.core.kv_manager import KVCacheManager, SlidingKV
 from deepinfer.core.metrics import Metrics
-from deepinfer.core.model_runner import build_step_batch
 from deepinfer.core.request import PLACEHOLDER_TOKEN, Request, RequestStatus
 from deepinfer.core.sampler import filter_logits
 from deepinfer.core.sampling_params import SamplingParams
 from deepinfer.core.spec import accept_greedy
 from deepinfer.core.step import KVGroupBatch, StepBatch
+from deepinfer.core.step_batch import build_step_batch
 from deepinfer.plugins.discovery import PluginError, PluginInfo, discover, load
 from deepinfer.plugins.groups import SLOTS, Slot
 from deepinfer.plugins.hookspecs import hookimpl

@@ -8,9 +8,9 @@ import torch
 from deepinfer.core.block_pool import BlockPool
 from deepinfer.core.interfaces import PrefixMatch
 from deepinfer.core.kv_manager import KVCacheManager, SlidingKV
-from deepinfer.core.model_runner import build_step_batch
 from deepinfer.core.request import Request
 from deepinfer.core.sampling_params import SamplingParams
+from deepinfer.core.step_batch import build_step_batch
 
 
 def _manager(window: int = 10, full: int = 32, sliding: int = 16, bs: int = 4) -> KVCacheManager:
