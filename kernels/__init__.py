@@ -11,6 +11,14 @@ from deepinfer_kernels.chain_inputs import chain_inputs
 from deepinfer_kernels.embedding import embedding, embedding_ref
 from deepinfer_kernels.fused_ops import FusedOps
 from deepinfer_kernels.gemv import GemvConfig, gemv, gemv_qkv_rotary, gemv_qkv_rotary_ref, gemv_ref
+from deepinfer_kernels.gemv_rows import (
+    RowsConfig,
+    gemv_rows,
+    gemv_rows_qkv_rotary,
+    gemv_rows_qkv_rotary_ref,
+    gemv_rows_ref,
+    rows_supported,
+)
 from deepinfer_kernels.kv_cache import write_kv_cache, write_kv_cache_ref
 from deepinfer_kernels.paged_attention import (
     DEFAULT_SPLIT,
@@ -29,11 +37,43 @@ from deepinfer_kernels.rms_norm import rms_norm, rms_norm_ref
 from deepinfer_kernels.rotary import apply_rotary, apply_rotary_ref
 
 __all__ = [
-    "DEFAULT_SPLIT", "FusedOps", "GemvConfig", "apply_rotary", "apply_rotary_ref", "argmax", "argmax_prob",
-    "argmax_prob_ref", "argmax_ref", "chain_inputs", "embedding", "embedding_ref", "gemv",
-    "gemv_qkv_rotary", "gemv_qkv_rotary_ref", "gemv_ref", "num_decode_splits", "paged_decode_attention",
-    "paged_decode_attention_ref", "paged_prefill_attention", "paged_prefill_attention_ref", "pdl_supported",
-    "resolve_placeholders", "resolve_placeholders_ref", "rms_norm", "rms_norm_ref", "silu_and_mul", "silu_and_mul_ref", "stage_inputs",
-    "stage_inputs_ref", "triton_interpreted", "write_kv_cache",
+    "DEFAULT_SPLIT",
+    "FusedOps",
+    "GemvConfig",
+    "RowsConfig",
+    "apply_rotary",
+    "apply_rotary_ref",
+    "argmax",
+    "argmax_prob",
+    "argmax_prob_ref",
+    "argmax_ref",
+    "chain_inputs",
+    "embedding",
+    "embedding_ref",
+    "gemv",
+    "gemv_qkv_rotary",
+    "gemv_qkv_rotary_ref",
+    "gemv_ref",
+    "gemv_rows",
+    "gemv_rows_qkv_rotary",
+    "gemv_rows_qkv_rotary_ref",
+    "gemv_rows_ref",
+    "num_decode_splits",
+    "paged_decode_attention",
+    "paged_decode_attention_ref",
+    "paged_prefill_attention",
+    "paged_prefill_attention_ref",
+    "pdl_supported",
+    "resolve_placeholders",
+    "resolve_placeholders_ref",
+    "rms_norm",
+    "rms_norm_ref",
+    "rows_supported",
+    "silu_and_mul",
+    "silu_and_mul_ref",
+    "stage_inputs",
+    "stage_inputs_ref",
+    "triton_interpreted",
+    "write_kv_cache",
     "write_kv_cache_ref",
 ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 from deepinfer_kernels._launch import pdl_supported
 from deepinfer_kernels.embedding import embedding
 from deepinfer_kernels.gemv import gemv, gemv_qkv_rotary
+from deepinfer_kernels.gemv_rows import MAX_ROWS, gemv_rows, gemv_rows_qkv_rotary, rows_supported
 
 
 class FusedOps:
@@ -17,10 +18,13 @@ class FusedOps:
     first read them (a step's first layers; a draft model's first, where its graphs are captured
     before the target's) to each that still fits; every other weight is
     streamed (evict_first), so that it does not push the kept ones out. 0 leaves every load at the
-    default policy. The hints change no result, only what the L2 holds.
+    default policy. The hints change no result, only what the L2 holds. ``gemv_rows``: steps of
+    2 to this many tokens (at most 16) take ``gemv`` and ``gemv_qkv_rotary`` too, through the
+    multi-row kernels (``takes_rows`` says which steps); 1: single-token steps only.
     """
 
-    def __init__(self, single_token_gemv: bool = True, pdl: bool = True, l2_keep_bytes: int = 0) -> None:
+    def __init__(self, single_token_gemv: bool = True, pdl: bool = True, l2_keep_bytes: int = 0,
+                 gemv_rows: int = MAX_ROWS) -> None:
         from deepinfer_kernels.activation import silu_and_mul
         from deepinfer_kernels.argmax import argmax, argmax_prob
         from deepinfer_kernels.chain_inputs import chain_inputs
@@ -42,6 +46,12 @@ class FusedOps:
         self._argmax, self._argmax_prob = argmax, argmax_prob
         self.gemv = self._gemv if single_token_gemv else None
         self.gemv_qkv_rotary = self._gemv_qkv_rotary if single_token_gemv else None
+        self.gemv_max_rows = max(1, min(int(gemv_rows), MAX_ROWS)) if single_token_gemv else 0
+
+    def takes_rows(self, rows: int, head_dim: int | None = None) -> bool:
+        """Whether ``gemv`` and ``gemv_qkv_rotary`` take a step of ``rows`` tokens (of a model with
+        heads of ``head_dim``)."""
+        return rows == 1 and self.gemv_max_rows >= 1 or 1 < rows <= self.gemv_max_rows and rows_supported(head_dim)
 
     def _pdl(self, x) -> bool:
         return self.pdl and pdl_supported(x.device)
@@ -72,8 +82,9 @@ class FusedOps:
 
     def _gemv(self, x, weight, **kwargs):
         kwargs.setdefault("evict", self.evict_policy(weight))
-        return gemv(x, weight, pdl=self._pdl(x), **kwargs)
+        return (gemv if x.shape[0] == 1 else gemv_rows)(x, weight, pdl=self._pdl(x), **kwargs)
 
     def _gemv_qkv_rotary(self, x, weight, *args, **kwargs):
         kwargs.setdefault("evict", self.evict_policy(weight))
-        return gemv_qkv_rotary(x, weight, *args, pdl=self._pdl(x), **kwargs)
+        return (gemv_qkv_rotary if x.shape[0] == 1 else gemv_rows_qkv_rotary)(x, weight, *args, pdl=self._pdl(x),
+                                                                              **kwargs)

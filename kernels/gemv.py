@@ -368,7 +368,8 @@ def _rms_ref(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 
 def gemv_ref(x, weight, *, norm_weight=None, eps=1e-6, residual=None, silu_mul=False, config=None, pdl=False,
              evict=""):
-    """Torch reference of :func:`gemv` (the eager layers' arithmetic)."""
+    """Torch reference of :func:`gemv` (the eager layers' arithmetic; any number of rows, so also of
+    ``gemv_rows``)."""
     h = _rms_ref(x, norm_weight, eps) if norm_weight is not None else x
     y = F.linear(h, weight)
     if silu_mul:
@@ -382,15 +383,16 @@ def gemv_ref(x, weight, *, norm_weight=None, eps=1e-6, residual=None, silu_mul=F
 
 def gemv_qkv_rotary_ref(x, weight, norm_weight, eps, cos, sin, positions, num_heads, num_kv_heads,
                         q_norm=None, k_norm=None, qk_eps=1e-6, config=None, pdl=False, kv_cache=None, evict=""):
-    """Torch reference of :func:`gemv_qkv_rotary`."""
+    """Torch reference of :func:`gemv_qkv_rotary` (and of ``gemv_rows_qkv_rotary``: any number of rows)."""
     from deepinfer_kernels.kv_cache import write_kv_cache_ref
     from deepinfer_kernels.rotary import apply_rotary_ref
 
     d = cos.shape[-1]
     qkv = F.linear(_rms_ref(x, norm_weight, eps), weight)
     q, k, v = qkv.split([num_heads * d, num_kv_heads * d, num_kv_heads * d], dim=-1)
-    q, k = apply_rotary_ref(q.view(1, num_heads, d), k.view(1, num_kv_heads, d), cos, sin, positions,
+    m = x.shape[0]
+    q, k = apply_rotary_ref(q.view(m, num_heads, d), k.view(m, num_kv_heads, d), cos, sin, positions,
                             q_norm, k_norm, qk_eps)
     if kv_cache is not None:
-        write_kv_cache_ref(k, v.view(1, num_kv_heads, d), kv_cache[0], kv_cache[1], kv_cache[2])
-    return torch.cat([q.reshape(1, -1), k.reshape(1, -1), v], dim=-1)
+        write_kv_cache_ref(k, v.view(m, num_kv_heads, d), kv_cache[0], kv_cache[1], kv_cache[2])
+    return torch.cat([q.reshape(m, -1), k.reshape(m, -1), v], dim=-1)

@@ -20,6 +20,10 @@ class CUDAOptions(BaseModel):
     single_token_gemv: bool = Field(True, description="single-token steps (batch-1 decode) run each projection "
                                     "as one Triton GEMV with its norm, rotary, SiLU-mul or residual add "
                                     "folded in (needs fused_kernels)")
+    gemv_rows: int = Field(16, ge=1, le=16, description="steps of 2 to this many tokens (a verification of "
+                           "drafts, a small decode batch) run each projection as one multi-row Triton GEMV "
+                           "with its neighbours folded in, as single-token steps do (needs single_token_gemv; "
+                           "heads of a multiple of 32); 1: only single-token steps")
     programmatic_launch: bool = Field(True, description="launch the single-token GEMVs, the embedding and the "
                                       "argmax with programmatic dependent launch (compute capability 9.0+), "
                                       "each starting while the previous kernel finishes (a GEMV reads its "
@@ -125,7 +129,8 @@ class CUDADevice(Device):
             return None
         return deepinfer_kernels.FusedOps(single_token_gemv=self.options.single_token_gemv,
                                           pdl=self.options.programmatic_launch,
-                                          l2_keep_bytes=int(self.options.l2_keep_mb * 1e6))
+                                          l2_keep_bytes=int(self.options.l2_keep_mb * 1e6),
+                                          gemv_rows=self.options.gemv_rows)
 
     @property
     def supports_batch_invariance(self) -> bool:

@@ -50,9 +50,10 @@ class TritonAttentionOptions(BaseModel):
     programmatic_launch: bool = Field(True, description="in steps of a single token (batch-1 decode), launch "
                                       "the KV write and decode kernels with programmatic dependent launch "
                                       "(compute capability 9.0+): each starts while the previous kernel finishes")
-    single_token_fusion: bool = Field(True, description="in steps of a single token, let the device's fused qkv "
-                                      "kernel write the key and value into the cache, and merge the decode "
-                                      "splits in the first pass (the same numbers, two launches fewer a layer)")
+    single_token_fusion: bool = Field(True, description="in steps the device's GEMVs run (a single token, or a "
+                                      "few), let the fused qkv kernel write the keys and values into the cache; "
+                                      "in steps of a single token, also merge the decode splits in the first "
+                                      "pass (the same numbers, two launches fewer a layer)")
 
     @field_validator("split_size", "single_token_split")
     @classmethod
@@ -176,7 +177,8 @@ class TritonAttention(AttentionBackend):
     def fused_kv_write(self, layer: AttentionLayerSpec, kv_cache: torch.Tensor,
                        metadata: TritonAttentionMetadata) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
         slots = metadata.group(layer.kv_group)[0]
-        if not (self.options.single_token_fusion and metadata.decode_only and slots.shape[0] == 1):
+        # (asked only by the device's GEMV path, which writes every token's key at its slot)
+        if not self.options.single_token_fusion:
             return None
         return kv_cache[0], kv_cache[1], slots
 

@@ -71,7 +71,8 @@ class Device(Plugin, ABC):
         ``silu_and_mul(x)`` (deepinfer_kernels' signatures), or None for plain torch. Optionally
         also ``gemv(x, weight, norm_weight=, eps=, residual=, silu_mul=)`` and ``gemv_qkv_rotary``:
         with them, the models run steps of a single token through those, and the LM head of one
-        row (see deepinfer_kernels.gemv;
+        row; with ``takes_rows(rows, head_dim)`` also, steps of the few tokens it accepts (see
+        deepinfer_kernels.gemv and gemv_rows;
         ``gemv_qkv_rotary(..., kv_cache=)`` is given what the attention backend's ``fused_kv_write``
         offers, and must then write the key and value there);
         and ``argmax(logits)``, which greedy sampling then uses (one that also takes ``out=``, an
@@ -176,9 +177,10 @@ class AttentionBackend(Plugin, ABC):
 
     def fused_kv_write(self, layer: AttentionLayerSpec, kv_cache: Any,
                        metadata: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-        """For a step of one token: (k_cache, v_cache, slot [1]), caches [num_slots, kv_heads, D], for
-        the device's fused qkv kernel to write the token's key and value into (a negative slot: not
-        written); ``forward`` then gets k and v None. None (the default): forward writes them."""
+        """For a step the device's GEMVs run (one token, or a few): (k_cache, v_cache, slots [T]),
+        caches [num_slots, kv_heads, D], for the device's fused qkv kernel to write each token's key
+        and value into (a negative slot: not written); ``forward`` then gets k and v None. None (the
+        default): forward writes them."""
         return None
 
 

@@ -39,8 +39,9 @@ class Attention(nn.Module):
         return self.o_proj(out.reshape(-1, self.q_size))
 
     def forward_one(self, ops, residual, norm: RMSNorm, positions, rotary, backend, kv_cache, meta):
-        """One token, through the device's GEMV kernels: the input norm, the q/k norms and the
-        rotary embedding ride in the qkv projection; returns the attention output [1, H * D]."""
+        """One token (or a few, where the device's ``takes_rows``), through the device's GEMV
+        kernels: the input norm, the q/k norms and the rotary embedding ride in the qkv projection;
+        returns the attention output [M, H * D]."""
         s = self.spec
         # the backend may let the qkv kernel write the key and value into its cache directly
         cache = backend.fused_kv_write(s, kv_cache, meta)
@@ -52,11 +53,17 @@ class Attention(nn.Module):
                                   **({} if cache is None else {"kv_cache": cache}))
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         if cache is None:
-            k, v = k.view(1, s.num_kv_heads, s.head_dim), v.view(1, s.num_kv_heads, s.head_dim)
+            k, v = k.view(-1, s.num_kv_heads, s.head_dim), v.view(-1, s.num_kv_heads, s.head_dim)
         else:
             k = v = None
-        out = backend.forward(s, q.view(1, s.num_heads, s.head_dim), k, v, kv_cache, meta)
-        return out.reshape(1, self.q_size).contiguous()
+        out = backend.forward(s, q.view(-1, s.num_heads, s.head_dim), k, v, kv_cache, meta)
+        return out.reshape(-1, self.q_size).contiguous()
+
+
+def _takes_rows(ops, rows: int, head_dim: int) -> bool:
+    """Whether the device's GEMVs take a step of ``rows`` tokens (a few, on a CUDA device)."""
+    takes = getattr(ops, "takes_rows", None)
+    return takes is not None and takes(rows, head_dim)
 
 
 class DecoderLayer(nn.Module):
@@ -76,7 +83,8 @@ class DecoderLayer(nn.Module):
         into residual (the single-token path leaves it so; the next layer or the final norm reads
         residual alone)."""
         ops = self.mlp.fused_ops
-        if x is None or (x.shape[0] == 1 and self.gemv_ok and getattr(ops, "gemv", None) is not None):
+        if x is None or (self.gemv_ok and getattr(ops, "gemv", None) is not None
+                         and (x.shape[0] == 1 or _takes_rows(ops, x.shape[0], self.self_attn.spec.head_dim))):
             return self._forward_one(ops, x, residual, positions, rotary, backend, kv_cache, meta)
         if residual is None:
             residual, x = x, self.input_layernorm(x)
@@ -87,8 +95,9 @@ class DecoderLayer(nn.Module):
         return self.mlp(x), residual
 
     def _forward_one(self, ops, x, residual, positions, rotary, backend, kv_cache, meta):
-        """A step of one token in four kernels besides attention: norm + qkv + rotary; o + residual
-        add; norm + gate/up + SiLU-mul; down + residual add. Returns (None, residual)."""
+        """A step of one token (or a few) in four kernels besides attention: norm + qkv + rotary
+        (+ the KV write); o + residual add; norm + gate/up + SiLU-mul; down + residual add.
+        Returns (None, residual)."""
         if x is not None:  # the stream starts here (the embedding: ours to update in place)
             residual = x.contiguous() if residual is None else x + residual
         attn = self.self_attn.forward_one(ops, residual, self.input_layernorm, positions, rotary, backend,
@@ -151,10 +160,12 @@ class LlamaForCausalLM(CausalLM):
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         norm = self.model.norm
         gemv = getattr(self.fused_ops, "gemv", None)
-        if gemv is not None and hidden.shape[0] == 1 and hidden.is_contiguous():
+        if gemv is not None and hidden.is_contiguous() and (hidden.shape[0] == 1
+                                                             or _takes_rows(self.fused_ops, hidden.shape[0], None)):
             # one row (batch-1 decode): the single-token GEMV, with the norm folded in, reads the
             # weights faster than the batched matmul (H200, Llama-3.2-1B's 128,256 x 2,048: about
-            # 120 against 128 us)
+            # 120 against 128 us); a few rows (a verification) take the multi-row GEMV, the norm
+            # folded in too
             return gemv(hidden, weight, norm_weight=norm.weight, eps=norm.eps)
         return (F.linear if self.linear_op is None else self.linear_op)(norm(hidden), weight)
 

@@ -105,6 +105,15 @@ def _all_calls(dtype: torch.dtype, attention_only: bool) -> None:
     K.argmax(torch.zeros(1, 5000, dtype=dtype), chunk=4096, pdl=True)
     K.embedding(torch.zeros(2, dtype=torch.int64), torch.zeros(10, 256, dtype=dtype), pdl=True)
     K.gemv(x, w, evict="evict_last")  # the L2 hints on the weights' loads
+    xs = torch.zeros(3, 256, dtype=dtype)  # a few rows: the tensor-core tile, each mode
+    K.gemv_rows(xs, w, norm_weight=nw, pdl=True)
+    K.gemv_rows(xs, w, residual=torch.zeros(3, 64, dtype=dtype), evict="evict_first")
+    K.gemv_rows(xs, w, norm_weight=nw, silu_mul=True)
+    K.gemv_rows_qkv_rotary(xs, torch.zeros(4 * 32, 256, dtype=dtype), nw, 1e-6, torch.zeros(64, 32, dtype=dtype),
+                           torch.zeros(64, 32, dtype=dtype), torch.zeros(3, dtype=torch.int64), 2, 1,
+                           torch.zeros(32, dtype=dtype), torch.zeros(32, dtype=dtype), 1e-6, pdl=True,
+                           kv_cache=(torch.zeros(64, 1, 32, dtype=dtype),) * 2 + (torch.zeros(3, dtype=torch.int64),))
+    K.gemv_rows(xs.float(), w.float())  # float32: the dot without TF32
     K.gemv(x, w, evict="evict_first")
     K.resolve_placeholders(torch.tensor([-1, 3]), torch.tensor([7]))
     K.stage_inputs(torch.zeros(2, 64, dtype=torch.uint8), torch.zeros(1, dtype=torch.int32),

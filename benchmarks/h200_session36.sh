@@ -1,0 +1,22 @@
+# H200, session 36:
+#   run(command="bash benchmarks/h200_session36.sh a", carry=[".whl"], timeout_s=600)
+# after ../shared/gpu/wheels.sh.
+. benchmarks/h200_common.sh
+R1='{"sm90": {"gemv_rows": 1}}'
+case "${1:-a}" in
+  # a: the multi-row GEMVs (steps of 2-16 tokens: verifications at batch 1, small decode batches):
+  # their bf16 kernel tests and the gpu-marked tests, then no drafter, draft-model and deepspark with
+  # them and without (gemv_rows 1: cuBLAS and the separate kernels, as before) at batch 1 and 8
+  a) timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/kernels/test_gemv_rows.py \
+       tests/kernels/test_gemv.py > "$OUT/kernel_tests.txt" 2>&1
+     issue8_tests_and_spec
+     timeout 300 python3 benchmarks/spark_variants.py --device sm90 --kv-gb 2 --batch 1,8 --repeats 5 none= \
+       "none-r1=:$R1" dm=draft-model "dm-r1=draft-model:$R1" ds=deepspark "ds-r1=deepspark:$R1" \
+       2>&1 | filter > "$OUT/variants.txt" ;;
+  # b: issue 8's recorded command, then the three at 64 requests with and without (verifications
+  # of 64 x 6 rows keep cuBLAS: nothing should change there)
+  b) timeout 280 python3 -m deepinfer.cli bench spec --device sm90 --batch 1,64 --output-len 256 \
+       --repeats 5 2>&1 | filter > "$OUT/spec.txt"
+     timeout 250 python3 benchmarks/spark_variants.py --device sm90 --kv-gb 2 --batch 64 --repeats 5 none= \
+       dm=draft-model ds=deepspark "ds-r1=deepspark:$R1" 2>&1 | filter > "$OUT/variants64.txt" ;;
+esac
