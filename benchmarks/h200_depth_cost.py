@@ -4,13 +4,16 @@ each replay of the target's verification graphs (k + 1 rows a sequence), of the 
 generate at each batch size given (CUDA events recorded around every replay: no host work in the
 figures). Median microseconds a replay, by kind and captured size.
 
-    python3 benchmarks/h200_depth_cost.py [--ks 2,3,4,5,6] [--batches 1,64] [--output-len 64]
+    python3 benchmarks/h200_depth_cost.py [--ks 2,3,4,5,6] [--batches 1,64] [--output-len 64] [--options JSON]
+
+``--options``: plugin options added to every engine's (e.g. '{"sm90": {"gemv_rows": 1}}').
 """
 from __future__ import annotations
 
 import argparse
 import collections
 import gc
+import json
 import statistics
 
 import torch
@@ -37,10 +40,12 @@ def main() -> None:
     ap.add_argument("--ks", default="2,3,4,5,6")
     ap.add_argument("--batches", default="1,64")
     ap.add_argument("--output-len", type=int, default=64)
+    ap.add_argument("--options", default="{}")
     a = ap.parse_args()
+    extra = json.loads(a.options)
     print(f"{'k':>4s} {'batch':>5s}  median device us a replay (captured size: replays)")
     for k in ["none"] + [int(x) for x in a.ks.split(",")]:
-        opts = {} if k == "none" else {"draft-model": {"num_speculative_tokens": k}}
+        opts = {**extra, **({} if k == "none" else {"draft-model": {"num_speculative_tokens": k}})}
         llm = LLM(None, progress=False, device="sm90", plugins=[] if k == "none" else ["draft-model"],
                   kv_cache_memory_gb=2, plugin_options=opts)
         tok = llm.get_tokenizer()

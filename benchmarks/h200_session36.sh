@@ -14,9 +14,14 @@ case "${1:-a}" in
        "none-r1=:$R1" dm=draft-model "dm-r1=draft-model:$R1" ds=deepspark "ds-r1=deepspark:$R1" \
        2>&1 | filter > "$OUT/variants.txt" ;;
   # b: issue 8's recorded command, then the three at 64 requests with and without (verifications
-  # of 64 x 6 rows keep cuBLAS: nothing should change there)
+  # of 64 x 6 rows keep cuBLAS: nothing should change there), then each graph's device time at
+  # batch 1 and 8 (k = 5) with and without
   b) timeout 280 python3 -m deepinfer.cli bench spec --device sm90 --batch 1,64 --output-len 256 \
        --repeats 5 2>&1 | filter > "$OUT/spec.txt"
      timeout 250 python3 benchmarks/spark_variants.py --device sm90 --kv-gb 2 --batch 64 --repeats 5 none= \
-       dm=draft-model ds=deepspark "ds-r1=deepspark:$R1" 2>&1 | filter > "$OUT/variants64.txt" ;;
+       dm=draft-model ds=deepspark "ds-r1=deepspark:$R1" 2>&1 | filter > "$OUT/variants64.txt"
+     for o in '{}' "$R1"; do
+       echo "== options $o" >> "$OUT/depth.txt"
+       timeout 60 python3 benchmarks/h200_depth_cost.py --ks 5 --batches 1,8 --options "$o" 2>&1 | filter >> "$OUT/depth.txt"
+     done ;;
 esac
