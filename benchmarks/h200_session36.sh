@@ -24,4 +24,12 @@ case "${1:-a}" in
        echo "== options $o" >> "$OUT/depth.txt"
        timeout 60 python3 benchmarks/h200_depth_cost.py --ks 5 --batches 1,8 --options "$o" 2>&1 | filter >> "$OUT/depth.txt"
      done ;;
+  # c: a larger model's small decode batches (Llama-3.2-1B's shape, random weights, bf16) at 4 and
+  # 16 sequences with the multi-row GEMVs and without, twice interleaved
+  c) for r in 1 2; do for o in '{}' "$R1"; do for b in 4 16; do
+       echo "== batch $b options $o" >> "$OUT/llama1b.txt"
+       timeout 45 python3 -m deepinfer.cli bench latency --random-model llama-1b --dtype bfloat16 --device sm90 \
+         --batch $b --input-len 512 --output-len 128 --repeats 2 --kv-cache-memory-gb 8 --plugin-options "$o" \
+         2>&1 | filter | grep -e "tok/s" -e rror >> "$OUT/llama1b.txt"
+     done; done; done ;;
 esac
