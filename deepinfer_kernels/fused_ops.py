@@ -48,10 +48,11 @@ class FusedOps:
         self.gemv_qkv_rotary = self._gemv_qkv_rotary if single_token_gemv else None
         self.gemv_max_rows = max(1, min(int(gemv_rows), MAX_ROWS)) if single_token_gemv else 0
 
-    def takes_rows(self, rows: int, head_dim: int | None = None) -> bool:
+    def takes_rows(self, rows: int, head_dim: int | None = None, weights: int | None = None) -> bool:
         """Whether ``gemv`` and ``gemv_qkv_rotary`` take a step of ``rows`` tokens (of a model with
-        heads of ``head_dim``)."""
-        return rows == 1 and self.gemv_max_rows >= 1 or 1 < rows <= self.gemv_max_rows and rows_supported(head_dim)
+        heads of ``head_dim`` whose largest projection has ``weights`` weights)."""
+        return rows == 1 and self.gemv_max_rows >= 1 or (1 < rows <= self.gemv_max_rows
+                                                         and rows_supported(head_dim, weights))
 
     def _pdl(self, x) -> bool:
         return self.pdl and pdl_supported(x.device)

@@ -36,7 +36,7 @@ _PLAIN, _SILU_MUL, _ROTARY = 0, 1, 2
 @kernel
 def _rows_kernel(x_ptr, w_ptr, out_ptr, nw_ptr, res_ptr, cos_ptr, sin_ptr, pos_ptr, qn_ptr, kn_ptr,
                  kc_ptr, vc_ptr, slot_ptr, M, eps, qk_eps, stride_w, stride_cp, stride_cs, stride_ch,
-                 N: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, MODE: tl.constexpr, PAIR: tl.constexpr,
+                 N: tl.constexpr, K: tl.constexpr, MODE: tl.constexpr, PAIR: tl.constexpr,
                  HALF: tl.constexpr, ROT_ROWS: tl.constexpr, Q_ROWS: tl.constexpr, NORM: tl.constexpr,
                  RESIDUAL: tl.constexpr, QK_NORM: tl.constexpr, KV_WRITE: tl.constexpr, D: tl.constexpr,
                  MP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr,
@@ -72,11 +72,14 @@ def _rows_kernel(x_ptr, w_ptr, out_ptr, nw_ptr, res_ptr, cos_ptr, sin_ptr, pos_p
         s2 = tl.load(sin_ptr + at_c + HALF, mask=omask, other=0.0).to(tl.float32)
         if KV_WRITE:
             slot = tl.load(slot_ptr + m, mask=mmask, other=-1).to(tl.int64)
-    if NORM:  # each row's RMSNorm scale, over the whole row
-        xs = tl.arange(0, KP)
-        xf = tl.load(x_ptr + m[:, None] * K + xs[None, :], mask=mmask[:, None] & (xs < K)[None, :],
-                     other=0.0).to(tl.float32)
-        inv = tl.rsqrt(tl.sum(xf * xf, 1) / K + eps)
+    if NORM:  # each row's RMSNorm scale, over the whole row (in BLOCK_K steps: all of [16, K] at
+        ss = tl.zeros([MP], tl.float32)  # once would not fit a program's registers for large K)
+        for k0 in range(0, K, BLOCK_K):
+            kk = k0 + kr
+            xf = tl.load(x_ptr + m[:, None] * K + kk[None, :], mask=mmask[:, None] & (kk < K)[None, :],
+                         other=0.0).to(tl.float32)
+            ss += tl.sum(xf * xf, 1)
+        inv = tl.rsqrt(ss / K + eps)
     acc1 = tl.zeros([BLOCK_N, MP], tl.float32)
     acc2 = tl.zeros([BLOCK_N, MP], tl.float32)
     for k0 in range(0, K, BLOCK_K):
@@ -145,12 +148,24 @@ class RowsConfig:
     block_n: int = 16
     block_k: int = 128
     num_warps: int = 4
+    num_stages: int = 3
 
 
-def rows_supported(head_dim: int | None = None) -> bool:
+# The most weights a projection may have for its steps of a few tokens to come here. A program reads
+# all of K for its 16 rows, and such programs read the weights at about half cuBLAS's rate once the
+# weights are large: on the H200 (benchmarks/h200_rows_tiles.py, 16 layers in a graph) the demo
+# target's projections (at most 0.8 M weights) take 30-80 us against cuBLAS's 48-62 us before its
+# separate norm, rotary, SiLU-mul and residual kernels, while Llama-3.2-1B's qkv (6.3 M) takes 191
+# us against 107 and its gate/up (33.5 M) 495 against 293. Where the weights are this small a step
+# of a few tokens is bound by its kernels' count, not by reading the weights.
+ROWS_MAX_WEIGHTS = 1 << 22
+
+
+def rows_supported(head_dim: int | None = None, weights: int | None = None) -> bool:
     """Whether a model can take its steps of a few tokens here: the rotary tile holds 16 rows of a
-    half head, so heads of at least 32 (None: no rotary projection asked about)."""
-    return head_dim is None or (head_dim % 32 == 0)
+    half head, so heads of a multiple of 32 (None: no rotary projection asked about), and its
+    largest projection has at most ``ROWS_MAX_WEIGHTS`` weights (None: not asked about)."""
+    return (head_dim is None or head_dim % 32 == 0) and (weights is None or weights <= ROWS_MAX_WEIGHTS)
 
 
 def _check(x: torch.Tensor, weight: torch.Tensor, name: str) -> None:
@@ -178,11 +193,11 @@ def _launch(x, weight, out, rows, cfg: RowsConfig, mode, pair, *, norm_weight=No
         cos, sin, pos, qn if qn is not None else x, kn if kn is not None else x, kc, vc, slot,
         x.shape[0], eps, qk_eps, weight.stride(0), cos.stride(0) if rotary else 0,
         kc.stride(0) if kv_write else 0, kc.stride(1) if kv_write else 0,
-        N=(rows if mode != _ROTARY else weight.shape[0]), K=k, KP=next_pow2(k), MODE=mode, PAIR=pair, HALF=half,
+        N=(rows if mode != _ROTARY else weight.shape[0]), K=k, MODE=mode, PAIR=pair, HALF=half,
         ROT_ROWS=rot_rows, Q_ROWS=q_rows, NORM=norm_weight is not None, RESIDUAL=residual is not None,
         QK_NORM=qn is not None, KV_WRITE=kv_write is not None, D=2 * half, MP=MAX_ROWS, BLOCK_N=cfg.block_n,
         BLOCK_K=min(cfg.block_k, max(16, next_pow2(k))), IEEE=x.dtype == torch.float32, PDL=pdl, EVICT=evict,
-        num_warps=cfg.num_warps)
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
 def gemv_rows(x: torch.Tensor, weight: torch.Tensor, *, norm_weight: torch.Tensor | None = None,

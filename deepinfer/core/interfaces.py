@@ -71,7 +71,7 @@ class Device(Plugin, ABC):
         ``silu_and_mul(x)`` (deepinfer_kernels' signatures), or None for plain torch. Optionally
         also ``gemv(x, weight, norm_weight=, eps=, residual=, silu_mul=)`` and ``gemv_qkv_rotary``:
         with them, the models run steps of a single token through those, and the LM head of one
-        row; with ``takes_rows(rows, head_dim)`` also, steps of the few tokens it accepts (see
+        row; with ``takes_rows(rows, head_dim, weights)`` also, steps of the few tokens it accepts (see
         deepinfer_kernels.gemv and gemv_rows;
         ``gemv_qkv_rotary(..., kv_cache=)`` is given what the attention backend's ``fused_kv_write``
         offers, and must then write the key and value there);

@@ -60,10 +60,11 @@ class Attention(nn.Module):
         return out.reshape(-1, self.q_size).contiguous()
 
 
-def _takes_rows(ops, rows: int, head_dim: int) -> bool:
-    """Whether the device's GEMVs take a step of ``rows`` tokens (a few, on a CUDA device)."""
+def _takes_rows(ops, rows: int, head_dim: int | None, weights: int) -> bool:
+    """Whether the device's GEMVs take a step of ``rows`` tokens (a few, on a CUDA device, of a
+    small enough model) through projections of at most ``weights`` weights."""
     takes = getattr(ops, "takes_rows", None)
-    return takes is not None and takes(rows, head_dim)
+    return takes is not None and takes(rows, head_dim, weights)
 
 
 class DecoderLayer(nn.Module):
@@ -77,6 +78,8 @@ class DecoderLayer(nn.Module):
         # eps) over whole heads of a power-of-two half (one program holds a head)
         half = spec.head_dim // 2
         self.gemv_ok = not bias and (not qk_norm or half & (half - 1) == 0)
+        self.most_weights = max(p.weight.numel() for p in (self.self_attn.qkv_proj, self.self_attn.o_proj,
+                                                           self.mlp.gate_up_proj, self.mlp.down_proj))
 
     def forward(self, x, residual, positions, rotary, backend, kv_cache, meta):
         """(x, residual) in and out, as Hugging Face's layers pass them. x None: x is already added
@@ -84,7 +87,8 @@ class DecoderLayer(nn.Module):
         residual alone)."""
         ops = self.mlp.fused_ops
         if x is None or (self.gemv_ok and getattr(ops, "gemv", None) is not None
-                         and (x.shape[0] == 1 or _takes_rows(ops, x.shape[0], self.self_attn.spec.head_dim))):
+                         and (x.shape[0] == 1 or _takes_rows(ops, x.shape[0], self.self_attn.spec.head_dim,
+                                                                   self.most_weights))):
             return self._forward_one(ops, x, residual, positions, rotary, backend, kv_cache, meta)
         if residual is None:
             residual, x = x, self.input_layernorm(x)
@@ -161,7 +165,8 @@ class LlamaForCausalLM(CausalLM):
         norm = self.model.norm
         gemv = getattr(self.fused_ops, "gemv", None)
         if gemv is not None and hidden.is_contiguous() and (hidden.shape[0] == 1
-                                                             or _takes_rows(self.fused_ops, hidden.shape[0], None)):
+                                                             or _takes_rows(self.fused_ops, hidden.shape[0], None,
+                                                                        weight.numel())):
             # one row (batch-1 decode): the single-token GEMV, with the norm folded in, reads the
             # weights faster than the batched matmul (H200, Llama-3.2-1B's 128,256 x 2,048: about
             # 120 against 128 us); a few rows (a verification) take the multi-row GEMV, the norm

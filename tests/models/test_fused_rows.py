@@ -23,7 +23,11 @@ CHILD = """
 import json, sys
 from deepinfer_kernels import FusedOps
 from deepinfer import LLM, SamplingParams
-path, plugins, max_rows = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
+import importlib
+rows_module = importlib.import_module("deepinfer_kernels.gemv_rows")  # (the package's gemv_rows is the function)
+path, plugins, max_rows, max_weights = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+if max_weights:
+    rows_module.ROWS_MAX_WEIGHTS = max_weights
 # a 5-token prefill (two prompts) and decode steps of two tokens: all a few rows
 prompts = [{"prompt_token_ids": p} for p in ([5, 6, 7], [9, 10])]
 params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, prompt_logprobs=0)
@@ -50,13 +54,15 @@ for fused in (False, True):
     out[str(fused)] = [[o.outputs[0].token_ids, [list(lp.values())[0] for lp in o.prompt_logprobs[1:]]]
                        for o in res]
 out["calls"] = ops.calls
+out["most_weights"] = llm.engine.runner.model.model.layers[0].most_weights
 print(json.dumps(out))
 """
 
 
-def _run(path, plugins, max_rows=16):
+def _run(path, plugins, max_rows=16, max_weights=0):
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
-    res = subprocess.run([sys.executable, "-c", CHILD, str(path), json.dumps(plugins), str(max_rows)],
+    res = subprocess.run([sys.executable, "-c", CHILD, str(path), json.dumps(plugins), str(max_rows),
+                          str(max_weights)],
                          capture_output=True, text=True, timeout=600, env=env, cwd=ROOT, check=False)
     assert res.returncode == 0, res.stderr[-3000:]
     return json.loads(res.stdout.strip().splitlines()[-1])
@@ -88,4 +94,17 @@ def test_more_tokens_than_the_rows_keep_the_matmuls(tmp_path):
     make_model(tmp_path, "llama", with_tokenizer=False, hidden_size=128)
     out = _run(tmp_path, [], max_rows=4)
     assert not any(" x5" in k for k in out["calls"]) and out["calls"]["gemv_qkv_rotary x2"] == 2 * 5
+    assert out["False"][0][0] == out["True"][0][0] and out["False"][1][0] == out["True"][1][0]
+
+
+def test_large_projections_keep_the_matmuls(tmp_path):
+    """A model whose largest projection has more weights than the rows kernels take
+    (``ROWS_MAX_WEIGHTS``, lowered here to one below this model's gate/up) runs its steps of a few
+    tokens through the plain layers, and only its single-token steps through the GEMVs."""
+    make_model(tmp_path, "llama", with_tokenizer=False, hidden_size=128)
+    first = _run(tmp_path, [], max_rows=4)
+    assert first["calls"]["gemv_qkv_rotary x2"] == 2 * 5
+    limit = first["most_weights"] - 1
+    out = _run(tmp_path, [], max_rows=4, max_weights=limit)
+    assert not any(k.startswith("gemv_qkv_rotary") for k in out["calls"])
     assert out["False"][0][0] == out["True"][0][0] and out["False"][1][0] == out["True"][1][0]
