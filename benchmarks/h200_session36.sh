@@ -32,4 +32,30 @@ case "${1:-a}" in
          --batch $b --input-len 512 --output-len 128 --repeats 2 --kv-cache-memory-gb 8 --plugin-options "$o" \
          2>&1 | filter | grep -e "tok/s" -e rror >> "$OUT/llama1b.txt"
      done; done; done ;;
+  # d: where batch 1's time goes (the torch profiler's kernels and cProfile, no drafter and
+  # draft-model), then call c once
+  d) timeout 150 python3 benchmarks/h200_spec_profile.py --out "$OUT/prof" --drafters none,draft-model \
+       --batch 1 --output-len 256 --top 25 2>&1 | filter > "$OUT/prof.txt"
+     for o in '{}' "$R1"; do for b in 4 16; do
+       echo "== batch $b options $o" >> "$OUT/llama1b.txt"
+       timeout 45 python3 -m deepinfer.cli bench latency --random-model llama-1b --dtype bfloat16 --device sm90 \
+         --batch $b --input-len 512 --output-len 128 --repeats 2 --kv-cache-memory-gb 8 --plugin-options "$o" \
+         2>&1 | filter | grep -e "tok/s" -e rror >> "$OUT/llama1b.txt"
+     done; done ;;
+  # e: the multi-row GEMVs' tiles at Llama-3.2-1B's and the demo's shapes against cuBLAS (call d
+  # found them 3x slower than cuBLAS in Llama-1B's steps of 4 and 16), after their bf16 tests
+  e) timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/kernels/test_gemv_rows.py \
+       > "$OUT/kernel_tests.txt" 2>&1
+     timeout 300 python3 benchmarks/h200_rows_tiles.py 2>&1 | filter > "$OUT/rows_tiles_log.txt" ;;
+  # f: the final code (the rows kernels only for projections of at most 2^22 weights: Llama-1B
+  # keeps cuBLAS): the gpu-marked tests, call c once, then issue 8's recorded command
+  f) timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/kernels/test_gemv_rows.py \
+       > "$OUT/kernel_tests.txt" 2>&1
+     for o in '{}' "$R1"; do for b in 4 16; do
+       echo "== batch $b options $o" >> "$OUT/llama1b.txt"
+       timeout 45 python3 -m deepinfer.cli bench latency --random-model llama-1b --dtype bfloat16 --device sm90 \
+         --batch $b --input-len 512 --output-len 128 --repeats 2 --kv-cache-memory-gb 8 --plugin-options "$o" \
+         2>&1 | filter | grep -e "tok/s" -e rror >> "$OUT/llama1b.txt"
+     done; done
+     issue8_tests_and_spec spec ;;
 esac
