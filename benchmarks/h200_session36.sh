@@ -58,4 +58,17 @@ case "${1:-a}" in
          2>&1 | filter | grep -e "tok/s" -e rror >> "$OUT/llama1b.txt"
      done; done
      issue8_tests_and_spec spec ;;
+  # g: issue 8's recorded command alone (call f's host ran no drafter at half call b's rate)
+  g) timeout 200 python3 -m deepinfer.cli bench spec --device sm90 --batch 1,64 --output-len 256 \
+       --repeats 5 2>&1 | filter > "$OUT/spec.txt" ;;
+  # h: was it the host? no drafter and deepspark at batch 1 on this code, then on 1bf7dda (before
+  # calls d-f's changes; a git worktree, installed in its place), then on this code again
+  h) R=$PWD
+     SV="python3 benchmarks/spark_variants.py --device sm90 --kv-gb 2 --batch 1 --repeats 3 none= ds=deepspark"
+     timeout 80 $SV 2>&1 | filter | grep -A1 "^  [nd]" > "$OUT/new.txt"
+     git worktree add -q /tmp/old 1bf7dda && cd /tmp/old \
+       && python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . > /dev/null 2>&1
+     timeout 80 $SV 2>&1 | filter | grep -A1 "^  [nd]" > "$OUT/old.txt"
+     cd "$R" && python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . > /dev/null 2>&1
+     timeout 80 $SV 2>&1 | filter | grep -A1 "^  [nd]" > "$OUT/new2.txt" ;;
 esac
