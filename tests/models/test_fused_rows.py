@@ -23,8 +23,7 @@ CHILD = """
 import json, sys
 from deepinfer_kernels import FusedOps
 from deepinfer import LLM, SamplingParams
-import importlib
-rows_module = importlib.import_module("deepinfer_kernels.gemv_rows")  # (the package's gemv_rows is the function)
+rows_module = sys.modules["deepinfer_kernels.gemv_rows"]  # (the package's name gemv_rows is the function)
 path, plugins, max_rows, max_weights = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 if max_weights:
     rows_module.ROWS_MAX_WEIGHTS = max_weights
@@ -89,22 +88,15 @@ def test_steps_of_a_few_tokens_match_plain_layers(tmp_path, arch, plugins):
         assert max((abs(a - b) for a, b in zip(lps, lps_f, strict=True)), default=0.0) < 1e-4
 
 
-def test_more_tokens_than_the_rows_keep_the_matmuls(tmp_path):
-    """With gemv_rows 4, the 5-token prefill runs the plain layers; the 2-token steps the GEMVs."""
+def test_more_tokens_or_larger_projections_than_the_rows_keep_the_matmuls(tmp_path):
+    """With gemv_rows 4, the 5-token prefill runs the plain layers; the 2-token steps the GEMVs.
+    Then with ``ROWS_MAX_WEIGHTS`` lowered to one below this model's largest projection (its
+    gate/up), the 2-token steps run the plain layers too."""
     make_model(tmp_path, "llama", with_tokenizer=False, hidden_size=128)
     out = _run(tmp_path, [], max_rows=4)
     assert not any(" x5" in k for k in out["calls"]) and out["calls"]["gemv_qkv_rotary x2"] == 2 * 5
     assert out["False"][0][0] == out["True"][0][0] and out["False"][1][0] == out["True"][1][0]
-
-
-def test_large_projections_keep_the_matmuls(tmp_path):
-    """A model whose largest projection has more weights than the rows kernels take
-    (``ROWS_MAX_WEIGHTS``, lowered here to one below this model's gate/up) runs its steps of a few
-    tokens through the plain layers, and only its single-token steps through the GEMVs."""
-    make_model(tmp_path, "llama", with_tokenizer=False, hidden_size=128)
-    first = _run(tmp_path, [], max_rows=4)
-    assert first["calls"]["gemv_qkv_rotary x2"] == 2 * 5
-    limit = first["most_weights"] - 1
+    limit = out["most_weights"] - 1
     out = _run(tmp_path, [], max_rows=4, max_weights=limit)
     assert not any(k.startswith("gemv_qkv_rotary") for k in out["calls"])
     assert out["False"][0][0] == out["True"][0][0] and out["False"][1][0] == out["True"][1][0]
