@@ -1,6 +1,6 @@
 """The `cpu` device: always present; the KV pool takes a share of free memory. On an AVX2 CPU
 without AVX-512, bfloat16 linear layers go through deepinfer's AVX2 kernel (``cpu_bf16``) or, for
-many rows, compute in float32."""
+many rows, compute in float32; on an AVX-512 CPU, those of a few rows go through the kernel."""
 from __future__ import annotations
 
 import functools
@@ -39,6 +39,22 @@ def slow_bf16_matmul() -> bool:
     matmul is left alone."""
     cpu = torch.cpu
     return bool(getattr(cpu, "_is_avx2_supported", lambda: False)() and not cpu._is_avx512_supported())
+
+
+def native_bf16_matmul() -> bool:
+    """Whether this is an x86 CPU with AVX2 and AVX-512, whose oneDNN has bfloat16 matmul kernels:
+    there torch's bfloat16 matmul costs little more for a few rows than for one, and a draft
+    step's in bfloat16 beat float32's (1.2 ms against 3.0, the demo draft's compiled step, session
+    38), though deepinfer's kernel is faster still for up to ``AVX512_KERNEL_ROWS`` rows."""
+    cpu = torch.cpu
+    return bool(getattr(cpu, "_is_avx2_supported", lambda: False)()
+                and getattr(cpu, "_is_avx512_supported", lambda: False)())
+
+
+#: on an AVX-512 CPU, the rows up to which deepinfer's kernel is the default for bfloat16 linear
+#: layers: on the demo pair's shapes it beat torch's matmul at 1-4 rows (by 1.1-2.2x) and lost
+#: from 6 (docs/benchmarks.md, session 38)
+AVX512_KERNEL_ROWS = 4
 
 
 def widened_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
@@ -90,10 +106,11 @@ def _warn_once(message: str) -> None:
 class CPUOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    bf16_kernel_rows: int = Field(128, ge=0, description="on an x86 CPU with AVX2 and no AVX-512 (where "
-                                  "torch's bfloat16 matmul costs in proportion to its rows), bfloat16 linear "
-                                  "layers of at most this many rows go through deepinfer's AVX2 kernel, built "
-                                  "with the C compiler at first use; 0: never")
+    bf16_kernel_rows: int | None = Field(None, ge=0, description="bfloat16 linear layers of at most this many "
+                                         "rows go through deepinfer's AVX2 kernel, built with the C compiler at "
+                                         "first use; default: 128 on an x86 CPU with AVX2 and no AVX-512 (where "
+                                         "torch's bfloat16 matmul costs in proportion to its rows), 4 on one "
+                                         "with AVX-512, none elsewhere; 0: never")
     bf16_float32_rows: int = Field(4, ge=0, description="on such a CPU, bfloat16 linear layers of more rows "
                                    "than the kernel takes (all, where it is off or cannot be built) and at "
                                    "least this many compute in float32; 0: never")
@@ -124,27 +141,33 @@ class CPUDevice(Device):
     def _kernel_rows(self, dtype: torch.dtype) -> int:
         """Rows up to which linear layers of ``dtype`` go through deepinfer's kernel here (0: none)."""
         kernel_rows = self.options.bf16_kernel_rows
-        if dtype != torch.bfloat16 or kernel_rows == 0 or not slow_bf16_matmul():
+        if kernel_rows is None:
+            kernel_rows = 128 if slow_bf16_matmul() else AVX512_KERNEL_ROWS if native_bf16_matmul() else 0
+        if dtype != torch.bfloat16 or kernel_rows == 0:
             return 0
         if (why := cpu_bf16.unavailable_reason()) is not None:
-            from_rows = self.options.bf16_float32_rows
+            from_rows = self.options.bf16_float32_rows if slow_bf16_matmul() else 0
             _warn_once(f"cpu: deepinfer's bfloat16 kernel cannot be used ({why}); bfloat16 linear layers take "
                        "torch's matmul" + (f", or float32 from {from_rows} rows" if from_rows else ""))
             return 0
         return kernel_rows
 
     def linear_op(self, dtype: torch.dtype):
-        if dtype != torch.bfloat16 or not slow_bf16_matmul():
+        if dtype != torch.bfloat16:
             return None
-        kernel_rows, from_rows = self._kernel_rows(dtype), self.options.bf16_float32_rows
+        kernel_rows = self._kernel_rows(dtype)
+        from_rows = self.options.bf16_float32_rows if slow_bf16_matmul() else 0
         if kernel_rows == 0 and from_rows == 0:
             return None
         return functools.partial(bf16_linear, kernel_rows=kernel_rows, from_rows=from_rows or sys.maxsize)
 
     def draft_dtype(self, dtype: torch.dtype) -> torch.dtype:
         """A half-precision target's draft runs in float32 here, unless deepinfer's kernel takes its
-        steps: torch's half-precision single-token matmuls are no faster than float32's."""
-        if dtype in (torch.bfloat16, torch.float16) and not self._kernel_rows(dtype):
+        steps or (bfloat16) torch has bfloat16 kernels (an AVX-512 CPU): elsewhere torch's
+        half-precision single-token matmuls are no faster than float32's."""
+        if dtype == torch.bfloat16 and (self._kernel_rows(dtype) or (native_bf16_matmul() and not slow_bf16_matmul())):
+            return dtype
+        if dtype in (torch.bfloat16, torch.float16):
             return torch.float32
         return dtype
 

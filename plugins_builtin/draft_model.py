@@ -60,7 +60,8 @@ class DraftModelOptions(BaseModel):
         "auto", description="the draft model's dtype (weights and its KV cache); auto: the device's choice "
                             "(Device.draft_dtype): the target's, except that the cpu device gives a "
                             "half-precision target a float32 draft unless deepinfer's bfloat16 kernel runs "
-                            "its steps (torch's half-precision single-token matmuls are no faster there)")
+                            "its steps or (bfloat16) the CPU has AVX-512 (elsewhere torch's half-precision "
+                            "single-token matmuls are no faster)")
     compile: bool | None = Field(None, description="compile the draft's greedy one-token steps of a single "
                                                    "sequence with torch.compile (needs a C++ compiler; without "
                                                    "one they run eagerly); default: on the CPU, where steps "

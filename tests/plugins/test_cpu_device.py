@@ -1,5 +1,5 @@
-"""The `cpu` device's bfloat16 linear layers (AVX2 CPUs without AVX-512): deepinfer's kernel, or
-float32 for many rows."""
+"""The `cpu` device's bfloat16 linear layers: on AVX2 CPUs without AVX-512 deepinfer's kernel, or
+float32 for many rows; on AVX-512 CPUs the kernel for a few rows, torch's matmul for more."""
 from __future__ import annotations
 
 import pydantic
@@ -61,14 +61,18 @@ KERNEL = cpu.cpu_bf16.unavailable_reason() is None
 needs_kernel = pytest.mark.skipif(not KERNEL, reason=f"deepinfer's kernel: {cpu.cpu_bf16.unavailable_reason()}")
 
 
-@pytest.mark.parametrize("slow, options, dtype, offered", [
-    (True, {}, torch.bfloat16, True), (True, {"bf16_kernel_rows": 0}, torch.bfloat16, True),
-    (True, {"bf16_float32_rows": 0}, torch.bfloat16, KERNEL),
-    (True, {"bf16_kernel_rows": 0, "bf16_float32_rows": 0}, torch.bfloat16, False),
-    (True, {}, torch.float32, False), (False, {}, torch.bfloat16, False)])
-def test_the_device_offers_it_only_for_bf16_where_torchs_is_slow(monkeypatch, tmp_path, slow, options, dtype,
-                                                                  offered):
+@pytest.mark.parametrize("slow, native, options, dtype, offered", [
+    (True, False, {}, torch.bfloat16, True), (True, False, {"bf16_kernel_rows": 0}, torch.bfloat16, True),
+    (True, False, {"bf16_float32_rows": 0}, torch.bfloat16, KERNEL),
+    (True, False, {"bf16_kernel_rows": 0, "bf16_float32_rows": 0}, torch.bfloat16, False),
+    (True, False, {}, torch.float32, False), (False, False, {}, torch.bfloat16, False),
+    (False, True, {}, torch.bfloat16, KERNEL), (False, True, {"bf16_kernel_rows": 0}, torch.bfloat16, False),
+    (False, True, {"bf16_kernel_rows": 0, "bf16_float32_rows": 9}, torch.bfloat16, False),
+    (False, True, {}, torch.float32, False)])
+def test_the_device_offers_it_only_for_bf16_where_it_beats_torchs(monkeypatch, tmp_path, slow, native, options,
+                                                                 dtype, offered):
     monkeypatch.setattr(cpu, "slow_bf16_matmul", lambda: slow)
+    monkeypatch.setattr(cpu, "native_bf16_matmul", lambda: native)
     make_model(tmp_path, "llama", dtype=dtype)
     llm = LLM(str(tmp_path), progress=False, plugin_options={"cpu": options})
     model = llm.engine.runner.model
@@ -88,12 +92,16 @@ def kernel_calls(monkeypatch):
     return calls
 
 
-@pytest.mark.parametrize("route", [pytest.param("kernel", marks=needs_kernel), "float32"])
+@pytest.mark.parametrize("route", [pytest.param("kernel", marks=needs_kernel), "float32",
+                                   pytest.param("avx512", marks=needs_kernel)])
 def test_bf16_prompt_logprobs_through_the_devices_linears_match_transformers(monkeypatch, mm_calls, kernel_calls,
                                                                             tmp_path, route):
-    monkeypatch.setattr(cpu, "slow_bf16_matmul", lambda: True)
+    # an AVX2 CPU without AVX-512, or ("avx512") one with it: the kernel up to 4 rows, torch's matmul beyond
+    monkeypatch.setattr(cpu, "slow_bf16_matmul", lambda: route != "avx512")
+    monkeypatch.setattr(cpu, "native_bf16_matmul", lambda: route == "avx512")
     model = make_model(tmp_path, "llama", dtype=torch.bfloat16)
-    options = {"bf16_kernel_rows": 0, "bf16_float32_rows": 1} if route == "float32" else {"bf16_kernel_rows": 8}
+    options = {"bf16_kernel_rows": 0, "bf16_float32_rows": 1} if route == "float32" else \
+        {} if route == "avx512" else {"bf16_kernel_rows": 8}
     llm = LLM(str(tmp_path), progress=False, plugin_options={"cpu": options})
     prompt = list(range(3, 40))
     out = llm.generate({"prompt_token_ids": prompt}, SamplingParams(max_tokens=4, prompt_logprobs=0),
@@ -106,25 +114,51 @@ def test_bf16_prompt_logprobs_through_the_devices_linears_match_transformers(mon
         assert not kernel_calls and len(mm_calls) >= 4 * (4 * model.config.num_hidden_layers + 1)
         assert {tuple(b)[::-1] for _, b in mm_calls} == weights
     else:  # the 3 decode steps' one row through the kernel (and the LM head's for the prompt's last
-        # token); the 37-token prompt's layers and logprobs in float32 (over 8 rows)
+        # token); the 37-token prompt's layers and logprobs in float32 (over 8 rows), or on an AVX-512
+        # CPU through torch's bfloat16 matmul (F.linear, which calls no torch.mm)
         head = tuple(llm.engine.runner.model.lm_head.weight.shape)
         assert len([c for c in kernel_calls if c[1] != head]) == 3 * 4 * model.config.num_hidden_layers
         assert len([c for c in kernel_calls if c[1] == head]) == 4
         assert {w for _, w in kernel_calls} == weights and {r for r, _ in kernel_calls} == {1}
-        assert {tuple(b)[::-1] for _, b in mm_calls} == weights
+        assert {tuple(b)[::-1] for _, b in mm_calls} == (set() if route == "avx512" else weights)
     with torch.no_grad():
         ref = model.float()(torch.tensor([prompt])).logits[0].log_softmax(-1)
     errs = [abs(out.prompt_logprobs[i][prompt[i]] - ref[i - 1, prompt[i]].item()) for i in range(1, len(prompt))]
     assert max(errs) < 5e-2
 
 
-@pytest.mark.parametrize("slow, options, target, draft", [
-    (True, {}, torch.bfloat16, torch.bfloat16 if KERNEL else torch.float32),
-    (True, {"bf16_kernel_rows": 0}, torch.bfloat16, torch.float32), (False, {}, torch.bfloat16, torch.float32),
-    (True, {}, torch.float16, torch.float32), (True, {}, torch.float32, torch.float32)])
-def test_a_half_precision_targets_draft_is_float32_unless_the_kernel_runs_it(monkeypatch, slow, options, target,
-                                                                            draft):
+@needs_kernel
+def test_on_an_avx512_cpu_the_kernel_takes_a_few_rows_and_torch_the_rest(monkeypatch, mm_calls, kernel_calls):
+    monkeypatch.setattr(cpu, "slow_bf16_matmul", lambda: False)
+    monkeypatch.setattr(cpu, "native_bf16_matmul", lambda: True)
+    op = cpu.CPUDevice(cpu.CPUOptions(), None).linear_op(torch.bfloat16)
+    torch.manual_seed(0)
+    weight = torch.randn(40, 24).bfloat16()
+    limit = cpu.AVX512_KERNEL_ROWS
+    for rows in (1, limit, limit + 1, 9):
+        x = torch.randn(rows, 24).bfloat16()
+        out = op(x, weight)
+        if rows > limit:
+            assert torch.equal(out, F.linear(x, weight))
+        else:  # each output a float32 dot product rounded once
+            exact = x.double() @ weight.double().t()
+            assert ((out.double() - exact).abs() <= exact.abs() * 2 ** -8 + 1e-4).all()
+    assert [r for r, _ in kernel_calls] == [1, limit] and mm_calls == []  # (no float32 route there)
+
+
+@pytest.mark.parametrize("slow, native, options, target, draft", [
+    (True, False, {}, torch.bfloat16, torch.bfloat16 if KERNEL else torch.float32),
+    (True, False, {"bf16_kernel_rows": 0}, torch.bfloat16, torch.float32),
+    (False, False, {}, torch.bfloat16, torch.float32),
+    (True, False, {}, torch.float16, torch.float32), (True, False, {}, torch.float32, torch.float32),
+    # an AVX-512 CPU: torch's bfloat16 single-token matmul beats float32's, with or without the kernel
+    (False, True, {}, torch.bfloat16, torch.bfloat16), (False, True, {"bf16_kernel_rows": 0}, torch.bfloat16,
+                                                         torch.bfloat16),
+    (False, True, {}, torch.float16, torch.float32)])
+def test_a_half_precision_targets_draft_is_float32_unless_bf16_is_faster(monkeypatch, slow, native, options,
+                                                                        target, draft):
     monkeypatch.setattr(cpu, "slow_bf16_matmul", lambda: slow)
+    monkeypatch.setattr(cpu, "native_bf16_matmul", lambda: native)
     assert cpu.CPUDevice(cpu.CPUOptions(**options), None).draft_dtype(target) == draft
 
 

@@ -274,8 +274,8 @@ def test_drafts_with_the_prefix_cache_stay_lossless(demo_reference):
 
 def test_draft_dtype_follows_the_option_and_stays_lossless(monkeypatch):
     """A bfloat16 target on the CPU gets a bfloat16 draft by default where deepinfer's bfloat16 kernel
-    runs it (an AVX2 CPU without AVX-512), else a float32 one (torch's half-precision single-token
-    steps are no faster), or the dtype asked for; the greedy tokens are the target's either way, up
+    runs it (an AVX2 CPU without AVX-512) or torch's bfloat16 matmul is fast (an AVX-512 CPU), else
+    a float32 one (torch's half-precision single-token steps are no faster), or the dtype asked for; the greedy tokens are the target's either way, up
     to near-ties:
     in bfloat16 a target step's logits vary in the last bit with the step's composition (a
     verification's rows against one-token steps; by how much depends on the CPU's kernels), which
@@ -286,9 +286,11 @@ def test_draft_dtype_follows_the_option_and_stays_lossless(monkeypatch):
     base = LLM(progress=False, dtype="bfloat16")
     ref = base.generate(DEMO_PROMPTS[:2], params, use_tqdm=False)
     kernel = torch.bfloat16 if cpu.cpu_bf16.unavailable_reason() is None else torch.float32
-    for slow, opts, dtype in ((False, {}, torch.float32), (True, {}, kernel),
-                              (False, {"dtype": "bfloat16"}, torch.bfloat16)):
+    for slow, native, opts, dtype in ((False, False, {}, torch.float32), (True, False, {}, kernel),
+                                      (False, True, {}, torch.bfloat16),
+                                      (False, False, {"dtype": "bfloat16"}, torch.bfloat16)):
         monkeypatch.setattr(cpu, "slow_bf16_matmul", lambda slow=slow: slow)
+        monkeypatch.setattr(cpu, "native_bf16_matmul", lambda native=native: native)
         llm = LLM(progress=False, dtype="bfloat16", plugins=["deepspark"],
                   plugin_options={"deepspark": {**opts, "cost_aware": False}})
         runner = llm.engine.drafter.runner
