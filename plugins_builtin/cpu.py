@@ -45,16 +45,18 @@ def native_bf16_matmul() -> bool:
     """Whether this is an x86 CPU with AVX2 and AVX-512, whose oneDNN has bfloat16 matmul kernels:
     there torch's bfloat16 matmul costs little more for a few rows than for one, and a draft
     step's in bfloat16 beat float32's (1.2 ms against 3.0, the demo draft's compiled step, session
-    38), though deepinfer's kernel is faster still for up to ``AVX512_KERNEL_ROWS`` rows."""
+    38), though deepinfer's kernel is faster still for a few rows (``AVX512_KERNEL_ROWS``)."""
     cpu = torch.cpu
     return bool(getattr(cpu, "_is_avx2_supported", lambda: False)()
                 and getattr(cpu, "_is_avx512_supported", lambda: False)())
 
 
 #: on an AVX-512 CPU, the rows up to which deepinfer's kernel is the default for bfloat16 linear
-#: layers: on the demo pair's shapes it beat torch's matmul at 1-4 rows (by 1.1-2.2x) and lost
-#: from 6 (docs/benchmarks.md, session 38)
-AVX512_KERNEL_ROWS = 4
+#: layers, by its build (docs/benchmarks.md, session 38, the demo pair's shapes against torch's
+#: matmul): with AVX512-BF16 (VDPBF16PS) it was 2.5-3x faster at 1 row and ahead to 16 rows,
+#: even at 24 and behind from 32; the AVX2 build (blocks of 3 rows) was ahead at 1-4 rows and
+#: even at 5-6. Either takes a whole verification of 5 drafts at batch 1.
+AVX512_KERNEL_ROWS = {"avx512_bf16": 16, "avx2": 6}
 
 
 def widened_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
@@ -109,8 +111,9 @@ class CPUOptions(BaseModel):
     bf16_kernel_rows: int | None = Field(None, ge=0, description="bfloat16 linear layers of at most this many "
                                          "rows go through deepinfer's AVX2 kernel, built with the C compiler at "
                                          "first use; default: 128 on an x86 CPU with AVX2 and no AVX-512 (where "
-                                         "torch's bfloat16 matmul costs in proportion to its rows), 4 on one "
-                                         "with AVX-512, none elsewhere; 0: never")
+                                         "torch's bfloat16 matmul costs in proportion to its rows); on one "
+                                         "with AVX-512, 16 where it has AVX512-BF16 (the kernel's VDPBF16PS "
+                                         "build), else 6; none elsewhere; 0: never")
     bf16_float32_rows: int = Field(4, ge=0, description="on such a CPU, bfloat16 linear layers of more rows "
                                    "than the kernel takes (all, where it is off or cannot be built) and at "
                                    "least this many compute in float32; 0: never")
@@ -142,7 +145,8 @@ class CPUDevice(Device):
         """Rows up to which linear layers of ``dtype`` go through deepinfer's kernel here (0: none)."""
         kernel_rows = self.options.bf16_kernel_rows
         if kernel_rows is None:
-            kernel_rows = 128 if slow_bf16_matmul() else AVX512_KERNEL_ROWS if native_bf16_matmul() else 0
+            kernel_rows = 128 if slow_bf16_matmul() else \
+                AVX512_KERNEL_ROWS.get(cpu_bf16.kernel_kind(), 0) if native_bf16_matmul() else 0
         if dtype != torch.bfloat16 or kernel_rows == 0:
             return 0
         if (why := cpu_bf16.unavailable_reason()) is not None:

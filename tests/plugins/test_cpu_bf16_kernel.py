@@ -1,5 +1,6 @@
-"""deepinfer's AVX2 bfloat16 linear kernel (plugins_builtin/cpu_bf16_linear.c) against a float64
-product, and its build: cached, and a clear reason where it cannot be built."""
+"""deepinfer's bfloat16 linear kernel (plugins_builtin/cpu_bf16_linear.c) against a float64
+product, in both builds (AVX2; AVX512-BF16 where the CPU has it), and its build: cached, and a
+clear reason where it cannot be built."""
 from __future__ import annotations
 
 import logging
@@ -25,11 +26,23 @@ def _case(rows: int, n: int, k: int, bias: bool, seed: int = 0):
     return x, w, b
 
 
+@pytest.fixture(params=["avx2", pytest.param("avx512_bf16", marks=pytest.mark.skipif(
+    not cpu_bf16.avx512_bf16(), reason="this CPU has no AVX512-BF16"))])
+def build(request, monkeypatch):
+    """Each build of the kernel this CPU runs: the AVX2 one (everywhere), the AVX512-BF16 one."""
+    monkeypatch.setattr(cpu_bf16, "avx512_bf16", lambda: request.param == "avx512_bf16")
+    cpu_bf16._library.cache_clear()
+    assert cpu_bf16.kernel_kind() == request.param
+    yield request.param
+    monkeypatch.undo()
+    cpu_bf16._library.cache_clear()
+
+
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 13])
-# a short column block and tail, K not a multiple of 8, and K within one tail
-@pytest.mark.parametrize("n, k", [(67, 37), (130, 64), (9, 5)])
+# a short column block and tail, K not a multiple of 8 (or 32), and K within one tail
+@pytest.mark.parametrize("n, k", [(67, 37), (130, 64), (9, 5), (70, 100)])
 @pytest.mark.parametrize("bias", [False, True])
-def test_the_kernel_is_the_exact_product_rounded_once(rows, n, k, bias):
+def test_the_kernel_is_the_exact_product_rounded_once(build, rows, n, k, bias):
     x, w, b = _case(rows, n, k, bias, seed=rows)
     out = cpu_bf16.bf16_linear(x, w, b)
     assert out.shape == (rows, n) and out.dtype == torch.bfloat16
@@ -39,15 +52,17 @@ def test_the_kernel_is_the_exact_product_rounded_once(rows, n, k, bias):
     assert ((out.double() - exact).abs() <= bound).all()
 
 
-def test_a_rows_result_depends_on_nothing_but_its_own_inputs():
+def test_a_rows_result_depends_on_nothing_but_its_own_inputs(build):
     """Each output is one float32 dot product in a fixed order: the same bits whatever the other rows,
-    their order or the threads (so a verification's rows equal one-token steps' in the linears)."""
+    their order, the rows that share a read of the weights or the threads (so a verification's rows equal one-token steps' in the linears)."""
     x, w, b = _case(11, 200, 96, True)
     whole = cpu_bf16.bf16_linear(x, w, b)
     for i in range(11):
         assert torch.equal(cpu_bf16.bf16_linear(x[i:i + 1], w, b), whole[i:i + 1])
     perm = torch.randperm(11, generator=torch.Generator().manual_seed(1))
     assert torch.equal(cpu_bf16.bf16_linear(x[perm], w, b), whole[perm])
+    for block in range(1, 7):  # however many rows share a read of the weights
+        assert torch.equal(cpu_bf16.bf16_linear(x, w, b, row_block=block), whole)
     threads = torch.get_num_threads()
     try:
         for n in (1, 2, 3):  # 200 columns are 4 blocks of at most 64

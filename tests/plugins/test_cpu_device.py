@@ -96,7 +96,7 @@ def kernel_calls(monkeypatch):
                                    pytest.param("avx512", marks=needs_kernel)])
 def test_bf16_prompt_logprobs_through_the_devices_linears_match_transformers(monkeypatch, mm_calls, kernel_calls,
                                                                             tmp_path, route):
-    # an AVX2 CPU without AVX-512, or ("avx512") one with it: the kernel up to 4 rows, torch's matmul beyond
+    # an AVX2 CPU without AVX-512, or ("avx512") one with it: the kernel up to 6 or 16 rows, torch's matmul beyond
     monkeypatch.setattr(cpu, "slow_bf16_matmul", lambda: route != "avx512")
     monkeypatch.setattr(cpu, "native_bf16_matmul", lambda: route == "avx512")
     model = make_model(tmp_path, "llama", dtype=torch.bfloat16)
@@ -134,8 +134,8 @@ def test_on_an_avx512_cpu_the_kernel_takes_a_few_rows_and_torch_the_rest(monkeyp
     op = cpu.CPUDevice(cpu.CPUOptions(), None).linear_op(torch.bfloat16)
     torch.manual_seed(0)
     weight = torch.randn(40, 24).bfloat16()
-    limit = cpu.AVX512_KERNEL_ROWS
-    for rows in (1, limit, limit + 1, 9):
+    limit = cpu.AVX512_KERNEL_ROWS[cpu.cpu_bf16.kernel_kind()]
+    for rows in (1, limit, limit + 1, 2 * limit + 3):
         x = torch.randn(rows, 24).bfloat16()
         out = op(x, weight)
         if rows > limit:
