@@ -31,6 +31,44 @@ _LIB.impl("torch_kv_write", _write_kv, "CompositeExplicitAutograd")
 _LIB.impl("torch_kv_write", lambda kv_cache, slots, k, v: None, "Meta")
 
 
+#: on the CPU, steps of at most this many queries a sequence, in batches of several sequences,
+#: attend through batched matmuls (``_attend``)
+CPU_MATMUL_QUERIES = 16
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+            scale: float) -> torch.Tensor:
+    """Attention of q [B, T, H, D] over k, v [B, n, kvh, D] (mask [B or 1, 1, T, n], True: attend;
+    query head h reads kv head h // (H / kvh)): [B, T, H, D].
+
+    On the CPU, torch's scaled_dot_product_attention is slow for a few queries a sequence (its
+    flash kernel; session 38, 6 heads over 2 kv heads, 200 keys): a half-precision decode of one
+    sequence took 108 us against 43-64 us in float32, and decodes of 8 and 64 sequences took 0.7
+    and 5.7 ms against 0.21 and 0.54 ms as two batched matmuls with the softmax in float32. So
+    there, a lone one-token step computes in float32, and batches of several sequences with at
+    most ``CPU_MATMUL_QUERIES`` queries each take the matmuls. Elsewhere (and for longer steps)
+    scaled_dot_product_attention."""
+    b, t, h, d = q.shape
+    kvh = k.shape[2]
+    if q.device.type == "cpu" and t <= CPU_MATMUL_QUERIES:
+        half = q.dtype in (torch.bfloat16, torch.float16)
+        if b == 1 and t == 1 and mask is None and half:
+            out = F.scaled_dot_product_attention(q.transpose(1, 2).float(), k.transpose(1, 2).float(),
+                                                 v.transpose(1, 2).float(), scale=scale, enable_gqa=h != kvh)
+            return out.transpose(1, 2).to(q.dtype)
+        if b > 1:
+            g = h // kvh  # [B, kvh, T * g, D]: a kv head's queries, token by token
+            qg = q.view(b, t, kvh, g, d).permute(0, 2, 1, 3, 4).reshape(b, kvh, t * g, d)
+            scores = torch.matmul(qg, k.permute(0, 2, 3, 1)).float().mul_(scale)   # [B, kvh, T * g, n]
+            if mask is not None:  # (a row with nothing to attend gets a uniform average, not NaN)
+                scores = scores.view(b, kvh, t, g, -1).masked_fill_(~mask[:, :, :, None], torch.finfo(torch.float32).min)
+            probs = scores.view(b, kvh, t * g, -1).softmax(-1).to(q.dtype)
+            out = torch.matmul(probs, v.permute(0, 2, 1, 3))                        # [B, kvh, T * g, D]
+            return out.view(b, kvh, t, g, d).permute(0, 2, 1, 3, 4).reshape(b, t, h, d)
+    return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask,
+                                          scale=scale, enable_gqa=h != kvh).transpose(1, 2)
+
+
 @dataclass(frozen=True, slots=True)
 class TorchAttentionMetadata:
     writes: tuple[tuple[torch.Tensor, torch.Tensor | None], ...]  # per KV group: slots to write, rows of T
@@ -154,11 +192,7 @@ class TorchAttention(AttentionBackend):
             qb = q[:, None]                       # [B, 1, H, D]
         else:
             qb = q[metadata.q_index]              # [B, max_q, H, D]
-        out = F.scaled_dot_product_attention(
-            qb.transpose(1, 2), keys.transpose(1, 2).to(q.dtype), values.transpose(1, 2).to(q.dtype),
-            attn_mask=metadata.masks[layer.sliding_window], scale=layer.scale,
-            enable_gqa=layer.num_heads != layer.num_kv_heads,
-        ).transpose(1, 2)                         # [B, max_q, H, D]
+        out = _attend(qb, keys.to(q.dtype), values.to(q.dtype), metadata.masks[layer.sliding_window], layer.scale)
         if metadata.q_index is None:
             return out[0] if metadata.one_seq else out[:, 0]
         return out.reshape(-1, layer.num_heads, layer.head_dim)[metadata.out_index]
