@@ -1,4 +1,5 @@
-"""deepinfer's bfloat16 linear kernel for x86 CPUs with AVX2 (``cpu_bf16_linear.c``).
+"""deepinfer's bfloat16 linear kernel for x86 CPUs with AVX2 (``cpu_bf16_linear.c``), built with
+its AVX512-BF16 path where the CPU has that (``kernel_kind``).
 
 The C source is compiled at first use with the machine's C compiler (``$CC``, else ``cc``) into
 ``kernels/`` of a per-user cache (``$DEEPINFER_CACHE_DIR``, else ``$XDG_CACHE_HOME/deepinfer`` or

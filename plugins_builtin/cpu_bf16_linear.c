@@ -1,5 +1,6 @@
 /* y = x W^T (+ bias) for bfloat16 x [R, K], W [N, K], bias [N] and y [R, N], on an x86 CPU with
- * AVX2 and FMA. Built by cpu_bf16.py with the C compiler at first use.
+ * AVX2 and FMA (or, built with -mavx512bf16, AVX512-BF16: below). Built by cpu_bf16.py with the C
+ * compiler at first use.
  *
  * torch's bfloat16 matmul on such a CPU costs in proportion to its rows. Here each weight row is
  * read once for a block of up to six rows of x: its bfloat16 values are widened to float32 in
