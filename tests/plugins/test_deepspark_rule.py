@@ -86,6 +86,17 @@ def test_deepspark_round_depth_follows_the_measured_costs(batch):
     assert learning.costs.rest == 0.010
 
 
+@pytest.mark.parametrize("margin, goes_on", [(0.0, False), (0.05, False), (0.15, True), (0.3, True)])
+def test_deepspark_round_depth_leans_deeper_by_its_margin(margin, goes_on):
+    """After 1 draft E = 1.6 in T = 3 ms + 1 ms: 0.4 tokens a ms so far. Another step adds
+    G = 0.36 in 1 ms: 10% slower, so it goes on only with a margin of more than 10%."""
+    d = _timed_deepspark(step_seconds=0.001, rest_seconds=0.003, tick=0.0)
+    d.options = d.options.model_copy(update={"depth_margin": margin})
+    d.free_verification = True
+    d._after_plain = True  # (the costs stay as set)
+    assert d.another_step(1, [[0.5]], [0]) == goes_on
+
+
 def test_deepspark_round_depth_prices_the_next_step_at_a_later_steps_cost():
     """The first draft step counts in the round's time, but another step costs what a later one
     does (until one is measured, what the first does). With P_j = 0.6^j over the threshold (free

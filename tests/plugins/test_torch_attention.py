@@ -10,7 +10,7 @@ from deepinfer_builtin import torch_attn
 
 
 def _reference(q, k, v, mask, scale):
-    b, t, h, d = q.shape
+    h = q.shape[2]
     g = h // k.shape[2]
     kk = k.double().repeat_interleave(g, dim=2)  # query head j reads kv head j // g
     vv = v.double().repeat_interleave(g, dim=2)
