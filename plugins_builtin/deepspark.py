@@ -21,13 +21,9 @@ drafts) for T = C0 + t1 + (j - 1) t. Another draft step adds
 G = sum over the requests still drafting of P_j * a_j (a_j: the table's acceptance at the next
 position over all buckets), counting only drafts that would be verified. The round drafts on while
 G / t > (1 - ``depth_margin``) E / T: while the next step adds tokens about as fast as the round
-so far or faster. Around the best depth the tokens a second change little with the depth (on the
-CPU, session 38: margins 0, 0.2, 0.3, 0.4 and no round depth at all ran within the machine's
-noise of one another, 1.54-1.79x no drafter), while deeper rounds verify and accept more a target
-step; the margin (0.3) leans that way. Where verification is
-cheap beside drafting (small models on a GPU), this ends rounds of a large batch early even though
-some request would go on; where a draft step is cheap beside the target's step, it lets rounds run
-to k.
+so far or faster (deeper rounds accept more a target step at about the same speed: plugins.md).
+This ends a large batch's rounds early where verification is cheap beside drafting (small models
+on a GPU), and lets rounds run to k where a draft step is cheap beside the target's.
 
 Verification in device graphs. When the engine replays verification steps from graphs (CUDA
 devices), every request's k + 1 rows are computed whether verified or not, so the threshold for
@@ -69,9 +65,8 @@ from deepinfer_builtin.round_rates import AcceptanceTable, RoundCosts, RoundRate
 
 
 class DeepSparkOptions(DraftModelOptions):
-    min_value: float = Field(0.05, ge=0.0, le=1.0,
-                             description="verify draft j while the estimated chance that drafts 1..j "
-                                         "are all accepted is at least this")
+    min_value: float = Field(0.05, ge=0.0, le=1.0, description="verify draft j while the estimated chance "
+                             "that drafts 1..j are all accepted is at least this")
     verify_budget: int = Field(0, ge=0, description="draft tokens verified per step over the batch (0: no cap)")
     early_stop: bool = Field(True, description="stop drafting a request once its latest draft falls below "
                                                "min_value: no later draft of it could be verified")
@@ -79,9 +74,8 @@ class DeepSparkOptions(DraftModelOptions):
                                                "to add tokens more slowly than the round so far (from "
                                                "measured step times; drafts then vary with timing, never "
                                                "the greedy output)")
-    depth_margin: float = Field(0.3, ge=0.0, lt=1.0, description="with cost_aware: draft on while another step is "
-                                "expected to add tokens more than (1 - depth_margin) times as fast as the round "
-                                "so far (0: only while faster)")
+    depth_margin: float = Field(0.3, ge=0.0, lt=1.0, description="with cost_aware: draft on while another step "
+                                "adds tokens over (1 - depth_margin) times as fast as the round so far")
     verify_all_in_graphs: bool = Field(True, description="when the engine verifies in device graphs (k + 1 rows a "
                                                         "request, computed whether verified or not), verify every "
                                                         "drafted token and leave the choice to the round depth")
@@ -111,8 +105,7 @@ class DeepSparkOptions(DraftModelOptions):
     lookup_max_n: int = Field(4, ge=1, description="with lookup: the longest suffix looked up")
     lookup_min_n: int = Field(2, ge=1, description="with lookup: the shortest suffix looked up")
     learn_per_round: int = Field(16, ge=1, description="the acceptance tables learn from about this many requests' "
-                                                       "verifications a round at most, in turn (the others' would "
-                                                       "cost host time and sharpen nothing)")
+                                 "verifications a round at most, in turn (others' cost host time, sharpen nothing)")
     buckets: int = Field(10, ge=1, le=100)
     prior_strength: float = Field(4.0, gt=0.0)
 
