@@ -58,139 +58,113 @@ static inline uint16_t narrow(float f) {
     return (uint16_t)(u >> 16);
 }
 
-/* Output columns [n0, n1) for RB rows of x (float32, [RB, K]), CB weight rows at a time: RB * CB
- * accumulators and CB weight vectors, with x's, at most 16 ymm registers (no spills). */
-#define COLUMNS(RB, CB)                                                                           \
-    static void columns_##RB(const float *x, long K, const uint16_t *w, long n0, long n1,         \
-                             const uint16_t *bias, uint16_t *y, long N) {                         \
+/* Output columns [n0, n1) for RB rows of x ([RB, K], of type X_T), CB weight rows at a time, over
+ * one build's vector operations (defined before each instantiation below): VEC accumulators
+ * (RB * CB of them, CB weight vectors W_VEC and the x vector X_VEC fit in the registers: no
+ * spills), STEP values of K a step, ZERO(), LOAD_W(p), LOAD_X(p), MAC(acc, w, x) and SUM(acc), and
+ * X_AT(v) for the tail's x values. Each output: SUM of its accumulator (a fixed order), then the
+ * tail in float32, then the bias, rounded once. */
+#define COLUMNS(NAME, RB, CB)                                                                     \
+    static void NAME##_##RB(const void *xs, long K, const uint16_t *w, long n0, long n1,          \
+                            const uint16_t *bias, uint16_t *y, long N) {                          \
+        const X_T *x = (const X_T *)xs;                                                           \
         for (long n = n0; n < n1; n += CB) {                                                      \
             int cb = n1 - n < CB ? (int)(n1 - n) : CB;                                            \
             const uint16_t *wc[CB];                                                               \
             for (int c = 0; c < CB; c++) wc[c] = w + (n + (c < cb ? c : 0)) * K;                  \
-            __m256 acc[CB][RB];                                                                   \
+            VEC acc[CB][RB];                                                                      \
             _Pragma("GCC unroll 8") for (int c = 0; c < CB; c++)                                  \
-                _Pragma("GCC unroll 8") for (int r = 0; r < RB; r++) acc[c][r] = _mm256_setzero_ps(); \
+                _Pragma("GCC unroll 8") for (int r = 0; r < RB; r++) acc[c][r] = ZERO();          \
             long k = 0;                                                                           \
-            for (; k + 8 <= K; k += 8) {                                                          \
-                __m256 v[CB];                                                                     \
-                _Pragma("GCC unroll 8") for (int c = 0; c < CB; c++) v[c] = load8(wc[c] + k);    \
+            for (; k + STEP <= K; k += STEP) {                                                    \
+                W_VEC v[CB];                                                                      \
+                _Pragma("GCC unroll 8") for (int c = 0; c < CB; c++) v[c] = LOAD_W(wc[c] + k);   \
                 if ((k & 31) == 0) /* a new cache line of each row: fetch the one 4 KB on */    \
                     _Pragma("GCC unroll 8") for (int c = 0; c < CB; c++)                          \
                         _mm_prefetch((const char *)((uintptr_t)(wc[c] + k) + PREFETCH), _MM_HINT_T0); \
                 _Pragma("GCC unroll 8") for (int r = 0; r < RB; r++) {                            \
-                    __m256 xv = _mm256_loadu_ps(x + r * K + k);                                   \
+                    X_VEC xv = LOAD_X(x + r * K + k);                                             \
                     _Pragma("GCC unroll 8") for (int c = 0; c < CB; c++)                          \
-                        acc[c][r] = _mm256_fmadd_ps(v[c], xv, acc[c][r]);                         \
+                        acc[c][r] = MAC(acc[c][r], v[c], xv);                                     \
                 }                                                                                 \
             }                                                                                     \
             for (int c = 0; c < cb; c++)                                                          \
                 for (int r = 0; r < RB; r++) {                                                    \
-                    float s = lanes_sum(acc[c][r]);                                               \
-                    for (long t = k; t < K; t++) s += widen(wc[c][t]) * x[r * K + t];             \
+                    float s = SUM(acc[c][r]);                                                     \
+                    for (long t = k; t < K; t++) s += widen(wc[c][t]) * X_AT(x[r * K + t]);       \
                     if (bias) s += widen(bias[n + c]);                                            \
                     y[r * N + n + c] = narrow(s);                                                 \
                 }                                                                                 \
         }                                                                                         \
     }
 
-COLUMNS(1, 4)
-COLUMNS(2, 4)
-COLUMNS(3, 3)
-COLUMNS(4, 3)
-COLUMNS(5, 2)
-COLUMNS(6, 2)
-
-typedef void (*columns_fn)(const float *, long, const uint16_t *, long, long, const uint16_t *,
+typedef void (*columns_fn)(const void *, long, const uint16_t *, long, long, const uint16_t *,
                            uint16_t *, long);
+
+#ifndef __AVX512BF16__
+/* The AVX2 build: x widened to float32 beforehand; each weight vector of 8 widened in registers (a
+ * shift) and multiplied in with FMA; at most 16 ymm registers. */
+#define X_T float
+#define VEC __m256
+#define W_VEC __m256
+#define X_VEC __m256
+#define STEP 8
+#define ZERO() _mm256_setzero_ps()
+#define LOAD_W(p) load8(p)
+#define LOAD_X(p) _mm256_loadu_ps(p)
+#define MAC(acc, wv, xv) _mm256_fmadd_ps(wv, xv, acc)
+#define SUM(acc) lanes_sum(acc)
+#define X_AT(v) (v)
+COLUMNS(columns, 1, 4)
+COLUMNS(columns, 2, 4)
+COLUMNS(columns, 3, 3)
+COLUMNS(columns, 4, 3)
+COLUMNS(columns, 5, 2)
+COLUMNS(columns, 6, 2)
 static const columns_fn COLUMNS_FOR[ROW_BLOCK + 1] = {
     0, columns_1, columns_2, columns_3, columns_4, columns_5, columns_6};
 
-#ifdef __AVX512BF16__
+#else
 /* Built with -mavx512bf16 (cpu_bf16.py does where the CPU has AVX512-BF16): VDPBF16PS multiplies
  * 32 bfloat16 pairs of a weight row and a row of x exactly and adds each pair's sum into 16
  * float32 lanes, so neither x nor the weights are widened and a 64-byte line of weights takes one
  * instruction a row. Each output is still a float32 sum in a fixed order (16 lanes over K in steps
  * of 32, then the lanes summed, then the tail in float32), rounded to bfloat16 once; the
- * instruction treats subnormal inputs as zero and rounds to nearest even whatever MXCSR says. */
+ * instruction treats subnormal inputs as zero and rounds to nearest even whatever MXCSR says.
+ * At most 29 of the 32 zmm registers. */
 static inline float lanes_sum16(__m512 v) {
     __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v),
                              _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
     return lanes_sum(h);
 }
-
-#define COLUMNS16(RB, CB)                                                                         \
-    static void columns16_##RB(const uint16_t *x, long K, const uint16_t *w, long n0, long n1,    \
-                               const uint16_t *bias, uint16_t *y, long N) {                       \
-        for (long n = n0; n < n1; n += CB) {                                                      \
-            int cb = n1 - n < CB ? (int)(n1 - n) : CB;                                            \
-            const uint16_t *wc[CB];                                                               \
-            for (int c = 0; c < CB; c++) wc[c] = w + (n + (c < cb ? c : 0)) * K;                  \
-            __m512 acc[CB][RB];                                                                   \
-            _Pragma("GCC unroll 8") for (int c = 0; c < CB; c++)                                  \
-                _Pragma("GCC unroll 8") for (int r = 0; r < RB; r++) acc[c][r] = _mm512_setzero_ps(); \
-            long k = 0;                                                                           \
-            for (; k + 32 <= K; k += 32) {                                                        \
-                __m512bh v[CB];                                                                   \
-                _Pragma("GCC unroll 8") for (int c = 0; c < CB; c++) {                            \
-                    v[c] = (__m512bh)_mm512_loadu_si512((const void *)(wc[c] + k));              \
-                    _mm_prefetch((const char *)((uintptr_t)(wc[c] + k) + PREFETCH), _MM_HINT_T0); \
-                }                                                                                 \
-                _Pragma("GCC unroll 8") for (int r = 0; r < RB; r++) {                            \
-                    __m512bh xv = (__m512bh)_mm512_loadu_si512((const void *)(x + r * K + k));   \
-                    _Pragma("GCC unroll 8") for (int c = 0; c < CB; c++)                          \
-                        acc[c][r] = _mm512_dpbf16_ps(acc[c][r], v[c], xv);                        \
-                }                                                                                 \
-            }                                                                                     \
-            for (int c = 0; c < cb; c++)                                                          \
-                for (int r = 0; r < RB; r++) {                                                    \
-                    float s = lanes_sum16(acc[c][r]);                                             \
-                    for (long t = k; t < K; t++) s += widen(wc[c][t]) * widen(x[r * K + t]);      \
-                    if (bias) s += widen(bias[n + c]);                                            \
-                    y[r * N + n + c] = narrow(s);                                                 \
-                }                                                                                 \
-        }                                                                                         \
-    }
-
-/* RB * CB accumulators, CB weight vectors and x's: at most 29 of the 32 zmm registers */
-COLUMNS16(1, 8)
-COLUMNS16(2, 8)
-COLUMNS16(3, 6)
-COLUMNS16(4, 5)
-COLUMNS16(5, 4)
-COLUMNS16(6, 4)
-
-typedef void (*columns16_fn)(const uint16_t *, long, const uint16_t *, long, long, const uint16_t *,
-                             uint16_t *, long);
-static const columns16_fn COLUMNS16_FOR[ROW_BLOCK + 1] = {
+#define X_T uint16_t
+#define VEC __m512
+#define W_VEC __m512bh
+#define X_VEC __m512bh
+#define STEP 32
+#define ZERO() _mm512_setzero_ps()
+#define LOAD_W(p) ((__m512bh)_mm512_loadu_si512((const void *)(p)))
+#define LOAD_X(p) ((__m512bh)_mm512_loadu_si512((const void *)(p)))
+#define MAC(acc, wv, xv) _mm512_dpbf16_ps(acc, wv, xv)
+#define SUM(acc) lanes_sum16(acc)
+#define X_AT(v) widen(v)
+COLUMNS(columns16, 1, 8)
+COLUMNS(columns16, 2, 8)
+COLUMNS(columns16, 3, 6)
+COLUMNS(columns16, 4, 5)
+COLUMNS(columns16, 5, 4)
+COLUMNS(columns16, 6, 4)
+static const columns_fn COLUMNS16_FOR[ROW_BLOCK + 1] = {
     0, columns16_1, columns16_2, columns16_3, columns16_4, columns16_5, columns16_6};
 #endif
 
-/* Returns 0, or 1 when the float32 copy of x could not be allocated (y is then untouched). */
-int deepinfer_bf16_linear(const uint16_t *x, long R, long K, const uint16_t *w, long N,
-                          const uint16_t *bias, uint16_t *y, int threads, int row_block) {
-    if (row_block < 1 || row_block > ROW_BLOCK) row_block = ROW_BLOCK;
-#ifdef __AVX512BF16__
-    {
-        long blocks = (N + COLUMN_BLOCK - 1) / COLUMN_BLOCK;
-        long parts = (R + row_block - 1) / row_block;
-        if (threads > blocks) threads = (int)blocks;
-        if (threads < 1) threads = 1;
-#pragma omp parallel for num_threads(threads) schedule(static)
-        for (long b = 0; b < blocks; b++) {
-            long n0 = b * COLUMN_BLOCK, n1 = n0 + COLUMN_BLOCK < N ? n0 + COLUMN_BLOCK : N;
-            for (long p = 0; p < parts; p++) {
-                long r0 = R * p / parts, r1 = R * (p + 1) / parts;
-                COLUMNS16_FOR[r1 - r0](x + r0 * K, K, w, n0, n1, bias, y + r0 * N, N);
-            }
-        }
-        return 0;
-    }
-#endif
-    float *xf = malloc(sizeof(float) * (size_t)(R * K > 0 ? R * K : 1));
-    if (!xf) return 1;
-    for (long i = 0; i < R * K; i++) xf[i] = widen(x[i]);
+/* y's columns in blocks of COLUMN_BLOCK over the threads, each block's rows in row blocks as even
+ * as can be (7 rows of 6 are 4 + 3); x of xsize bytes a value. */
+static void all_columns(const columns_fn *columns, const char *x, size_t xsize, long R, long K,
+                        const uint16_t *w, long N, const uint16_t *bias, uint16_t *y, int threads,
+                        int row_block) {
     long blocks = (N + COLUMN_BLOCK - 1) / COLUMN_BLOCK;
-    long parts = (R + row_block - 1) / row_block; /* blocks as even as can be: 7 rows of 6 are 4 + 3 */
+    long parts = (R + row_block - 1) / row_block;
     if (threads > blocks) threads = (int)blocks;
     if (threads < 1) threads = 1;
 #pragma omp parallel for num_threads(threads) schedule(static)
@@ -198,9 +172,24 @@ int deepinfer_bf16_linear(const uint16_t *x, long R, long K, const uint16_t *w, 
         long n0 = b * COLUMN_BLOCK, n1 = n0 + COLUMN_BLOCK < N ? n0 + COLUMN_BLOCK : N;
         for (long p = 0; p < parts; p++) {
             long r0 = R * p / parts, r1 = R * (p + 1) / parts;
-            COLUMNS_FOR[r1 - r0](xf + r0 * K, K, w, n0, n1, bias, y + r0 * N, N);
+            columns[r1 - r0](x + (size_t)(r0 * K) * xsize, K, w, n0, n1, bias, y + r0 * N, N);
         }
     }
+}
+
+/* Returns 0, or 1 when the float32 copy of x could not be allocated (y is then untouched). */
+int deepinfer_bf16_linear(const uint16_t *x, long R, long K, const uint16_t *w, long N,
+                          const uint16_t *bias, uint16_t *y, int threads, int row_block) {
+    if (row_block < 1 || row_block > ROW_BLOCK) row_block = ROW_BLOCK;
+#ifdef __AVX512BF16__
+    all_columns(COLUMNS16_FOR, (const char *)x, sizeof *x, R, K, w, N, bias, y, threads, row_block);
+    return 0;
+#else
+    float *xf = malloc(sizeof(float) * (size_t)(R * K > 0 ? R * K : 1));
+    if (!xf) return 1;
+    for (long i = 0; i < R * K; i++) xf[i] = widen(x[i]);
+    all_columns(COLUMNS_FOR, (const char *)xf, sizeof *xf, R, K, w, N, bias, y, threads, row_block);
     free(xf);
     return 0;
+#endif
 }
