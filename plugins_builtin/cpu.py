@@ -109,7 +109,7 @@ class CPUOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     bf16_kernel_rows: int | None = Field(None, ge=0, description="bfloat16 linear layers of at most this many "
-                                         "rows go through deepinfer's AVX2 kernel, built with the C compiler at "
+                                         "rows go through deepinfer's kernel, built with the C compiler at "
                                          "first use; default: 128 on an x86 CPU with AVX2 and no AVX-512 (where "
                                          "torch's bfloat16 matmul costs in proportion to its rows); on one "
                                          "with AVX-512, 16 where it has AVX512-BF16 (the kernel's VDPBF16PS "
@@ -169,7 +169,7 @@ class CPUDevice(Device):
         """A half-precision target's draft runs in float32 here, unless deepinfer's kernel takes its
         steps or (bfloat16) torch has bfloat16 kernels (an AVX-512 CPU): elsewhere torch's
         half-precision single-token matmuls are no faster than float32's."""
-        if dtype == torch.bfloat16 and (self._kernel_rows(dtype) or (native_bf16_matmul() and not slow_bf16_matmul())):
+        if dtype == torch.bfloat16 and (self._kernel_rows(dtype) or native_bf16_matmul()):
             return dtype
         if dtype in (torch.bfloat16, torch.float16):
             return torch.float32

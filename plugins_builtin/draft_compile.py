@@ -5,10 +5,11 @@ There a small draft's step costs mostly the launch of its few hundred small torc
 arithmetic: the demo draft's step (2 layers, hidden 256, an 8,192-token LM head) took 2.4 ms
 eagerly and 1.35 ms compiled on this project's CPU (session 19). Inductor's ``cpp_wrapper`` mode
 calls the compiled kernels and the custom ops from generated C++ instead of a Python wrapper: on
-the AVX-512 machine the step took 457 us with it against 793 us without (session 38). The compiled step computes one
-sequence's new token through the model, the LM head and the softmax, and returns the greedy token
-and its probability; the number of keys it reads is a dynamic dimension, so one compilation
-serves every length. Its inputs are built for the one sequence (by the attention's
+the AVX-512 machine the step took 457 us with it against 793 us without (session 38).
+
+The compiled step computes one sequence's new token through the model, the LM head and the
+softmax, and returns the greedy token and its probability; the number of keys it reads is a
+dynamic dimension, so one compilation serves every length. Its inputs are built for the one sequence (by the attention's
 ``sequence_metadata``), not through a StepBatch. Other steps (several tokens, several sequences,
 sampled requests) run eagerly. Inductor needs a C++ compiler: without one, or if the step fails to
 compile for any other reason, the draft runs eagerly and the reason is logged and kept in

@@ -61,7 +61,8 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
             qg = q.view(b, t, kvh, g, d).permute(0, 2, 1, 3, 4).reshape(b, kvh, t * g, d)
             scores = torch.matmul(qg, k.permute(0, 2, 3, 1)).float().mul_(scale)   # [B, kvh, T * g, n]
             if mask is not None:  # (a row with nothing to attend gets a uniform average, not NaN)
-                scores = scores.view(b, kvh, t, g, -1).masked_fill_(~mask[:, :, :, None], torch.finfo(torch.float32).min)
+                lowest = torch.finfo(torch.float32).min
+                scores = scores.view(b, kvh, t, g, -1).masked_fill_(~mask[:, :, :, None], lowest)
             probs = scores.view(b, kvh, t * g, -1).softmax(-1).to(q.dtype)
             out = torch.matmul(probs, v.permute(0, 2, 1, 3))                        # [B, kvh, T * g, D]
             return out.view(b, kvh, t, g, d).permute(0, 2, 1, 3, 4).reshape(b, t, h, d)

@@ -54,7 +54,8 @@ def test_the_kernel_is_the_exact_product_rounded_once(build, rows, n, k, bias):
 
 def test_a_rows_result_depends_on_nothing_but_its_own_inputs(build):
     """Each output is one float32 dot product in a fixed order: the same bits whatever the other rows,
-    their order, the rows that share a read of the weights or the threads (so a verification's rows equal one-token steps' in the linears)."""
+    their order, the rows that share a read of the weights or the threads (so a verification's rows
+    equal one-token steps' in the linears)."""
     x, w, b = _case(11, 200, 96, True)
     whole = cpu_bf16.bf16_linear(x, w, b)
     for i in range(11):
@@ -170,6 +171,7 @@ def test_without_a_working_compiler_the_device_says_why_and_keeps_torchs_matmul(
         fresh_build, monkeypatch, caplog, compiler, reason):
     monkeypatch.setenv("CC", compiler)
     monkeypatch.setattr(cpu, "slow_bf16_matmul", lambda: True)
+    monkeypatch.setattr(cpu, "native_bf16_matmul", lambda: False)  # (an AVX2 CPU without AVX-512)
     assert reason in cpu_bf16.unavailable_reason()
     x, w, _ = _case(2, 8, 16, False)
     with pytest.raises(RuntimeError, match="unavailable: " + reason):

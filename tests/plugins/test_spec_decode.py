@@ -275,8 +275,8 @@ def test_drafts_with_the_prefix_cache_stay_lossless(demo_reference):
 def test_draft_dtype_follows_the_option_and_stays_lossless(monkeypatch):
     """A bfloat16 target on the CPU gets a bfloat16 draft by default where deepinfer's bfloat16 kernel
     runs it (an AVX2 CPU without AVX-512) or torch's bfloat16 matmul is fast (an AVX-512 CPU), else
-    a float32 one (torch's half-precision single-token steps are no faster), or the dtype asked for; the greedy tokens are the target's either way, up
-    to near-ties:
+    a float32 one (torch's half-precision single-token steps are no faster), or the dtype asked for;
+    the greedy tokens are the target's either way, up to near-ties:
     in bfloat16 a target step's logits vary in the last bit with the step's composition (a
     verification's rows against one-token steps; by how much depends on the CPU's kernels), which
     can flip a near-tie (one of these prompts has one 0.06 apart in logprob at its 20th token). So
