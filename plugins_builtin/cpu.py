@@ -150,17 +150,21 @@ class CPUDevice(Device):
         if dtype != torch.bfloat16 or kernel_rows == 0:
             return 0
         if (why := cpu_bf16.unavailable_reason()) is not None:
-            from_rows = self.options.bf16_float32_rows if slow_bf16_matmul() else 0
+            from_rows = self._float32_rows()
             _warn_once(f"cpu: deepinfer's bfloat16 kernel cannot be used ({why}); bfloat16 linear layers take "
                        "torch's matmul" + (f", or float32 from {from_rows} rows" if from_rows else ""))
             return 0
         return kernel_rows
 
+    def _float32_rows(self) -> int:
+        """Rows from which bfloat16 linear layers compute in float32 (0: never): only where torch's
+        bfloat16 matmul costs in proportion to its rows (``slow_bf16_matmul``)."""
+        return self.options.bf16_float32_rows if slow_bf16_matmul() else 0
+
     def linear_op(self, dtype: torch.dtype):
         if dtype != torch.bfloat16:
             return None
-        kernel_rows = self._kernel_rows(dtype)
-        from_rows = self.options.bf16_float32_rows if slow_bf16_matmul() else 0
+        kernel_rows, from_rows = self._kernel_rows(dtype), self._float32_rows()
         if kernel_rows == 0 and from_rows == 0:
             return None
         return functools.partial(bf16_linear, kernel_rows=kernel_rows, from_rows=from_rows or sys.maxsize)
