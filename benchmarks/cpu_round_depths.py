@@ -1,5 +1,5 @@
 """deepspark's batch-1 rounds on the CPU, counted by kind (the lookup's drafts, or the draft
-model's after how many draft steps) and by drafts verified.
+model's after how many draft steps) and by drafts verified, with the drafts they accepted.
 
     python benchmarks/cpu_round_depths.py [--prompts 4] [--price-steps 0.7]
 
@@ -35,17 +35,28 @@ def main() -> None:
         return out
 
     rounds: collections.Counter = collections.Counter()
+    accepted: collections.Counter = collections.Counter()  # (kind, verified, "sum" or "none")
+    kinds: dict[str, tuple[int, int]] = {}  # request -> its round's (steps, verified), until observed
+    observe = drafter.observe
 
     def counted_drafter(requests):
         depth[0] = 0
         out = drafter_propose(requests)
-        for p in out.values():
+        for rid, p in out.items():
             rounds[depth[0], len(p.verified)] += 1
+            kinds[rid] = depth[0], len(p.verified)
         if not out:
             rounds[depth[0], 0] += 1
         return out
 
-    runner.propose, drafter.propose = counted_runner, counted_drafter
+    def counted_observe(request, num_verified, num_accepted):
+        kind = kinds.pop(request.request_id, None)
+        if kind is not None:
+            accepted[(*kind, "sum")] += num_accepted
+            accepted[(*kind, "none")] += num_accepted == 0
+        return observe(request, num_verified, num_accepted)
+
+    runner.propose, drafter.propose, drafter.observe = counted_runner, counted_drafter, counted_observe
     drafter.costs.update = lambda name, s: update(name, s * args.price_steps if name in ("first", "step") else s)
     before = dict(llm.get_metrics())
     t = time.perf_counter()
@@ -59,7 +70,12 @@ def main() -> None:
           f"{m['deepinfer:spec_decode_num_accepted_tokens'] / drafts:.2f} a draft")
     for (steps, verified), n in sorted(rounds.items()):
         kind = "lookup" if steps == 0 else f"model, {steps} step{'s' if steps > 1 else ''}"
-        print(f"{kind:16s} verified {verified}: {n} rounds")
+        if verified:
+            kind += f" verified {verified}: {n} rounds, {accepted[steps, verified, 'sum'] / n:.2f} accepted a round, " \
+                    f"{accepted[steps, verified, 'none']} accepting none"
+        else:
+            kind += f" verified 0: {n} rounds"
+        print(kind)
 
 
 if __name__ == "__main__":
