@@ -18,6 +18,9 @@ def add_spec_parser(bsub, add_engine_args, engine_overrides) -> None:
     b.add_argument("--input-len", type=int, default=64, help="prompt tokens (from held-out stdlib files)")
     b.add_argument("--output-len", type=int, default=128)
     b.add_argument("--repeats", type=int, default=3)
+    b.add_argument("--temperature", type=float, default=0.0,
+                   help="0: greedy (the default); above 0: sampled, each prompt with a seed of its own (its "
+                        "index), so that every drafter and every run draws from the same seeds")
     b.add_argument("--prompts", type=int, default=8,
                    help="distinct prompts a run decodes, in batches of --batch one after another "
                         "(at least one batch): at batch 1 the figures are not one prompt's")
@@ -53,7 +56,10 @@ def run_spec(args, overrides: dict) -> int:
     base_plugins = [p for p in (overrides.pop("plugins", None) or []) if p not in DRAFTERS]
     work = {"model": model, "config_file": args.config_file, "overrides": overrides,
             "batches": [int(b) for b in args.batch.split(",")], "prompts": args.prompts,
-            "input_len": args.input_len, "output_len": args.output_len, "repeats": args.repeats}
+            "input_len": args.input_len, "output_len": args.output_len, "repeats": args.repeats,
+            "temperature": args.temperature}
+    if args.temperature < 0:
+        raise ValueError(f"--temperature must be 0 (greedy) or positive, got {args.temperature}")
     names = args.drafters.split(",")
     twice = next((d for i, d in enumerate(names) if d in names[:i]), None)
     if twice is not None:
@@ -92,7 +98,9 @@ class Workload:
         self.batch, self.groups = batch, max(1, -(-work["prompts"] // batch))
         self.tokens = self.groups * batch * work["output_len"]
         self.prompts = stdlib_prompts(llm.get_tokenizer(), self.groups * batch, work["input_len"])
-        self.params = SamplingParams(temperature=0, max_tokens=work["output_len"], ignore_eos=True)
+        temp = work.get("temperature", 0.0)
+        self.params = [SamplingParams(temperature=temp, seed=i if temp > 0 else None, max_tokens=work["output_len"],
+                                      ignore_eos=True) for i in range(len(self.prompts))]
 
     def warm_up(self, llm) -> dict:
         """A short request (compiles what a first run would), then the metrics to count from."""
@@ -102,8 +110,8 @@ class Workload:
     def run(self, llm) -> float:
         t = time.perf_counter()
         for g in range(self.groups):
-            llm.generate([{"prompt_token_ids": p} for p in self.prompts[g * self.batch:(g + 1) * self.batch]],
-                         self.params, use_tqdm=False)
+            part = slice(g * self.batch, (g + 1) * self.batch)
+            llm.generate([{"prompt_token_ids": p} for p in self.prompts[part]], self.params[part], use_tqdm=False)
         return time.perf_counter() - t
 
     def row(self, drafter: str, secs: list[float], m0: dict, m1: dict) -> dict:
@@ -164,7 +172,8 @@ def interleaved_rows(drafters: dict[str, list[str]], work: dict) -> list[dict]:
 
 
 def report(args, rows: list[dict]) -> None:
-    print(f"deepinfer bench spec: greedy, {args.input_len}-token prompts, {args.output_len} new tokens, "
+    kind = "greedy" if args.temperature == 0 else f"sampled at temperature {args.temperature:g} (seeded)"
+    print(f"deepinfer bench spec: {kind}, {args.input_len}-token prompts, {args.output_len} new tokens, "
           f"at least {args.prompts} prompts a run (batches one after another), median of {args.repeats} runs"
           + (" (each drafter in its own process)" if args.isolate else " (the drafters in turn, run by run)"))
     print(f"{'drafter':<13}{'batch':>6}{'seconds':>9}{'tok/s':>9}{'vs none':>9}{'tok/step':>10}"

@@ -95,6 +95,23 @@ def test_spec_gives_a_drafters_options_to_its_runs_only():
     _spec_rows("--repeats", "1", "--plugin-options", '{"draft-model": {"num_speculative_tokens": 3}}', k=3)
 
 
+def test_spec_sampled_runs_seed_each_prompt():
+    """`bench spec --temperature 0.8`: sampled requests, each prompt with its own seed (the same for
+    every drafter and run), and the header says so; a negative temperature is refused."""
+    from deepinfer import LLM
+    from deepinfer.bench.spec import Workload
+
+    assert "sampled at temperature 0.8 (seeded)" in _spec_rows("--repeats", "1", "--temperature", "0.8")
+    llm = LLM(progress=False)
+    work = {"prompts": 3, "input_len": 16, "output_len": 4, "temperature": 0.8}
+    wl = Workload(llm, 2, work)  # two batches of 2: four prompts
+    assert [(p.temperature, p.seed) for p in wl.params] == [(0.8, 0), (0.8, 1), (0.8, 2), (0.8, 3)]
+    assert all(p.temperature == 0 and p.seed is None for p in Workload(llm, 2, {**work, "temperature": 0}).params)
+    res = subprocess.run([sys.executable, "-m", "deepinfer.cli", "bench", "spec", "--temperature", "-1"],
+                         capture_output=True, text=True, timeout=600, check=False)
+    assert res.returncode == 2 and "--temperature must be 0 (greedy) or positive, got -1.0" in res.stderr
+
+
 def test_spec_refuses_a_drafter_named_twice():
     res = subprocess.run([sys.executable, "-m", "deepinfer.cli", "bench", "spec", "--drafters", "none,ngram,none"],
                          capture_output=True, text=True, timeout=600, check=False)
