@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from deepinfer.core.request import Request
-from deepinfer.core.sampler import filter_logits
+from deepinfer.core.sampler import draw, filter_logits
 
 
 def target_probs(logits: torch.Tensor, req: Request) -> torch.Tensor:
@@ -45,9 +45,9 @@ def verify(logits: torch.Tensor, req: Request, drafts: list[int], q: torch.Tenso
             residual = (residual - q[i].float().cpu()).clamp_min(0.0)
         total = residual.sum()
         dist = residual / total if total > 0 else p[i]
-        out.append(_draw(dist, gen))
+        out.append(draw(dist, gen))
         return out
-    out.append(_draw(p[len(drafts)], gen))
+    out.append(draw(p[len(drafts)], gen))
     return out
 
 
@@ -61,8 +61,3 @@ def accept_greedy(drafts: list[int], best: list[int]) -> list[int]:
         out.append(d)
     out.append(best[len(out)])
     return out
-
-
-def _draw(probs: torch.Tensor, gen: torch.Generator) -> int:
-    noise = torch.empty_like(probs).exponential_(generator=gen)
-    return int((probs / noise).argmax())

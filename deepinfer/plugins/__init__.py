@@ -26,7 +26,7 @@ from deepinfer.core.interfaces import (
 from deepinfer.core.kv_manager import KVCacheManager, SlidingKV
 from deepinfer.core.metrics import Metrics
 from deepinfer.core.request import PLACEHOLDER_TOKEN, Request, RequestStatus
-from deepinfer.core.sampler import filter_logits
+from deepinfer.core.sampler import draw, filter_logits
 from deepinfer.core.sampling_params import SamplingParams
 from deepinfer.core.spec import accept_greedy
 from deepinfer.core.step import KVGroupBatch, StepBatch
@@ -72,6 +72,7 @@ __all__ = [
     "accept_greedy",
     "build_step_batch",
     "discover",
+    "draw",
     "filter_logits",
     "hookimpl",
     "load",

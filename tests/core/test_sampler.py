@@ -39,7 +39,7 @@ def test_penalties_follow_their_definitions():
 
 
 def test_seeded_samples_follow_the_distribution():
-    """Exponential-race sampling draws from softmax(logits / T): empirical frequencies match."""
+    """Sampling draws from softmax(logits / T): empirical frequencies match."""
     logits = torch.tensor([2.0, 1.0, 0.0, -1.0])
     params = SamplingParams(temperature=0.7, seed=3)
     req = Request("r", [1], params)
@@ -80,3 +80,25 @@ def test_greedy_samples_on_the_device_go_into_a_given_tensor_whatever_the_argmax
         other = s.sample_on_device(logits, sampled, out=buf[:2])  # not all greedy: a new tensor
         assert other.data_ptr() != buf.data_ptr() and other[1].item() == 0 and buf.tolist() == [1, 0, -5, -5]
     assert calls == ["plain", "plain", "out", "out"]
+
+
+def test_draw_follows_its_distribution_and_never_draws_a_zero(monkeypatch):
+    """The inverse-CDF draw (the samplers', the rejection sampler's, the draft's): chi-square against
+    q on 6 tokens, entries of probability 0 never drawn; a draw at the very top of the range gives
+    the last entry that has any probability, and a distribution with none gives its argmax."""
+    from deepinfer.core import sampler
+
+    q = torch.tensor([0.30, 0.0, 0.05, 0.25, 0.40, 0.0])
+    gen = torch.Generator().manual_seed(5)
+    n = 20000
+    counts = torch.zeros(6)
+    for _ in range(n):
+        counts[sampler.draw(q, gen)] += 1
+    assert counts[1] == 0 and counts[5] == 0
+    live = q > 0
+    expected = q[live] * n
+    chi2 = float(((counts[live] - expected) ** 2 / expected).sum())
+    assert chi2 < 16.27  # 3 degrees of freedom, p = 0.001
+    monkeypatch.setattr(sampler.torch, "rand", lambda *a, **k: torch.ones(1, dtype=torch.float64))
+    assert sampler.draw(q, gen) == 4
+    assert sampler.draw(torch.zeros(3), gen) == 0
