@@ -5,8 +5,8 @@ and what the draft's LM head costs by the rows it keeps.
 
 Parts, each timed around its own call (wall time, median and mean a call):
 - ``inductor``: the compiled step's generated code (its C++ entry and the operators it calls);
-- ``dynamo``: the call through torch.compile (``CompiledGreedyStep._step``), inductor included;
-- ``run``: ``CompiledGreedyStep.run``, which also builds the step's inputs (slots, metadata);
+- ``dynamo``: the call through torch.compile (``CompiledDraftStep._step``), inductor included;
+- ``run``: ``CompiledDraftStep.run``, which also builds the step's inputs (slots, metadata);
 - ``runner``: ``DraftRunner.propose`` a draft step (its rounds' seconds over their steps).
 Then the same step ``--calls`` times in a row on blocks taken from the draft's pool (freed again).
 
@@ -26,7 +26,7 @@ from torch._inductor.output_code import CompiledFxGraph
 
 from deepinfer import LLM, SamplingParams
 from deepinfer.bench.spec import stdlib_prompts
-from deepinfer_builtin.draft_compile import CompiledGreedyStep
+from deepinfer_builtin.draft_compile import CompiledDraftStep
 from deepinfer_builtin.draft_runner import DraftRunner
 
 times: dict[str, list[float]] = defaultdict(list)
@@ -60,7 +60,7 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=300)
     args = ap.parse_args()
     timed(CompiledFxGraph, "__call__", "inductor")
-    timed(CompiledGreedyStep, "run", "run")
+    timed(CompiledDraftStep, "run", "run")
     timed(DraftRunner, "propose", "runner")
     llm = LLM(progress=False, device="cpu", plugins=["deepspark"])
     runner = llm.engine.drafter.runner

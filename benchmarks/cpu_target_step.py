@@ -6,7 +6,7 @@ the eager step the engine runs.
 First the engine's own plain decode at batch 1 (no drafter; ``--prompts`` prompts of 64 tokens,
 one after another): ms a generated token. Then one sequence of ``--cached`` tokens (past the demo
 target's 256-token window, so its sliding-window layers read a window) and one new token, in turns:
-``CompiledGreedyStep``'s step (the attention's one-sequence metadata, the model, its LM head,
+``CompiledDraftStep``'s step (the attention's one-sequence metadata, the model, its LM head,
 softmax and max) in torch.compile's ``force_eager`` stance, then compiled (inductor's
 ``cpp_wrapper``, as the CPU draft's step runs), ``--calls`` times each a turn; medians in ms.
 
@@ -23,7 +23,7 @@ import torch
 
 from deepinfer import LLM, SamplingParams
 from deepinfer.bench.spec import stdlib_prompts
-from deepinfer_builtin.draft_compile import CompiledGreedyStep
+from deepinfer_builtin.draft_compile import CompiledDraftStep
 
 
 def main() -> None:
@@ -48,7 +48,7 @@ def main() -> None:
     print(f"engine, no drafter, batch 1: {1 / per_token:.1f} tok/s, {per_token * 1e3:.2f} ms a token "
           "(the prompts' steps included)")
 
-    step = CompiledGreedyStep(model, attention, caches, bs, runner.device)
+    step = CompiledDraftStep(model, attention, caches, bs, runner.device)
     t = time.perf_counter()
     step.warm_up(engine.kv.pool)
     if step.failed:

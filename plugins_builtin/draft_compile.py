@@ -1,4 +1,4 @@
-"""The draft model's greedy one-token step compiled with torch.compile, for devices whose steps run
+"""The draft model's one-token step compiled with torch.compile, for devices whose steps run
 eagerly (the CPU).
 
 There a small draft's step costs mostly the launch of its few hundred small torch ops, not its
@@ -8,10 +8,11 @@ calls the compiled kernels and the custom ops from generated C++ instead of a Py
 the AVX-512 machine the step took 457 us with it against 793 us without (session 38).
 
 The compiled step computes one sequence's new token through the model, the LM head and the
-softmax, and returns the greedy token and its probability; the number of keys it reads is a
+softmax, and returns the greedy token, its probability and the logits (float32), from which a
+sampled request's draft is drawn outside the compiled code; the number of keys it reads is a
 dynamic dimension, so one compilation serves every length. Its inputs are built for the one sequence (by the attention's
-``sequence_metadata``), not through a StepBatch. Other steps (several tokens, several sequences,
-sampled requests) run eagerly. Inductor needs a C++ compiler: without one, or if the step fails to
+``sequence_metadata``), not through a StepBatch. Other steps (three tokens or more, several
+sequences) run eagerly. Inductor needs a C++ compiler: without one, or if the step fails to
 compile for any other reason, the draft runs eagerly and the reason is logged and kept in
 ``failed``.
 
@@ -45,8 +46,8 @@ from deepinfer.plugins import BlockPool
 log = logging.getLogger("deepinfer")
 
 
-class CompiledGreedyStep:
-    """A draft model's greedy one-token step for a batch of one, compiled on first use (``warm_up``
+class CompiledDraftStep:
+    """A draft model's one-token step for a batch of one, compiled on first use (``warm_up``
     compiles it ahead, on a block of the draft's pool that it frees again)."""
 
     def __init__(self, model, attention, kv_caches: list, block_size: int, device: torch.device) -> None:
@@ -56,7 +57,7 @@ class CompiledGreedyStep:
         self.warm = False  # both kinds of step compiled (warm_up): calls may skip guards (module docstring)
         # a code object of its own: torch.compile keeps its compilations per code object, and up to
         # 8 of them; engines of one process (each draft a new instance) would share and exhaust them
-        fn = CompiledGreedyStep._greedy
+        fn = CompiledDraftStep._step_fn
         own = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__)
         # (cpp_wrapper: the compiled code calls its kernels and ops from C++, not from a Python
         # wrapper; the demo draft's step took 457 against 793 us, session 38, compiling no slower)
@@ -74,13 +75,17 @@ class CompiledGreedyStep:
         of size 1, which the compiler specialises)."""
         return self.failed is None and len(feeds) == 1 and len(feeds[0][0]) <= 2 and feeds[0][1] >= 1
 
-    def _greedy(self, input_ids, positions, kv_caches, meta) -> tuple[torch.Tensor, torch.Tensor]:
+    def _step_fn(self, input_ids, positions, kv_caches, meta) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         hidden = self.model(input_ids, positions, kv_caches, meta)
-        return self.model.compute_logits(hidden[-1:]).float().softmax(-1).max(-1)
+        logits = self.model.compute_logits(hidden[-1:]).float()
+        prob, token = logits.softmax(-1).max(-1)
+        return prob, token, logits
 
-    def run(self, feeds: list[tuple[list[int], int, list[int]]]) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """(probability, token) after the feed's last token, each [1]; None if it failed to compile
-        (the caller then runs the step eagerly: nothing was written)."""
+    def run(self, feeds: list[tuple[list[int], int, list[int]]]
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """(probability, token, logits) after the feed's last token: the greedy token and its
+        probability, each [1], and the float32 logits [1, vocab]; None if it failed to compile (the
+        caller then runs the step eagerly: nothing was written)."""
         tokens, start, block_ids = feeds[0]
         end, bs = start + len(tokens), self.block_size
         keys = np.arange(end)  # every key's slot, then the attention's metadata of that one sequence

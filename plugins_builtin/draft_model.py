@@ -62,7 +62,7 @@ class DraftModelOptions(BaseModel):
                             "half-precision target a float32 draft unless deepinfer's bfloat16 kernel runs "
                             "its steps or (bfloat16) the CPU has AVX-512 (elsewhere torch's half-precision "
                             "single-token matmuls are no faster)")
-    compile: bool | None = Field(None, description="compile the draft's greedy one-token steps of a single "
+    compile: bool | None = Field(None, description="compile the draft's one-token steps of a single "
                                                    "sequence with torch.compile (needs a C++ compiler; without "
                                                    "one they run eagerly); default: on the CPU, where steps "
                                                    "run eagerly (CUDA devices replay graphs instead)")

@@ -17,9 +17,10 @@ from deepinfer.plugins import (
     Request,
     accept_greedy,
     build_step_batch,
+    draw,
     filter_logits,
 )
-from deepinfer_builtin.draft_compile import CompiledGreedyStep
+from deepinfer_builtin.draft_compile import CompiledDraftStep
 from deepinfer_builtin.draft_loop import ChainedRound, DraftLoopGraphs, LoopRound
 
 
@@ -88,10 +89,10 @@ class DraftRunner:
         if target_vocab is not None and target_vocab != self.vocab_size:
             raise ValueError(f"the draft model {model_dir!r} has vocabulary {self.vocab_size}, the target "
                              f"{target_vocab}: a draft must share the target's tokenizer")
-        #: greedy one-token steps of one sequence, compiled (where steps run eagerly: draft_compile.py)
-        self.compiled: CompiledGreedyStep | None = None
-        if compile_steps and CompiledGreedyStep.supported(self.attention):
-            self.compiled = CompiledGreedyStep(self.model, self.attention, self.kv_caches, self.block_size,
+        #: one-token steps of one sequence, compiled (where steps run eagerly: draft_compile.py)
+        self.compiled: CompiledDraftStep | None = None
+        if compile_steps and CompiledDraftStep.supported(self.attention):
+            self.compiled = CompiledDraftStep(self.model, self.attention, self.kv_caches, self.block_size,
                                                self.device)
             self.compiled.warm_up(self.pool)
 
@@ -242,10 +243,9 @@ class DraftRunner:
         active = list(range(len(live)))  # rows of live still drafting, in feed order
         for step in range(k):
             c = self.compiled
-            fast = (c.run(feeds) if c is not None and self.graphs is None and c.covers(feeds)
-                    and live[active[0]][0].params.greedy else None)
+            fast = c.run(feeds) if c is not None and self.graphs is None and c.covers(feeds) else None
             if fast is not None:
-                best_p, best = fast
+                best_p, best, logits = fast
             else:
                 logits = self._forward_last(feeds)
                 # greedy rows need only the argmax and its probability: one batched softmax for all
@@ -381,8 +381,7 @@ class DraftRunner:
         """A draft token drawn from the request's sampling distribution, and that distribution."""
         p = req.params
         q = filter_logits(logits / p.temperature, p.effective_top_k, p.top_p, p.min_p).softmax(-1).cpu()
-        noise = torch.empty_like(q).exponential_(generator=seq.generator)
-        return int((q / noise).argmax()), q
+        return draw(q, seq.generator), q
 
 
 def _common_prefix(a: list[int], b: list[int], known: int) -> int:

@@ -1,6 +1,7 @@
-"""The draft model's compiled greedy step (CPU) against its eager step: same tokens, same
-probabilities and the same KV written, for every length and for one or two new tokens (calls in
-the guard-skipping stance need no compilation and agree with fully guarded calls); pools exact."""
+"""The draft model's compiled step (CPU) against its eager step: same tokens, same probabilities,
+same logits and the same KV written, for every length and for one or two new tokens (calls in the
+guard-skipping stance need no compilation and agree with fully guarded calls); sampled drafts
+through it; pools exact."""
 from __future__ import annotations
 
 import pytest
@@ -30,6 +31,7 @@ def test_compiled_draft_step_matches_the_eager_step(draft, dtype, tmp_path):
     assert runner.dtype == getattr(torch, dtype)
     assert (draft == "sliding") == any(s.sliding_window for s in runner.model.attention_layers())
     tol = {"rtol": 1e-4, "atol": 1e-5} if dtype == "float32" else {"rtol": 2 ** -5, "atol": 2e-2}
+    logits_tol = {"rtol": 1e-4, "atol": 1e-4} if dtype == "float32" else {"rtol": 2 ** -5, "atol": 0.1}
     step = runner.compiled
     assert step is not None and step.failed is None and step.warm, step and step.failed
     assert draft_compile._default_stance()  # (so the calls below take the guard-skipping stance)
@@ -47,7 +49,7 @@ def test_compiled_draft_step_matches_the_eager_step(draft, dtype, tmp_path):
             with torch._dynamo.config.patch(error_on_recompile=True):  # (run sets failed if it would)
                 skipping = step.run(feed)  # the guards' skipping stance
             assert skipping is not None, step.failed
-            prob, best = skipping
+            prob, best, logits = skipping
             # every guard checked and no compilation allowed: the same compiled step, the same
             # result (what makes skipping the other guards sound)
             step.warm = False
@@ -55,11 +57,14 @@ def test_compiled_draft_step_matches_the_eager_step(draft, dtype, tmp_path):
                 checked = step.run(feed)
             step.warm = True
             assert step.failed is None and checked is not None, step.failed
-            assert torch.equal(checked[0], prob) and torch.equal(checked[1], best)
+            assert torch.equal(checked[0], prob) and torch.equal(checked[1], best) and torch.equal(checked[2], logits)
             slots = [table[p // bs] * bs + p % bs for p in range(pos, pos + len(tokens))]
             compiled_kv = [c[:, slots].clone() for c in runner.kv_caches]
-            eager_probs = runner._forward_last(feed).softmax(-1)  # rewrites the slots
+            eager_logits = runner._forward_last(feed)  # rewrites the slots
+            eager_probs = eager_logits.softmax(-1)
             eager_p, eager_best = eager_probs.max(-1)
+            assert logits.dtype == torch.float32 and logits.shape == eager_logits.shape
+            torch.testing.assert_close(logits, eager_logits, **logits_tol)
             assert best.tolist() == eager_best.tolist() or (
                 dtype == "bfloat16" and eager_p - eager_probs[0, best] < tol["atol"])
             torch.testing.assert_close(prob, eager_p, **tol)
@@ -141,3 +146,28 @@ def test_sequence_metadata_matches_build_metadata(windows):
     attn.allocate_kv_cache([AttentionLayerSpec(0, 4, 2, 8, kv_group=1)], 16, 4, torch.float32, torch.device("cpu"))
     with pytest.raises(ValueError, match="one KV group"):
         attn.sequence_metadata(torch.arange(5), 1)
+
+
+def test_sampled_drafts_come_from_the_compiled_step_and_change_nothing():
+    """A sampled request's draft steps of one sequence run compiled too (the step's logits, then the
+    request's filtering and draw): in float32 the same tokens as the eager draft gives, drafts
+    accepted, pools whole."""
+    from deepinfer import SamplingParams
+
+    params = [SamplingParams(temperature=0.8, top_k=50, seed=s, max_tokens=32, ignore_eos=True) for s in (3, 4)]
+    prompts = ["def read_config(path):\n", "class Stack:\n"]
+    opts = {"draft-model": {"dtype": "float32"}}
+    eager = LLM(progress=False, dtype="float32", plugins=["draft-model"],
+                plugin_options={"draft-model": {**opts["draft-model"], "compile": False}})
+    want = [[o.outputs[0].token_ids for o in eager.generate([p], s, use_tqdm=False)] for p, s in zip(prompts, params)]
+    llm = LLM(progress=False, dtype="float32", plugins=["draft-model"], plugin_options=opts)
+    step = llm.engine.drafter.runner.compiled
+    calls = []
+    run = step.run
+    step.run = lambda feeds: calls.append(feeds) or run(feeds)
+    got = [[o.outputs[0].token_ids for o in llm.generate([p], s, use_tqdm=False)] for p, s in zip(prompts, params)]
+    assert got == want
+    assert len(calls) > 32 and step.failed is None  # (a sampled round drafts up to 5 a step)
+    assert llm.get_metrics()["deepinfer:spec_decode_num_accepted_tokens"] > 0
+    llm.engine.drafter.runner.pool.check_all_free()
+    llm.engine.kv.pool.check_all_free()
