@@ -1,0 +1,13 @@
+# H200, session 43:
+#   run(command="bash benchmarks/h200_session43.sh a", carry=[".whl"], timeout_s=600)
+# after ../shared/gpu/wheels.sh.
+. benchmarks/h200_common.sh
+case "${1:-a}" in
+  # a: the session's changes: the samplers draw by inverse CDF (every sampled request, the rejection
+  # sampler, the draft's sampled drafts), the CPU draft's compiled step also returns its logits (CUDA
+  # devices replay graphs instead), bench spec's --temperature. The gpu-marked tests, issue 8's
+  # recorded command (greedy), then the same at temperature 0.8
+  a) issue8_tests_and_spec spec
+     timeout 200 python3 -m deepinfer.cli bench spec --device sm90 --batch 1,64 --output-len 256 --repeats 5 \
+       --temperature 0.8 2>&1 | filter > "$OUT/spec_sampled.txt" ;;
+esac
