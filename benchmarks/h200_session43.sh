@@ -6,8 +6,10 @@ case "${1:-a}" in
   # a: the session's changes: the samplers draw by inverse CDF (every sampled request, the rejection
   # sampler, the draft's sampled drafts), the CPU draft's compiled step also returns its logits (CUDA
   # devices replay graphs instead), bench spec's --temperature. The gpu-marked tests, issue 8's
-  # recorded command (greedy), then the same at temperature 0.8
+  # recorded command (greedy), then the same at temperature 0.8 with the draw as before
+  # (race_variant.py) and as now
   a) issue8_tests_and_spec spec
-     timeout 200 python3 -m deepinfer.cli bench spec --device sm90 --batch 1,64 --output-len 256 --repeats 5 \
-       --temperature 0.8 2>&1 | filter > "$OUT/spec_sampled.txt" ;;
+     SAMPLED="bench spec --device sm90 --batch 1,64 --output-len 256 --repeats 3 --temperature 0.8"
+     timeout 150 python3 benchmarks/race_variant.py -- $SAMPLED 2>&1 | filter > "$OUT/spec_sampled_race.txt"
+     timeout 150 python3 -m deepinfer.cli $SAMPLED 2>&1 | filter > "$OUT/spec_sampled.txt" ;;
 esac
