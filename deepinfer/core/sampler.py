@@ -2,12 +2,20 @@
 
 Every row is processed on its own (no reduction across rows), and a request with a seed draws
 from its own generator, so its tokens do not depend on what it is batched with.
+
+Rows without penalties or a held-back EOS are sampled together on the logits' device
+(``sample_batch``): the host draws one uniform number a sampled row from the request's generator
+and sends them with the rows' temperatures and filters in one copy; temperature, top-k, top-p,
+min-p and the inverse-CDF draw then run as a few batched ops, and the tokens stay on the device
+(so a step of sampled requests keeps overlap scheduling, as a greedy one does). Other rows run one
+by one on the host (``_sample_row``).
 """
 from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Sequence
 
+import numpy as np
 import torch
 
 from deepinfer.core.request import Request
@@ -62,7 +70,16 @@ class Sampler:
         if plain_greedy(requests):
             tokens = self.argmax(logits).tolist()
         else:
-            tokens = [self._sample_row(logits[i].clone(), r) for i, r in enumerate(requests)]
+            together = [i for i, r in enumerate(requests) if batchable(r)]
+            tokens = [0] * len(requests)
+            if together:
+                rows = logits if len(together) == len(requests) else logits[together]
+                drawn = self.sample_batch(rows, [requests[i] for i in together]).tolist()
+                for i, t in zip(together, drawn, strict=True):
+                    tokens[i] = t
+            for i, r in enumerate(requests):
+                if not batchable(r):
+                    tokens[i] = self._sample_row(logits[i].clone(), r)
         logprobs: list[dict[int, float] | None] = [None] * len(requests)
         if raw_logprobs is not None:
             for i, r in enumerate(requests):
@@ -73,10 +90,13 @@ class Sampler:
     def sample_on_device(self, logits: torch.Tensor, requests: Sequence[Request],
                          out: torch.Tensor | None = None) -> torch.Tensor:
         """The same tokens as ``__call__`` (requests without logprobs), as an int64 tensor on the
-        logits' device. When every request is plain greedy they never leave it, and are written
-        into ``out`` if it is given (an int64 tensor [B] on that device); otherwise they come back
-        in a new tensor."""
+        logits' device. When every request is plain greedy, or every one can be sampled in the
+        batch (``batchable``), they never leave it, and are written into ``out`` if it is given
+        (an int64 tensor [B] on that device); otherwise they come back in a new tensor."""
         if not plain_greedy(requests):
+            if all(batchable(r) for r in requests):
+                tokens = self.sample_batch(logits.float(), requests)
+                return tokens if out is None else out.copy_(tokens)
             tokens = self(logits, requests)[0]
             return torch.tensor(tokens, dtype=torch.long, device=logits.device)
         if out is None:
@@ -94,6 +114,50 @@ class Sampler:
                 takes = False
             self._out_known = (fn, takes)
         return self._out_known[1]
+
+    def sample_batch(self, logits: torch.Tensor, requests: Sequence[Request]) -> torch.Tensor:
+        """Every row's token [B] (int64, on the logits' device) for requests without penalties or
+        a held-back EOS: greedy rows their argmax; sampled rows a draw from softmax(logits / T)
+        after top-k, top-p (over the top-k's renormalised mass) and min-p, by the inverse CDF of
+        one uniform number from the request's generator (greedy rows draw none), as ``draw``."""
+        n, vocab = logits.shape
+        dev = logits.device
+        params = np.zeros((6, n), dtype=np.float64)  # temperature, top-k, top-p, min-p, uniform, greedy
+        for i, r in enumerate(requests):
+            p = r.params
+            if r.greedy:
+                params[:, i] = (1.0, vocab, 1.0, 0.0, 0.0, 1.0)
+            else:
+                u = float(torch.rand(1, generator=r.generator or self.generator, dtype=torch.float64))
+                params[:, i] = (p.temperature, p.effective_top_k or vocab, p.top_p, p.min_p, u, 0.0)
+        host = torch.from_numpy(params)
+        # (pinned: a copy from pageable memory would wait for the work queued before it, a step in flight)
+        on_dev = (host.pin_memory() if dev.type == "cuda" else host).to(dev, non_blocking=True)
+        temp, top_k, top_p, min_p, u, greedy = on_dev
+        x = logits / temp[:, None].to(logits.dtype)
+        if (params[1] < vocab).any() or (params[2] < 1.0).any():  # filters that need the order
+            x, order = x.sort(dim=-1, descending=True, stable=True)
+            probs = x.softmax(-1)
+            mass = probs.double().cumsum(-1)
+            ranks = torch.arange(vocab, device=dev)
+            keep = ranks[None, :] < top_k[:, None]
+            in_k = mass.gather(1, (top_k.long() - 1).clamp(0, vocab - 1)[:, None])  # the top-k's mass
+            # top-p over the top-k's renormalised mass: the tokens strictly before reach top_p
+            keep &= (mass - probs.double()) < top_p[:, None] * in_k
+            keep &= probs >= min_p[:, None].float() * probs[:, :1]  # (min-p's ratio is the same after renormalising)
+        else:
+            order = None
+            probs = x.softmax(-1)
+            keep = probs >= min_p[:, None].float() * probs.max(-1, keepdim=True).values
+        cdf = (probs.double() * keep).cumsum(-1)
+        total = cdf[:, -1:]
+        # below the whole sum (u * total may round up to it), so the search lands on a kept entry
+        at = torch.minimum(u[:, None] * total, torch.nextafter(total, torch.zeros_like(total)))
+        pos = torch.searchsorted(cdf, at, right=True)
+        tokens = (pos if order is None else order.gather(1, pos))[:, 0]
+        if params[5].any():
+            tokens = torch.where(greedy > 0, logits.argmax(-1), tokens)
+        return tokens
 
     def _sample_row(self, row: torch.Tensor, req: Request) -> int:
         p = req.params
@@ -127,6 +191,11 @@ def draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
 def torch_argmax(logits: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """Row-wise argmax of logits [B, V], into ``out`` when given."""
     return logits.argmax(-1) if out is None else torch.argmax(logits, -1, out=out)
+
+
+def batchable(req: Request) -> bool:
+    """Whether ``Sampler.sample_batch`` samples this request's row: no penalties, no EOS held back."""
+    return not req.params.needs_penalties and not _suppress_eos(req)
 
 
 def plain_greedy(requests: Sequence[Request]) -> bool:

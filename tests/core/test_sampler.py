@@ -1,6 +1,7 @@
 """Sampler pieces against direct torch references."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from deepinfer.core.request import Request
@@ -63,10 +64,11 @@ def test_logprobs_list_sampled_token_then_top_k():
     assert list(lps[0]) == [1, 3] and abs(lps[0][3] - ref[3].item()) < 1e-6
 
 
-def test_greedy_samples_on_the_device_go_into_a_given_tensor_whatever_the_argmax_takes():
+def test_samples_on_the_device_go_into_a_given_tensor_whatever_the_argmax_takes():
     logits = torch.tensor([[0.1, 2.0, -1.0], [3.0, 0.0, 1.0]])
     greedy = [Request(f"r{i}", [1, 2], SamplingParams(temperature=0)) for i in range(2)]
     sampled = [Request("s", [1, 2], SamplingParams(temperature=1.0, seed=3)), greedy[1]]
+    penalised = [Request("p", [1, 2], SamplingParams(temperature=1.0, seed=3, repetition_penalty=1.2)), greedy[1]]
     calls = []
     for argmax in (None, lambda x: calls.append("plain") or x.argmax(-1),
                    lambda x, out=None: calls.append("out") or torch.argmax(x, -1, out=out)):
@@ -77,7 +79,11 @@ def test_greedy_samples_on_the_device_go_into_a_given_tensor_whatever_the_argmax
         got = s.sample_on_device(logits, greedy, out=buf[:2])
         assert got.data_ptr() == buf.data_ptr() and buf.tolist() == [1, 0, -5, -5]
         assert s.sample_on_device(logits, greedy).tolist() == [1, 0]  # no out: a tensor of its own
-        other = s.sample_on_device(logits, sampled, out=buf[:2])  # not all greedy: a new tensor
+        # sampled in the batch: there too
+        both = s.sample_on_device(logits, sampled, out=buf[:2])
+        assert both.data_ptr() == buf.data_ptr() and buf[1:].tolist() == [0, -5, -5] and buf[0].item() in (0, 1, 2)
+        buf[:2] = torch.tensor([1, 0])
+        other = s.sample_on_device(logits, penalised, out=buf[:2])  # a row sampled on its own: a new tensor
         assert other.data_ptr() != buf.data_ptr() and other[1].item() == 0 and buf.tolist() == [1, 0, -5, -5]
     assert calls == ["plain", "plain", "out", "out"]
 
@@ -102,3 +108,69 @@ def test_draw_follows_its_distribution_and_never_draws_a_zero(monkeypatch):
     monkeypatch.setattr(sampler.torch, "rand", lambda *a, **k: torch.ones(1, dtype=torch.float64))
     assert sampler.draw(q, gen) == 4
     assert sampler.draw(torch.zeros(3), gen) == 0
+
+
+BATCH_CASES = [  # temperature, top_k, top_p, min_p
+    (1.0, 0, 1.0, 0.0), (0.7, 0, 1.0, 0.0), (1.3, 3, 1.0, 0.0), (1.0, 0, 0.6, 0.0), (1.0, 0, 1.0, 0.2),
+    (0.9, 4, 0.7, 0.05), (1.0, 2, 0.5, 0.0), (1.0, 3, 0.75, 0.0),  # (the last: top-p over the top-k's mass)
+]
+
+
+def _reference(logits: torch.Tensor, case) -> torch.Tensor:
+    """The one-row path's distribution: filter_logits after the temperature, then softmax."""
+    temp, top_k, top_p, min_p = case
+    return filter_logits(logits / temp, top_k, top_p, min_p).softmax(-1)
+
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_batched_sampling_follows_each_rows_filtered_distribution(device):
+    """``sample_batch`` against the one-row path's distribution (filter_logits' top-k, then top-p
+    over the kept mass, then min-p), every case in one batch: chi-square per case, filtered-out
+    tokens never drawn, greedy rows their argmax; on the CPU and on a GPU (tokens left there)."""
+    logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -0.5, -1.0, -3.0])
+    rows = 3000
+    requests, cases = [], []
+    for c, (temp, top_k, top_p, min_p) in enumerate(BATCH_CASES):
+        params = SamplingParams(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p)
+        requests += [Request(f"c{c}-{i}", [1], params) for i in range(rows)]
+        cases += [c] * rows
+    greedy = [Request(f"g{i}", [1], SamplingParams(temperature=0)) for i in range(5)]
+    batch = requests + greedy
+    tokens = Sampler(seed=11).sample_batch(logits.expand(len(batch), -1).to(device), batch)
+    assert tokens.dtype == torch.long and tokens.shape == (len(batch),) and tokens.device.type == device
+    tokens = tokens.cpu()
+    assert tokens[len(requests):].tolist() == [0] * 5
+    cases_t = torch.tensor(cases)
+    for c, case in enumerate(BATCH_CASES):
+        want = _reference(logits, case)
+        counts = torch.bincount(tokens[:len(requests)][cases_t == c], minlength=len(logits)).double()
+        assert counts[want == 0].sum() == 0, (case, counts)
+        live = want > 0
+        expected = want[live].double() * rows
+        chi2 = float(((counts[live] - expected) ** 2 / expected).sum())
+        # (degrees of freedom: live - 1, at most 6: 22.46 is p = 0.001 for 6)
+        assert chi2 < 22.46, (case, chi2, counts, expected)
+
+
+def test_batched_sampling_keeps_a_seeded_request_independent_of_its_batch():
+    """A seeded request draws one number from its own generator a step (greedy rows draw none), so
+    its tokens are the same alone and among other rows, sampled and greedy, on CPU steps of either
+    path (``__call__`` with a penalised row beside, which samples that one on its own)."""
+    logits = torch.randn(6, 50, generator=torch.Generator().manual_seed(0))
+
+    def run(batch_of: int, penalised: bool) -> list[int]:
+        s = Sampler(seed=1)
+        req = Request("r", [1], SamplingParams(temperature=0.9, top_p=0.8, seed=21))
+        others = [Request(f"o{i}", [1], SamplingParams(temperature=0 if i % 2 else 1.0, top_k=5))
+                  for i in range(batch_of - 1)]
+        if penalised:
+            others.append(Request("p", [1], SamplingParams(temperature=1.0, repetition_penalty=1.3)))
+        got = []
+        for step in range(6):
+            rows = [req, *others]
+            got.append(s(logits[step:step + 1].expand(len(rows), -1).clone(), rows)[0][0])
+        return got
+
+    alone = run(1, False)
+    assert run(5, False) == alone and run(3, True) == alone
