@@ -135,21 +135,22 @@ class Sampler:
         on_dev = (host.pin_memory() if dev.type == "cuda" else host).to(dev, non_blocking=True)
         temp, top_k, top_p, min_p, u, greedy = on_dev
         x = logits / temp[:, None].to(logits.dtype)
+        order = keep = None
         if (params[1] < vocab).any() or (params[2] < 1.0).any():  # filters that need the order
             x, order = x.sort(dim=-1, descending=True, stable=True)
             probs = x.softmax(-1)
-            mass = probs.double().cumsum(-1)
-            ranks = torch.arange(vocab, device=dev)
-            keep = ranks[None, :] < top_k[:, None]
+            mass = probs.cumsum(-1, dtype=torch.float64)
+            keep = torch.arange(vocab, device=dev)[None, :] < top_k[:, None]
             in_k = mass.gather(1, (top_k.long() - 1).clamp(0, vocab - 1)[:, None])  # the top-k's mass
             # top-p over the top-k's renormalised mass: the tokens strictly before reach top_p
-            keep &= (mass - probs.double()) < top_p[:, None] * in_k
-            keep &= probs >= min_p[:, None].float() * probs[:, :1]  # (min-p's ratio is the same after renormalising)
+            keep &= (mass - probs) < top_p[:, None] * in_k
+            if params[3].any():  # (min-p's ratio is the same after renormalising)
+                keep &= probs >= min_p[:, None].float() * probs[:, :1]
         else:
-            order = None
             probs = x.softmax(-1)
-            keep = probs >= min_p[:, None].float() * probs.max(-1, keepdim=True).values
-        cdf = (probs.double() * keep).cumsum(-1)
+            if params[3].any():
+                keep = probs >= min_p[:, None].float() * probs.max(-1, keepdim=True).values
+        cdf = (probs if keep is None else probs * keep).cumsum(-1, dtype=torch.float64)
         total = cdf[:, -1:]
         # below the whole sum (u * total may round up to it), so the search lands on a kept entry
         at = torch.minimum(u[:, None] * total, torch.nextafter(total, torch.zeros_like(total)))
