@@ -7,7 +7,7 @@ case "${1:-a}" in
   # sampler, the draft's sampled drafts), the CPU draft's compiled step also returns its logits (CUDA
   # devices replay graphs instead), bench spec's --temperature. The gpu-marked tests, issue 8's
   # recorded command (greedy), then the same at temperature 0.8 with the draw as before
-  # (sampling_variant.py; call a ran its first version, race_variant.py, which undid only the draw) and as now
+  # (sampling_variant.py; call a ran its first version, race_variant.py at 3f879c6, which undid only the draw) and as now
   a) issue8_tests_and_spec spec
      SAMPLED="bench spec --device sm90 --batch 1,64 --output-len 256 --repeats 3 --temperature 0.8"
      timeout 150 python3 benchmarks/sampling_variant.py -- $SAMPLED 2>&1 | filter > "$OUT/spec_sampled_race.txt"
