@@ -67,9 +67,10 @@ def main() -> None:
     ap.add_argument("--output-len", type=int, default=128)
     a = ap.parse_args()
     C = torch.cuda.CUDAGraph
-    print("torch", torch.__version__, "cuda", torch.version.cuda, "has if:", hasattr(C, "begin_capture_to_if_node"),
-          "while:", hasattr(C, "begin_capture_to_while_loop_node"), "current:", hasattr(C, "get_currently_capturing_graph"),
-          flush=True)
+    needed = ("get_currently_capturing_graph", "begin_capture_to_if_node", "end_capture_to_conditional_node")
+    if missing := [m for m in needed if not hasattr(C, m)]:  # (torch 2.11 on the H200: all three)
+        raise SystemExit(f"torch {torch.__version__} (CUDA {torch.version.cuda}) has no conditional nodes in "
+                         f"its CUDA graphs: torch.cuda.CUDAGraph lacks {', '.join(missing)}")
     k = 5
     GO.extend(torch.ones((), dtype=torch.bool, device="cuda") for _ in range(k - 1))
     opts = {"sm90": {"programmatic_launch": bool(a.pdl)}}
