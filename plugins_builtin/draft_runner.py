@@ -93,7 +93,7 @@ class DraftRunner:
         self.compiled: CompiledDraftStep | None = None
         if compile_steps and CompiledDraftStep.supported(self.attention):
             self.compiled = CompiledDraftStep(self.model, self.attention, self.kv_caches, self.block_size,
-                                               self.device)
+                                              self.device)
             self.compiled.warm_up(self.pool)
 
     def enable_graphs(self, graphs: DeviceGraphs, batch_sizes: list[int], max_seq_len: int,

@@ -58,8 +58,8 @@ def run_spec(args, overrides: dict) -> int:
             "batches": [int(b) for b in args.batch.split(",")], "prompts": args.prompts,
             "input_len": args.input_len, "output_len": args.output_len, "repeats": args.repeats,
             "temperature": args.temperature}
-    if args.temperature < 0:
-        raise ValueError(f"--temperature must be 0 (greedy) or positive, got {args.temperature}")
+    if not 0 <= args.temperature <= 100:
+        raise ValueError(f"--temperature must be 0 (greedy) or positive up to 100, got {args.temperature}")
     names = args.drafters.split(",")
     twice = next((d for i, d in enumerate(names) if d in names[:i]), None)
     if twice is not None:

@@ -109,7 +109,7 @@ def test_spec_sampled_runs_seed_each_prompt():
     assert all(p.temperature == 0 and p.seed is None for p in Workload(llm, 2, {**work, "temperature": 0}).params)
     res = subprocess.run([sys.executable, "-m", "deepinfer.cli", "bench", "spec", "--temperature", "-1"],
                          capture_output=True, text=True, timeout=600, check=False)
-    assert res.returncode == 2 and "--temperature must be 0 (greedy) or positive, got -1.0" in res.stderr
+    assert res.returncode == 2 and "--temperature must be 0 (greedy) or positive up to 100, got -1.0" in res.stderr
 
 
 def test_spec_refuses_a_drafter_named_twice():
