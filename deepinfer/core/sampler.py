@@ -3,8 +3,8 @@
 Every row is processed on its own (no reduction across rows), and a request with a seed draws
 from its own generator, so its tokens do not depend on what it is batched with.
 
-Rows without penalties or a held-back EOS are sampled together on the logits' device
-(``sample_batch``): the host draws one uniform number a sampled row from the request's generator
+Rows without penalties or a held-back EOS are sampled together on the logits' device, the CPU or
+a CUDA GPU (``sample_batch``): the host draws one uniform number a sampled row from the request's generator
 and sends them with the rows' temperatures and filters in one copy; temperature, top-k, top-p,
 min-p and the inverse-CDF draw then run as a few batched ops, and the tokens stay on the device
 (so a step of sampled requests keeps overlap scheduling, as a greedy one does). Other rows run one
@@ -70,7 +70,7 @@ class Sampler:
         if plain_greedy(requests):
             tokens = self.argmax(logits).tolist()
         else:
-            together = [i for i, r in enumerate(requests) if batchable(r)]
+            together = [i for i, r in enumerate(requests) if batchable(r)] if batch_device(logits) else []
             tokens = [0] * len(requests)
             if together:
                 rows = logits if len(together) == len(requests) else logits[together]
@@ -94,7 +94,7 @@ class Sampler:
         batch (``batchable``), they never leave it, and are written into ``out`` if it is given
         (an int64 tensor [B] on that device); otherwise they come back in a new tensor."""
         if not plain_greedy(requests):
-            if all(batchable(r) for r in requests):
+            if batch_device(logits) and all(batchable(r) for r in requests):
                 tokens = self.sample_batch(logits.float(), requests)
                 return tokens if out is None else out.copy_(tokens)
             tokens = self(logits, requests)[0]
@@ -192,6 +192,13 @@ def draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
 def torch_argmax(logits: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """Row-wise argmax of logits [B, V], into ``out`` when given."""
     return logits.argmax(-1) if out is None else torch.argmax(logits, -1, out=out)
+
+
+def batch_device(logits: torch.Tensor) -> bool:
+    """Whether ``Sampler.sample_batch`` runs where these logits are: on the CPU and CUDA devices,
+    where its float64 sums and searches were tested. Elsewhere (an NPU) rows go to the host one by
+    one, as they did before the batched path."""
+    return logits.device.type in ("cpu", "cuda")
 
 
 def batchable(req: Request) -> bool:

@@ -64,7 +64,9 @@ def test_logprobs_list_sampled_token_then_top_k():
     assert list(lps[0]) == [1, 3] and abs(lps[0][3] - ref[3].item()) < 1e-6
 
 
-def test_samples_on_the_device_go_into_a_given_tensor_whatever_the_argmax_takes():
+def test_samples_on_the_device_go_into_a_given_tensor_whatever_the_argmax_takes(monkeypatch):
+    from deepinfer.core import sampler as sampler_module
+
     logits = torch.tensor([[0.1, 2.0, -1.0], [3.0, 0.0, 1.0]])
     greedy = [Request(f"r{i}", [1, 2], SamplingParams(temperature=0)) for i in range(2)]
     sampled = [Request("s", [1, 2], SamplingParams(temperature=1.0, seed=3)), greedy[1]]
@@ -85,6 +87,11 @@ def test_samples_on_the_device_go_into_a_given_tensor_whatever_the_argmax_takes(
         buf[:2] = torch.tensor([1, 0])
         other = s.sample_on_device(logits, penalised, out=buf[:2])  # a row sampled on its own: a new tensor
         assert other.data_ptr() != buf.data_ptr() and other[1].item() == 0 and buf.tolist() == [1, 0, -5, -5]
+        # logits on a device the batched path has not been tested on (an NPU's): rows one by one, on the host
+        monkeypatch.setattr(sampler_module, "batch_device", lambda logits: False)
+        rows = s.sample_on_device(logits, sampled, out=buf[:2])
+        assert rows.data_ptr() != buf.data_ptr() and rows[1].item() == 0 and buf.tolist() == [1, 0, -5, -5]
+        monkeypatch.undo()
     assert calls == ["plain", "plain", "out", "out"]
 
 
