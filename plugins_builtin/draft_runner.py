@@ -17,8 +17,7 @@ from deepinfer.plugins import (
     Request,
     accept_greedy,
     build_step_batch,
-    draw,
-    filter_logits,
+    sample_rows,
 )
 from deepinfer_builtin.draft_compile import CompiledDraftStep
 from deepinfer_builtin.draft_loop import ChainedRound, DraftLoopGraphs, LoopRound
@@ -244,26 +243,32 @@ class DraftRunner:
         for step in range(k):
             c = self.compiled
             fast = c.run(feeds) if c is not None and self.graphs is None and c.covers(feeds) else None
+            sampled = [row for row, i in enumerate(active) if not live[i][0].params.greedy]
             if fast is not None:
                 best_p, best, logits = fast
             else:
                 logits = self._forward_last(feeds)
-                # greedy rows need only the argmax and its probability: one batched softmax for all
-                best_p, best = logits.softmax(-1).max(-1)
+                if len(sampled) < len(active):  # greedy rows need only the argmax and its probability
+                    best_p, best = logits.softmax(-1).max(-1)
+            if sampled:  # drawn together, their distributions kept where the logits are (for verify_batch)
+                tokens, q = self._sample([live[active[row]] for row in sampled], logits[sampled])
+                picked = q.gather(1, tokens[:, None])[:, 0]
+                if len(sampled) == len(active):
+                    best_p, best = picked, tokens
+                else:
+                    where = torch.tensor(sampled, device=best.device)
+                    best_p, best = best_p.index_put((where,), picked.to(best_p.device)), \
+                        best.index_put((where,), tokens.to(best.device))
+                for row, q_row in zip(sampled, q, strict=True):
+                    probs[active[row]].append(q_row)
             # one copy to the host (float32 holds token ids exactly: vocabularies are below 2^24)
-            best_p, best = torch.stack((best_p, best.float())).tolist()
+            best_p, best = torch.stack((best_p.float(), best.float())).tolist()
             best = [int(t) for t in best]
             still = []
             for row, i in enumerate(active):
-                req, seq = live[i]
-                if req.params.greedy:
-                    token, confidence = best[row], best_p[row]
-                else:
-                    token, q = self._sample(logits[row], req, seq)
-                    confidence = float(q[token])
-                    probs[i].append(q)
-                drafted[i].append(token)
-                conf[i].append(confidence)
+                req = live[i][0]
+                drafted[i].append(best[row])
+                conf[i].append(best_p[row])
                 if step < k - 1 and (go_on is None or go_on(req, conf[i])):
                     still.append(i)
             if still and another_step is not None and not another_step(step + 1, conf, still):
@@ -377,11 +382,12 @@ class DraftRunner:
         tokens, or None where it does not take the round."""
         return None if self.loop is None or self.loop.steps != k else self.loop.size_for(num_seqs, longest + k - 1)
 
-    def _sample(self, logits: torch.Tensor, req: Request, seq: _DraftSeq) -> tuple[int, torch.Tensor]:
-        """A draft token drawn from the request's sampling distribution, and that distribution."""
-        p = req.params
-        q = filter_logits(logits / p.temperature, p.effective_top_k, p.top_p, p.min_p).softmax(-1).cpu()
-        return draw(q, seq.generator), q
+    @staticmethod
+    def _sample(rows: list[tuple[Request, _DraftSeq]], logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Draft tokens [n] for sampled requests, each drawn from its request's sampling
+        distribution with the sequence's generator, and those distributions [n, vocab]."""
+        uniforms = [float(torch.rand(1, generator=seq.generator, dtype=torch.float64)) for _, seq in rows]
+        return sample_rows(logits, [req for req, _ in rows], uniforms)
 
 
 def _common_prefix(a: list[int], b: list[int], known: int) -> int:

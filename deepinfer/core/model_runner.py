@@ -290,7 +290,7 @@ class ModelRunner:
 
     def _verify(self, hidden: torch.Tensor, verifying, result: RunnerOutput, head: torch.Tensor | None = None) -> None:
         from deepinfer.core.sampler import top_logprobs
-        from deepinfer.core.spec import accept_greedy, verify
+        from deepinfer.core.spec import accept_greedy, verify_batch
 
         index = [row + j for _, drafts, row in verifying for j in range(len(drafts) + 1)]
         plain = head is not None and all(r.params.greedy and r.params.logprobs is None for r, _, _ in verifying)
@@ -305,22 +305,29 @@ class ModelRunner:
             best = copy.wait().tolist()
         if any(not r.params.greedy or r.params.logprobs is not None for r, _, _ in verifying):
             logits = logits.float()  # (float32 rows only for rejection sampling and logprobs)
+        resolved, firsts, sampled = [], [], []  # each request's drafts and first logits row; the sampled ones
         at = 0
         for r, drafts, _ in verifying:
             if r.draft is not None and r.draft.source is not None:  # drafts that were still on the device
                 drafts = r.draft.source.resolve(drafts)
-            rows = None if plain else logits[at:at + len(drafts) + 1]
-            if r.params.greedy:
-                tokens = accept_greedy(drafts, best[at:at + len(drafts) + 1])
-            else:
-                q = r.draft.probs[:len(drafts)] if r.draft is not None and r.draft.probs is not None else None
-                tokens = verify(rows, r, drafts, q, self.sampler.generator)
+            resolved.append(drafts)
+            firsts.append(at)
+            if not r.params.greedy:
+                q = r.draft.probs if r.draft is not None else None
+                sampled.append((r, drafts, None if q is None else q[:len(drafts)]))
             at += len(drafts) + 1
+        if sampled:  # rejection sampling for them all at once, on the logits' device
+            rows = [i for (r, d, _), at in zip(verifying, firsts, strict=True) if not r.params.greedy
+                    for i in range(at, at + len(d) + 1)]
+            drawn = iter(verify_batch(logits[rows] if len(rows) < len(logits) else logits, sampled,
+                                      self.sampler.generator))
+        for (r, _, _), drafts, at in zip(verifying, resolved, firsts, strict=True):
+            tokens = accept_greedy(drafts, best[at:at + len(drafts) + 1]) if r.params.greedy else next(drawn)
             result.sampled[r.request_id] = tokens
             result.num_rejected[r.request_id] = len(drafts) + 1 - len(tokens)
             result.num_verified[r.request_id] = len(drafts)
             if r.params.logprobs is not None:
-                lps = rows[:len(tokens)].log_softmax(-1)
+                lps = logits[at:at + len(tokens)].log_softmax(-1)
                 result.logprobs[r.request_id] = [top_logprobs(lps[j], t, r.params.logprobs) for j, t in enumerate(tokens)]
 
     def _prompt_logprobs(self, hidden: torch.Tensor, r: Request, n: int) -> list[dict[int, float] | None]:

@@ -120,47 +120,23 @@ class Sampler:
         a held-back EOS: greedy rows their argmax; sampled rows a draw from softmax(logits / T)
         after top-k, top-p (over the top-k's renormalised mass) and min-p, by the inverse CDF of
         one uniform number from the request's generator (greedy rows draw none), as ``draw``."""
-        n, vocab = logits.shape
-        dev = logits.device
-        params = np.zeros((6, n), dtype=np.float64)  # temperature, top-k, top-p, min-p, uniform, greedy
+        host = sampling_rows(requests, logits.shape[-1])
         unseeded = []  # sampled rows without a generator of their own: their numbers in one call
         for i, r in enumerate(requests):
-            p = r.params
             if r.greedy:
-                params[:, i] = (1.0, vocab, 1.0, 0.0, 0.0, 1.0)
                 continue
-            params[:4, i] = (p.temperature, p.effective_top_k or vocab, p.top_p, p.min_p)
             if r.generator is None:
                 unseeded.append(i)
             else:
-                params[4, i] = float(torch.rand(1, generator=r.generator, dtype=torch.float64))
+                host[UNIFORM, i] = float(torch.rand(1, generator=r.generator, dtype=torch.float64))
         if unseeded:
-            params[4, unseeded] = torch.rand(len(unseeded), generator=self.generator, dtype=torch.float64).numpy()
-        host = torch.from_numpy(params)
-        # (pinned: a copy from pageable memory would wait for the work queued before it, a step in flight)
-        on_dev = (host.pin_memory() if dev.type == "cuda" else host).to(dev, non_blocking=True)
-        temp, top_k, top_p, min_p, u, greedy = on_dev
-        x = logits / temp[:, None].to(logits.dtype)
-        order = keep = None
-        if (params[1] < vocab).any() or (params[2] < 1.0).any():  # filters that need the order
-            x, order = x.sort(dim=-1, descending=True, stable=True)
-            probs = x.softmax(-1)
-            mass = probs.cumsum(-1, dtype=torch.float64)
-            keep = torch.arange(vocab, device=dev)[None, :] < top_k[:, None]
-            in_k = mass.gather(1, (top_k.long() - 1).clamp(0, vocab - 1)[:, None])  # the top-k's mass
-            # top-p over the top-k's renormalised mass: the tokens strictly before reach top_p
-            keep &= (mass - probs) < top_p[:, None] * in_k
-            if params[3].any():  # (min-p's ratio is the same after renormalising)
-                keep &= probs >= min_p[:, None].float() * probs[:, :1]
-        else:
-            probs = x.softmax(-1)
-            if params[3].any():
-                keep = probs >= min_p[:, None].float() * probs.max(-1, keepdim=True).values
-        cdf = (probs if keep is None else probs * keep).cumsum(-1, dtype=torch.float64)
-        pos = _search(cdf, u[:, None])
+            host[UNIFORM, unseeded] = torch.rand(len(unseeded), generator=self.generator, dtype=torch.float64).numpy()
+        dev = send_rows(host, logits.device)
+        weights, order = filtered_weights(logits, host, dev)
+        pos = _search(weights.cumsum(-1, dtype=torch.float64), dev[UNIFORM, :, None])
         tokens = (pos if order is None else order.gather(1, pos))[:, 0]
-        if params[5].any():
-            tokens = torch.where(greedy > 0, logits.argmax(-1), tokens)
+        if host[GREEDY].any():
+            tokens = torch.where(dev[GREEDY] > 0, logits.argmax(-1), tokens)
         return tokens
 
     def _sample_row(self, row: torch.Tensor, req: Request) -> int:
@@ -185,6 +161,88 @@ def draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
     entry whose cumulative sum exceeds the draw, and such an entry's sum equals the one before it."""
     i = int(_search(probs.double().cumsum(0), torch.rand(1, generator=generator, dtype=torch.float64)))
     return i if i < probs.numel() else int(probs.argmax())  # (no mass at all)
+
+
+#: the rows of ``sampling_rows``' array
+TEMPERATURE, TOP_K, TOP_P, MIN_P, UNIFORM, GREEDY = range(6)
+
+
+def sampling_rows(requests: Sequence[Request], vocab: int, repeats: Sequence[int] | None = None) -> np.ndarray:
+    """Each logits row's sampling parameters, float64 [6, rows] (indexed by ``TEMPERATURE``,
+    ``TOP_K``, ``TOP_P``, ``MIN_P``, ``UNIFORM``, ``GREEDY``): request i's row, ``repeats[i]``
+    times over (default once). Greedy requests get temperature 1 and no filter, flagged in
+    ``GREEDY``; the ``UNIFORM`` row, zero here, is the caller's to fill with each row's uniform
+    number, which then travels to the device with the rest in one copy (``send_rows``)."""
+    cols = np.empty((6, len(requests)), dtype=np.float64)
+    for i, r in enumerate(requests):
+        p = r.params
+        cols[:, i] = ((1.0, vocab, 1.0, 0.0, 0.0, 1.0) if r.greedy else
+                      (p.temperature, p.effective_top_k or vocab, p.top_p, p.min_p, 0.0, 0.0))
+    return cols if repeats is None else np.repeat(cols, repeats, axis=1)
+
+
+def send_rows(host: np.ndarray, device: torch.device) -> torch.Tensor:
+    """``sampling_rows``' array on the device, without waiting for work queued there."""
+    t = torch.from_numpy(host)
+    # (pinned: a copy from pageable memory would wait for the work queued before it, a step in flight)
+    return (t.pin_memory() if device.type == "cuda" else t).to(device, non_blocking=True)
+
+
+def filtered_weights(logits: torch.Tensor, host: np.ndarray, dev: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Each row's probabilities after its temperature, top-k, top-p (over the top-k's renormalised
+    mass) and min-p, not renormalised: (weights [R, V] float32, order). With an ``order``, the
+    weights are sorted in descending order and ``order`` gives each one's vocabulary index; a
+    filter that needs no sort leaves them in vocabulary order (order None). ``host`` and ``dev``
+    are ``sampling_rows``' array and its copy on the logits' device."""
+    vocab = logits.shape[-1]
+    temp, top_k, top_p, min_p = dev[TEMPERATURE], dev[TOP_K], dev[TOP_P], dev[MIN_P]
+    x = logits.float() / temp[:, None].float()
+    order = keep = None
+    if (host[TOP_K] < vocab).any() or (host[TOP_P] < 1.0).any():  # filters that need the order
+        x, order = x.sort(dim=-1, descending=True, stable=True)
+        probs = x.softmax(-1)
+        mass = probs.cumsum(-1, dtype=torch.float64)
+        keep = torch.arange(vocab, device=x.device)[None, :] < top_k[:, None]
+        in_k = mass.gather(1, (top_k.long() - 1).clamp(0, vocab - 1)[:, None])  # the top-k's mass
+        # top-p over the top-k's renormalised mass: the tokens strictly before reach top_p
+        keep &= (mass - probs) < top_p[:, None] * in_k
+        if host[MIN_P].any():  # (min-p's ratio is the same after renormalising)
+            keep &= probs >= min_p[:, None].float() * probs[:, :1]
+    else:
+        probs = x.softmax(-1)
+        if host[MIN_P].any():
+            keep = probs >= min_p[:, None].float() * probs.max(-1, keepdim=True).values
+    return (probs if keep is None else probs * keep), order
+
+
+def distributions(logits: torch.Tensor, host: np.ndarray, dev: torch.Tensor) -> torch.Tensor:
+    """Each row's sampling distribution [R, V] (float32, in vocabulary order, summing to 1), as
+    ``Sampler.sample_batch`` draws from it; greedy rows are one-hot at their argmax."""
+    weights, order = filtered_weights(logits, host, dev)
+    if order is not None:
+        weights = torch.empty_like(weights).scatter_(1, order, weights)
+    if order is not None or host[MIN_P].any():  # (else the softmax's own)
+        weights = weights / weights.sum(-1, keepdim=True)
+    if host[GREEDY].any():
+        hot = torch.zeros_like(weights).scatter_(1, logits.argmax(-1, keepdim=True), 1.0)
+        weights = torch.where(dev[GREEDY, :, None] > 0, hot, weights)
+    return weights
+
+
+def sample_rows(logits: torch.Tensor, requests: Sequence[Request],
+                uniforms: Sequence[float]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(tokens [B] int64, their distributions [B, V] float32), on the logits' device: each row's
+    sampling distribution (``distributions``) and a token drawn from it by the inverse CDF of the
+    row's uniform number, for a caller that keeps its own generators and needs the distribution
+    too (a draft model, whose ``q`` the rejection sampler reads). Rows on a device other than the
+    CPU or a CUDA GPU are computed on the CPU (``batch_device``)."""
+    if not batch_device(logits):
+        logits = logits.cpu()
+    host = sampling_rows(requests, logits.shape[-1])
+    host[UNIFORM] = uniforms
+    dev = send_rows(host, logits.device)
+    probs = distributions(logits, host, dev)
+    return _search(probs.cumsum(-1, dtype=torch.float64), dev[UNIFORM, :, None])[:, 0], probs
 
 
 def _search(cdf: torch.Tensor, u: torch.Tensor) -> torch.Tensor:

@@ -26,7 +26,7 @@ from deepinfer.core.interfaces import (
 from deepinfer.core.kv_manager import KVCacheManager, SlidingKV
 from deepinfer.core.metrics import Metrics
 from deepinfer.core.request import PLACEHOLDER_TOKEN, Request, RequestStatus
-from deepinfer.core.sampler import draw, filter_logits
+from deepinfer.core.sampler import draw, filter_logits, sample_rows
 from deepinfer.core.sampling_params import SamplingParams
 from deepinfer.core.spec import accept_greedy
 from deepinfer.core.step import KVGroupBatch, StepBatch
@@ -76,4 +76,5 @@ __all__ = [
     "filter_logits",
     "hookimpl",
     "load",
+    "sample_rows",
 ]

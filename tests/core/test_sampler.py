@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from deepinfer.core.request import Request
-from deepinfer.core.sampler import Sampler, apply_penalties, filter_logits
+from deepinfer.core.sampler import Sampler, apply_penalties, filter_logits, sample_rows
 from deepinfer.core.sampling_params import SamplingParams
 
 
@@ -181,3 +181,32 @@ def test_batched_sampling_keeps_a_seeded_request_independent_of_its_batch():
 
     alone = run(1, False)
     assert run(5, False) == alone and run(3, True) == alone
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_rows_sampled_with_their_distributions_follow_them(device):
+    """``sample_rows`` (a draft model's draws, each from a uniform number of its own): the
+    distributions it returns are the one-row path's, in vocabulary order, one-hot for greedy
+    rows; the tokens follow them (chi-square per case) and are drawn by the given numbers."""
+    logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -0.5, -1.0, -3.0])
+    rows = 3000
+    requests = [Request(f"c{c}-{i}", [1], SamplingParams(temperature=t, top_k=k, top_p=p, min_p=m))
+                for c, (t, k, p, m) in enumerate(BATCH_CASES) for i in range(rows)]
+    requests.append(Request("g", [1], SamplingParams(temperature=0)))
+    uniforms = torch.rand(len(requests), generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    tokens, probs = sample_rows(logits.expand(len(requests), -1).to(device), requests, uniforms.tolist())
+    assert tokens.device.type == device and probs.device.type == device
+    tokens, probs = tokens.cpu(), probs.cpu()
+    assert probs[-1].tolist() == [1.0] + [0.0] * 6 and tokens[-1] == 0
+    for c, case in enumerate(BATCH_CASES):
+        want = _reference(logits, case)
+        assert torch.allclose(probs[c * rows], want, atol=1e-6), (case, probs[c * rows], want)
+        counts = torch.bincount(tokens[c * rows:(c + 1) * rows], minlength=len(logits)).double()
+        assert counts[want == 0].sum() == 0, (case, counts)
+        live = want > 0
+        expected = want[live].double() * rows
+        chi2 = float(((counts[live] - expected) ** 2 / expected).sum())
+        assert chi2 < 22.46, (case, chi2, counts, expected)
+    # the inverse CDF of each row's own number: the first token whose cumulative mass exceeds it
+    cdf = probs[:rows].double().cumsum(-1)
+    assert tokens[:rows].tolist() == [int((row <= u).sum()) for row, u in zip(cdf, uniforms[:rows], strict=True)]

@@ -126,9 +126,17 @@ def test_seeded_sampling_with_a_drafter_is_reproducible_and_batch_independent(ra
     seeded = SamplingParams(temperature=0.8, seed=7, max_tokens=16, ignore_eos=True)
     alone = llm.generate({"prompt_token_ids": [5, 6, 7]}, seeded, use_tqdm=False)[0].outputs[0].token_ids
     other = SamplingParams(temperature=1.0, max_tokens=10, ignore_eos=True)
-    batch = llm.generate([{"prompt_token_ids": [5, 6, 7]}, {"prompt_token_ids": [9, 9]}], [seeded, other],
-                         use_tqdm=False)
+    greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=2)
+    batch = llm.generate([{"prompt_token_ids": [5, 6, 7]}, {"prompt_token_ids": [9, 9]}, {"prompt_token_ids": [4, 2]}],
+                         [seeded, other, greedy], use_tqdm=False)
     assert batch[0].outputs[0].token_ids == alone
+    # a greedy request verified beside sampled ones: its tokens and logprobs as without a drafter
+    plain = LLM(target, dtype="float32", progress=False).generate({"prompt_token_ids": [4, 2]}, greedy,
+                                                                   use_tqdm=False)[0].outputs[0]
+    assert batch[2].outputs[0].token_ids == plain.token_ids
+    for got, want in zip(batch[2].outputs[0].logprobs, plain.logprobs, strict=True):
+        assert got.keys() == want.keys() and all(abs(got[t] - want[t]) < 1e-4 for t in want)
+    assert llm.get_metrics()["deepinfer:spec_decode_num_accepted_tokens"] > 0
     _assert_pools_free(llm)
 
 
