@@ -251,7 +251,8 @@ class DraftRunner:
                 if len(sampled) < len(active):  # greedy rows need only the argmax and its probability
                     best_p, best = logits.softmax(-1).max(-1)
             if sampled:  # drawn together, their distributions kept where the logits are (for verify_batch)
-                tokens, q = self._sample([live[active[row]] for row in sampled], logits[sampled])
+                tokens, q = self._sample([live[active[row]] for row in sampled],
+                                         logits if len(sampled) == len(active) else logits[sampled])
                 picked = q.gather(1, tokens[:, None])[:, 0]
                 if len(sampled) == len(active):
                     best_p, best = picked, tokens
