@@ -56,6 +56,11 @@ class DraftModelOptions(BaseModel):
                                                  "work asynchronously: queue each round's draft steps right behind "
                                                  "the verification of the last, their first inputs computed on the "
                                                  "device from the verified tokens, before the host has read them")
+    sampled_drafts: Literal["sampled", "greedy"] = Field(
+        "sampled", description="how sampled requests are drafted: sampled: each draft drawn from the draft's "
+                               "distribution under the request's temperature and filters, step by step (more "
+                               "drafts accepted); greedy: the draft's argmax, as for greedy requests (verified as "
+                               "deterministic drafts), so that with the loop graph their rounds replay it too")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="the draft model's dtype (weights and its KV cache); auto: the device's choice "
                             "(Device.draft_dtype): the target's, except that the cpu device gives a "
@@ -82,7 +87,7 @@ class DraftModelDrafter(Drafter):
                              f"demo model; set plugin_options {{'{self.name}': {{'model': DIR}}}}")
         compile_steps = options.compile if options.compile is not None else ctx.device.torch_device.type == "cpu"
         self.runner = DraftRunner(ctx, model, options.num_blocks or draft_blocks(ctx), draft_dtype(ctx, options.dtype),
-                                  compile_steps)
+                                  compile_steps, greedy_sampled=options.sampled_drafts == "greedy")
         self.k = options.num_speculative_tokens
 
     @property

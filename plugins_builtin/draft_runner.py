@@ -68,7 +68,10 @@ class DraftRunner:
     CATCH_UP_CHUNKS = 4  # the most replays of the first-step graphs a catch-up takes (else one eager step)
 
     def __init__(self, ctx: EngineContext, model_dir: str, num_blocks: int, dtype: torch.dtype | None = None,
-                 compile_steps: bool = False) -> None:
+                 compile_steps: bool = False, greedy_sampled: bool = False) -> None:
+        #: sampled requests are drafted as greedy ones are (their drafts deterministic: the draft's
+        #: argmax), rounds of them replaying the loop graph too; else drawn from their distributions
+        self.greedy_sampled = greedy_sampled
         self.block_size = ctx.config.block_size
         self.device = ctx.device.torch_device
         self.attention = ctx.new_attention()
@@ -232,7 +235,7 @@ class DraftRunner:
             live.append((req, seq))
         if not live:
             return {}
-        if (whole_rounds or (go_on is None and another_step is None)) and all(r.params.greedy for r, _ in live):
+        if (whole_rounds or (go_on is None and another_step is None)) and all(self.drafts_greedily(r) for r, _ in live):
             drafts = self._propose_in_loop(live, feeds, k, lazy)
             if drafts is not None:
                 return drafts
@@ -243,7 +246,7 @@ class DraftRunner:
         for step in range(k):
             c = self.compiled
             fast = c.run(feeds) if c is not None and self.graphs is None and c.covers(feeds) else None
-            sampled = [row for row, i in enumerate(active) if not live[i][0].params.greedy]
+            sampled = [row for row, i in enumerate(active) if not self.drafts_greedily(live[i][0])]
             if fast is not None:
                 best_p, best, logits = fast
             else:
@@ -284,9 +287,14 @@ class DraftRunner:
                 break
         out = {}
         for i, (req, _) in enumerate(live):
-            stacked = None if req.params.greedy else torch.stack(probs[i])
+            stacked = torch.stack(probs[i]) if probs[i] else None
             out[req.request_id] = Draft(drafted[i], stacked, conf[i])
         return out
+
+    def drafts_greedily(self, req: Request) -> bool:
+        """Whether the request's drafts are the draft's argmax (greedy requests; sampled ones too
+        with ``greedy_sampled``), so that the loop graph may draft its rounds."""
+        return req.params.greedy or self.greedy_sampled
 
     def _propose_in_loop(self, live: list[tuple[Request, _DraftSeq]], feeds, k: int,
                          lazy: bool) -> dict[str, Draft] | None:

@@ -225,6 +225,97 @@ def draft_both(model_dir: str, graphs_factory, drafter: str = "draft-model", loo
     return out
 
 
+def test_sampled_requests_take_the_loop_graph_when_drafted_greedily_in_the_interpreter(tmp_path):
+    from tests.tiny_models import hybrid, make_model
+
+    target = make_model(tmp_path, "qwen3", **hybrid(12))
+    near_draft(target, tmp_path / "near")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    res = subprocess.run([sys.executable, "-m", "tests.plugins.test_spec_graphs", str(tmp_path), "sampled", "1"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    check_sampled_graphs(json.loads(res.stdout.strip().splitlines()[-1]))
+
+
+@pytest.mark.gpu
+def test_cuda_graphs_take_sampled_rounds_drafted_greedily(tmp_path):
+    from deepinfer_builtin.cuda import CUDAGraphs
+    from tests.tiny_models import hybrid, make_model
+
+    target = make_model(tmp_path, "qwen3", **hybrid(12))
+    near_draft(target, tmp_path / "near")
+    check_sampled_graphs(sampled_both(str(tmp_path), lambda: CUDAGraphs(torch.device("cuda")), device="sm90",
+                                      dtype="float32", block_size=4, num_kv_blocks=96, max_model_len=96))
+
+
+def sampled_both(model_dir: str, graphs_factory, **engine) -> dict:
+    """Seeded sampled requests with draft-model (the "+near" draft), each way of drafting them
+    (``sampled_drafts``), with every step eager and with device graphs: tokens, how many loop
+    replays and one-token draft replays there were, each round's sampled requests' draft
+    distributions (None: deterministic drafts), accepted drafts."""
+    from deepinfer import LLM, SamplingParams
+    from deepinfer_builtin.draft_loop import DraftLoopGraphs
+    from deepinfer_builtin.draft_runner import DraftRunner
+
+    prompts = [{"prompt_token_ids": p} for p in _prompts([5, 3, 29])]
+    # (a tiny random model's distributions are flat: the third request's low temperature is what
+    # lets argmax drafts be accepted)
+    params = [SamplingParams(temperature=t, top_p=p, seed=s, max_tokens=n, ignore_eos=True)
+              for t, p, s, n in ((0.8, 1.0, 1, 20), (1.0, 0.9, 2, 30), (0.05, 0.95, 3, 24))]
+    triton = {"triton": {"split_size": 16}}
+    loops, propose = DraftLoopGraphs.run_padded, DraftRunner.propose
+    counts, kinds = {"loop": 0}, set()
+
+    def looping(self, *args, **kwargs):
+        counts["loop"] += 1
+        return loops(self, *args, **kwargs)
+
+    def proposing(self, requests, k, *args, **kwargs):
+        drafts = propose(self, requests, k, *args, **kwargs)
+        kinds.update("none" if d.probs is None else "q" for d in drafts.values())
+        return drafts
+
+    DraftLoopGraphs.run_padded, DraftRunner.propose = looping, proposing
+    out = {}
+    try:
+        for mode in ("sampled", "greedy"):
+            for name in ("eager", "graphs"):
+                counts["loop"] = 0
+                kinds.clear()
+                llm = LLM(model_dir, plugins=["triton", "draft-model"], progress=False, enforce_eager=True,
+                          plugin_options={**triton, "draft-model": {"model": str(Path(model_dir) / "near"),
+                                                                    "sampled_drafts": mode}}, **engine)
+                if name == "graphs":
+                    d, graphs = llm.engine.drafter, graphs_factory()
+                    d.enable_graphs(graphs, [1, 2, 4], 64)
+                    llm.engine.runner.enable_graphs(graphs, [1, 2, 4], 64)
+                    llm.engine.runner.enable_verify_graphs(graphs, [1, 2, 4], 64, d.max_draft_tokens + 1)
+                res = llm.generate(prompts, params, use_tqdm=False)
+                llm.engine.kv.pool.check_all_free()
+                llm.engine.drafter.runner.pool.check_all_free()
+                out[f"{mode}/{name}"] = {"tokens": [o.outputs[0].token_ids for o in res], "loop": counts["loop"],
+                                         "kinds": sorted(kinds),
+                                         "accepted": llm.get_metrics()["deepinfer:spec_decode_num_accepted_tokens"]}
+                del llm
+    finally:
+        DraftLoopGraphs.run_padded, DraftRunner.propose = loops, propose
+    return out
+
+
+def check_sampled_graphs(got: dict) -> None:
+    for mode in ("sampled", "greedy"):
+        eager, graphs = got[f"{mode}/eager"], got[f"{mode}/graphs"]
+        # the same seeded tokens with graphs as without: the same drafts, verified alike
+        assert graphs["tokens"] == eager["tokens"], mode
+        assert eager["loop"] == 0 and eager["accepted"] > 0 and graphs["accepted"] == eager["accepted"]
+        # drawn drafts carry their distributions and step one token at a time; argmax drafts are
+        # deterministic, and with graphs whole rounds of them replay the loop graph
+        assert eager["kinds"] == graphs["kinds"] == (["q"] if mode == "sampled" else ["none"]), (mode, eager, graphs)
+        assert (graphs["loop"] > 0) == (mode == "greedy"), (mode, graphs["loop"])
+    # drafting the argmax changes which drafts are proposed, so the random numbers fall otherwise
+    assert got["sampled/eager"]["tokens"] != got["greedy/eager"]["tokens"]
+
+
 def near_draft(target, out: Path) -> None:
     """The target with noise in its weights, saved as a draft whose greedy tokens are often the
     target's and not always."""
@@ -317,4 +408,8 @@ def _main_draft(model_dir: str, drafter: str, loop: bool) -> None:
 
 
 if __name__ == "__main__":
-    _main_draft(sys.argv[1], sys.argv[2], sys.argv[3] == "1")
+    if sys.argv[2] == "sampled":
+        print(json.dumps(sampled_both(sys.argv[1], EagerGraphs, device="cpu", dtype="float32", block_size=4,
+                                      num_kv_blocks=96, max_model_len=96)))
+    else:
+        _main_draft(sys.argv[1], sys.argv[2], sys.argv[3] == "1")
