@@ -335,7 +335,7 @@ class DeepSparkDrafter(DraftModelDrafter):
                 self._ended = self.clock()
                 return looked_up
             # the lookups' requests join the loop graph's round (drafts unused): no long catch-up later
-            if not (self.in_graphs and all(map(self.runner.drafts_greedily, requests)) and self.runner.loop_size(
+            if not (self.in_graphs and self.runner.loop_drafts(requests) and self.runner.loop_size(
                     len(requests), max(len(r.all_token_ids) for r in requests), self.k) is not None):
                 requests = rest
         # a round the loop graph takes drafts all k (then the rule chooses); the others step by step

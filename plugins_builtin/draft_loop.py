@@ -1,4 +1,4 @@
-"""A greedy draft round's k steps in one device graph, and rounds chained behind a verification."""
+"""A draft round's k steps in one device graph (greedy or sampled), and rounds chained behind a verification."""
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from deepinfer.plugins import DecodeGraphs, DeviceTokens, HostCopy
+from deepinfer.plugins import GREEDY, DecodeGraphs, DeviceTokens, HostCopy, distributions, draw_rows
 
 
 class LoopRound:
@@ -49,7 +49,8 @@ class ChainedRound:
 
 
 class DraftLoopGraphs(DecodeGraphs):
-    """A greedy round's k draft steps in one replay. The first step computes each sequence's new
+    """A round's k draft steps in one replay (a greedy round's; with ``sampled``, a sampled
+    round's: ``run_sampled``). The first step computes each sequence's new
     tokens, one to ``first`` of them (2 by default: the target's token, behind the last accepted
     draft when all were accepted; more where rounds may follow a lookup's), laid out as in the
     verification graphs (``run_padded``); then each step's argmax becomes the next step's one
@@ -66,9 +67,21 @@ class DraftLoopGraphs(DecodeGraphs):
     a small graph of its own (``_chain_inputs``) then counts the accepted drafts on the device and
     writes the first step's tokens, positions, slots and lengths from them."""
 
-    def __init__(self, one: DecodeGraphs, steps: int, first: int = 2) -> None:
+    #: the most logits a step of a sampled round's graph holds (its float64 sums are 8 bytes an
+    #: entry): larger sizes are not captured, and rounds of more sequences draft step by step
+    SAMPLED_MAX_ELEMENTS = 1 << 24
+
+    def __init__(self, one: DecodeGraphs, steps: int, first: int = 2, sampled: bool | None = None) -> None:
+        """``sampled`` (None: greedy rounds): the graphs of sampled rounds (``run_sampled``), whose
+        filters sort the logits (True: top-k or top-p in some row) or not (False), for the sizes
+        of ``one`` whose logits fit ``SAMPLED_MAX_ELEMENTS`` (ValueError: none do)."""
         self.steps = steps  # (before the base class lays out its inputs, which hold the later steps' too)
-        super().__init__(one.model, one.attention, one.kv_caches, one.api, one.device, one.block_size, one.sizes,
+        self.sampled = sampled
+        self._q: dict[int, torch.Tensor] = {}  # size -> its sampled replay's draft distributions [size, k, V]
+        sizes = one.sizes
+        if sampled is not None:
+            sizes = [b for b in sizes if b * one.model.config.vocab_size <= self.SAMPLED_MAX_ELEMENTS]
+        super().__init__(one.model, one.attention, one.kv_caches, one.api, one.device, one.block_size, sizes,
                          one.max_seq_len, query_len=first, placeholders=False)
         self.one = one  # the later steps run the one-token graphs' forward on the inputs below
         dev = one.device
@@ -82,14 +95,17 @@ class DraftLoopGraphs(DecodeGraphs):
 
     def _fields(self):
         later, k = self.steps - 1, self.steps
-        return {**super()._fields(), "step_pos": (torch.long, lambda b: (later, b)),
-                "step_slots": (torch.long, lambda b: (later, b)), "step_lens": (torch.int32, lambda b: (later, b)),
-                "base": (torch.long, lambda b: (b,)), "vrows": (torch.long, lambda b: (b, k + 1)),
-                "drows": (torch.long, lambda b: (b, k))}
+        fields = {**super()._fields(), "step_pos": (torch.long, lambda b: (later, b)),
+                  "step_slots": (torch.long, lambda b: (later, b)), "step_lens": (torch.int32, lambda b: (later, b)),
+                  "base": (torch.long, lambda b: (b,)), "vrows": (torch.long, lambda b: (b, k + 1)),
+                  "drows": (torch.long, lambda b: (b, k))}
+        if self.sampled is not None:  # each row's sampling parameters (sampling_rows) and k uniform numbers
+            fields |= {"sampling": (torch.float64, lambda b: (6, b)), "uniforms": (torch.float64, lambda b: (k, b))}
+        return fields
 
     def capture(self) -> None:
         super().capture()
-        for b in reversed(self.sizes):
+        for b in reversed(self.sizes) if self.sampled is None else ():
             self.inputs.blank(b)  # (the sizes' layouts share the buffer: rows in range at capture)
             self._chains[b] = self.api.capture(lambda b=b: self._chain_inputs(b))
         self.inputs.reset_turn()
@@ -103,6 +119,24 @@ class DraftLoopGraphs(DecodeGraphs):
         if self.device.type != "cpu":
             self._read[self._filled] = torch.Event(self.device)
             self._read[self._filled].record()
+
+    def run_sampled(self, size: int, tokens, starts, tables, sampling: np.ndarray,
+                    uniforms: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """A sampled round (graphs made with ``sampled``), as ``run_padded``, sequence i's draft
+        at step j drawn from its distribution with ``uniforms[i, j]`` ([n, k]) and its sampling
+        parameters ``sampling[:, i]`` (``sampling_rows``' array; its greedy rows take the argmax):
+        (the output, as ``run_padded``'s, each step's token and its probability under the
+        distribution it was drawn from (a greedy row's: its softmax's); the distributions
+        [n, k, V], copied out of the graphs' memory)."""
+        n = len(tokens)
+        host = self.inputs.host(self._turn, size)  # (what run_padded fills next)
+        rows = host["sampling"]
+        rows[:] = np.array([1.0, 1.0, 1.0, 0.0, 0.0, 1.0])[:, None]  # padding: greedy
+        rows[:, :n] = sampling
+        host["uniforms"][:] = 0.0
+        host["uniforms"][:, :n] = uniforms.T
+        out = self.run_padded(size, tokens, starts, tables)
+        return out, self._q[size][:n].clone()
 
     def run_padded(self, size, tokens, starts, tables, on_device=None, prev_tokens=None) -> torch.Tensor:
         self._await_turn()
@@ -167,22 +201,50 @@ class DraftLoopGraphs(DecodeGraphs):
         b = batch.seq_lens.shape[0]
         new = batch.seq_lens - batch.context_lens  # 1 to query_len new tokens; 0 for padding
         last = torch.arange(b, device=new.device) * self.query_len + (new.long() - 1).clamp(min=0)
-        p, t = self._argmax(super().captured_work(batch)[last])
-        tokens, probs = [t], [p]
         one, ins = self.one._batch(b), self.inputs.device(b)
+        qs: list[torch.Tensor] = []  # a sampled round's distributions, step by step
+
+        def pick(hidden: torch.Tensor, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+            if self.sampled is None:
+                return self._argmax(hidden)
+            p, t, q = self._draw(ins, hidden, step)
+            qs.append(q)
+            return p, t
+
+        p, t = pick(super().captured_work(batch)[last], 0)
+        tokens, probs = [t], [p]
         for j in range(self.steps - 1):
             step = replace(one, input_ids=tokens[-1], positions=ins["step_pos"][j],
                            slot_mapping=ins["step_slots"][j], seq_lens=ins["step_lens"][j],
                            block_tables=batch.block_tables)
-            p, t = self._argmax(self.one.captured_work(step))
+            p, t = pick(self.one.captured_work(step), j + 1)
             tokens.append(t)
             probs.append(p)
+        if qs:
+            self._q[b] = torch.stack(qs, 1)  # (a replay refills it in place)
         return torch.stack((torch.stack(tokens, 1).float(), torch.stack(probs, 1)), dim=1)
 
+    def _draw(self, ins: dict[str, torch.Tensor], hidden: torch.Tensor,
+              step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A sampled round's step: each row's draft drawn from its distribution (``distributions``
+        with every filter run: the same numbers as a step-by-step round's) by the inverse CDF of its
+        uniform number for this step, with that distribution's probability of it; greedy rows
+        their argmax and its probability, as ``_argmax``. (probabilities, tokens, distributions)."""
+        logits = self.model.compute_logits(hidden).float()
+        q = distributions(logits, ins["sampling"], self.sampled)
+        # (padding rows, and the blank inputs of the capture, have no distribution: kept in range)
+        drawn = draw_rows(q, ins["uniforms"][step]).clamp_(max=logits.shape[-1] - 1)
+        best_p, best = self._pick_greedy(logits)
+        greedy = ins["sampling"][GREEDY] > 0
+        return torch.where(greedy, best_p, q.gather(1, drawn[:, None])[:, 0]), torch.where(greedy, best, drawn), q
+
     def _argmax(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each row's greedy token and its probability (the draft's confidence): one fused kernel
-        where the device offers it, else softmax and max."""
-        logits = self.model.compute_logits(hidden)
+        """Each row's greedy token and its probability (the draft's confidence)."""
+        return self._pick_greedy(self.model.compute_logits(hidden))
+
+    def _pick_greedy(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(probability, token) of each row's argmax: one fused kernel where the device offers
+        it, else softmax and max."""
         fused = getattr(self.fused_ops, "argmax_prob", None)
         return fused(logits) if fused is not None else logits.float().softmax(-1).max(-1)
 

@@ -61,6 +61,10 @@ class DraftModelOptions(BaseModel):
                                "distribution under the request's temperature and filters, step by step (more "
                                "drafts accepted); greedy: the draft's argmax, as for greedy requests (verified as "
                                "deterministic drafts), so that with the loop graph their rounds replay it too")
+    sampled_loop: bool = Field(True, description="with the loop graph and sampled drafts, rounds with sampled "
+                                                 "requests replay loop graphs of their own too (two more captured "
+                                                 "sets: with filters that sort the logits and without); else they "
+                                                 "draft step by step")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="the draft model's dtype (weights and its KV cache); auto: the device's choice "
                             "(Device.draft_dtype): the target's, except that the cpu device gives a "
@@ -99,7 +103,8 @@ class DraftModelDrafter(Drafter):
 
     def enable_graphs(self, graphs, batch_sizes, max_seq_len) -> None:
         loop_steps = self.k if self.options.loop_graph and self.k > 1 else 0
-        self.runner.enable_graphs(graphs, batch_sizes, max_seq_len, loop_steps, self.loop_first)
+        sampled_loop = self.options.sampled_loop and self.options.sampled_drafts == "sampled"
+        self.runner.enable_graphs(graphs, batch_sizes, max_seq_len, loop_steps, self.loop_first, sampled_loop)
 
     def propose(self, requests: list[Request]) -> dict[str, DraftProposal]:
         drafts = self.runner.propose(list(requests), self.k, lazy=self.options.device_drafts)

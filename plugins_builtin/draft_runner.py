@@ -4,6 +4,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from deepinfer.plugins import (
@@ -17,7 +18,9 @@ from deepinfer.plugins import (
     Request,
     accept_greedy,
     build_step_batch,
+    needs_sort,
     sample_rows,
+    sampling_rows,
 )
 from deepinfer_builtin.draft_compile import CompiledDraftStep
 from deepinfer_builtin.draft_loop import ChainedRound, DraftLoopGraphs, LoopRound
@@ -86,6 +89,8 @@ class DraftRunner:
         self.graphs: DecodeGraphs | None = None
         self.first_graphs: DecodeGraphs | None = None  # a round's first step: up to max(2, loop_first) tokens
         self.loop: DraftLoopGraphs | None = None  # a greedy round's k steps in one replay
+        #: a sampled round's k steps in one replay, by whether its filters sort the logits (needs_sort)
+        self.sampled_loops: dict[bool, DraftLoopGraphs] = {}
         self.chained: ChainedRound | None = None  # a round queued behind a verification (chain)
         target_vocab = ctx.model_config.get("vocab_size")
         if target_vocab is not None and target_vocab != self.vocab_size:
@@ -99,14 +104,16 @@ class DraftRunner:
             self.compiled.warm_up(self.pool)
 
     def enable_graphs(self, graphs: DeviceGraphs, batch_sizes: list[int], max_seq_len: int,
-                      loop_steps: int = 0, loop_first: int = 2) -> None:
+                      loop_steps: int = 0, loop_first: int = 2, sampled_loop: bool = False) -> None:
         """Replay the draft's steps from graphs captured for these batch sizes: one-token steps
         (every draft step after a round's first) and steps of up to ``max(2, loop_first)`` tokens a
         sequence (a round's first: the target's token, behind the last accepted draft when all
         were accepted, or more after rounds the draft did not draft; a longer catch-up replays them
         in chunks). Steps they do not cover run eagerly. With ``loop_steps`` (k), rounds that draft
         greedily to the end replay all their steps from one graph (``DraftLoopGraphs``), whose
-        first step takes up to ``loop_first`` new tokens a sequence."""
+        first step takes up to ``loop_first`` new tokens a sequence; with ``sampled_loop`` too, so
+        do rounds with sampled requests (two more sets: with filters that sort the logits, and
+        without)."""
         if not self.attention.supports_graphs:
             raise ValueError(f"the attention plugin {self.attention.name!r} cannot run in device graphs; "
                              "the draft model runs eagerly with it (do not enable graphs)")
@@ -119,6 +126,10 @@ class DraftRunner:
         if loop_steps > 0:
             self.loop = DraftLoopGraphs(one, loop_steps, loop_first)
             self.loop.capture()
+            fits = min(one.sizes) * self.vocab_size <= DraftLoopGraphs.SAMPLED_MAX_ELEMENTS
+            for sort in (False, True) if sampled_loop and fits else ():
+                self.sampled_loops[sort] = DraftLoopGraphs(one, loop_steps, loop_first, sampled=sort)
+                self.sampled_loops[sort].capture()
 
     def _forward_last(self, feeds: list[tuple[list[int], int, list[int]]]) -> torch.Tensor:
         """Logits (float32) of each feed's last token, after computing the feeds' tokens."""
@@ -235,7 +246,7 @@ class DraftRunner:
             live.append((req, seq))
         if not live:
             return {}
-        if (whole_rounds or (go_on is None and another_step is None)) and all(self.drafts_greedily(r) for r, _ in live):
+        if (whole_rounds or (go_on is None and another_step is None)) and self.loop_drafts([r for r, _ in live]):
             drafts = self._propose_in_loop(live, feeds, k, lazy)
             if drafts is not None:
                 return drafts
@@ -296,32 +307,58 @@ class DraftRunner:
         with ``greedy_sampled``), so that the loop graph may draft its rounds."""
         return req.params.greedy or self.greedy_sampled
 
+    def loop_drafts(self, requests: Sequence[Request]) -> bool:
+        """Whether a loop graph drafts rounds of these requests (where its sizes cover them): the
+        greedy one when all draft greedily, else the sampled ones if captured."""
+        return bool(self.sampled_loops) or all(map(self.drafts_greedily, requests))
+
     def _propose_in_loop(self, live: list[tuple[Request, _DraftSeq]], feeds, k: int,
                          lazy: bool) -> dict[str, Draft] | None:
-        """Greedy rounds of k drafts for every request from the loop graph, with one copy to the
-        host (waited for here, or with ``lazy`` when first read). A sequence with more new tokens
-        than the loop's first step takes (after its prompt, or rounds it did not draft) first
-        computes the others (``_catch_up``). None when it does not cover the round (a batch or a
-        length beyond the captured ones)."""
-        if (size := self.loop_size(len(feeds), max(start + len(t) for t, start, _ in feeds), k)) is None:
+        """Rounds of k drafts for every request from a loop graph, with one copy to the host
+        (waited for here, or with ``lazy`` when first read): the greedy one where every request
+        drafts greedily, else a sampled one (``sampled_loops``), each sampled request's drafts
+        drawn with k numbers of its generator, the k it would take step by step. A sequence with
+        more new tokens than the loop's first step takes (after its prompt, or rounds it did not
+        draft) first computes the others (``_catch_up``). None when it does not cover the round (a
+        batch or a length beyond the captured ones)."""
+        greedy, rows = all(self.drafts_greedily(r) for r, _ in live), None
+        if greedy:
+            loop = self.loop
+        elif self.sampled_loops:
+            rows = sampling_rows([r for r, _ in live], self.vocab_size)
+            loop = self.sampled_loops[needs_sort(rows, self.vocab_size)]
+        else:
             return None
-        feeds = self._catch_up(feeds, self.loop.query_len)
+        longest = max(start + len(t) for t, start, _ in feeds)
+        if loop is None or loop.steps != k or (size := loop.size_for(len(feeds), longest + k - 1)) is None:
+            return None
+        feeds = self._catch_up(feeds, loop.query_len)
         tokens, starts, tables = zip(*feeds, strict=True)
-        rnd = LoopRound(self.loop.run_padded(size, tokens, starts, tables)[:len(feeds)], lazy)
-        return self._drafts(rnd, live, range(len(live)), k, lazy)
+        if greedy:
+            rnd = LoopRound(loop.run_padded(size, tokens, starts, tables)[:len(feeds)], lazy)
+            return self._drafts(rnd, live, range(len(live)), k, lazy)
+        uniforms = np.zeros((len(live), k))
+        for i, (req, seq) in enumerate(live):
+            if not self.drafts_greedily(req):
+                uniforms[i] = torch.rand(k, generator=seq.generator, dtype=torch.float64).numpy()
+        out, q = loop.run_sampled(size, tokens, starts, tables, rows, uniforms)
+        rnd = LoopRound(out[:len(feeds)], lazy)
+        return self._drafts(rnd, live, range(len(live)), k, lazy, q)
 
     @staticmethod
     def _drafts(rnd: LoopRound, live: list[tuple[Request, _DraftSeq]], rows: Sequence[int], k: int,
-                lazy: bool) -> dict[str, Draft]:
-        """The drafts of a loop round for each request, from its row of the round."""
+                lazy: bool, q: torch.Tensor | None = None) -> dict[str, Draft]:
+        """The drafts of a loop round for each request, from its row of the round (and of its
+        distributions ``q`` [n, k, V], a sampled round's, for its sampled requests)."""
         out = {}
         for (req, seq), i in zip(live, rows, strict=True):
             seq.pending = (rnd, i)  # the loop computed the KV of all but the last
+            probs = None if q is None or req.params.greedy else q[i]
             if not lazy:
                 seq.settle()
-                out[req.request_id] = Draft(rnd.tokens(i), None, rnd.lists()[1][i])
+                out[req.request_id] = Draft(rnd.tokens(i), probs, rnd.lists()[1][i])
             else:
-                out[req.request_id] = Draft([-(i * k + j + 1) for j in range(k)], None,
+                out[req.request_id] = Draft([-(i * k + j + 1) for j in range(k)], probs,
                                             lambda i=i: rnd.lists()[1][i], rnd.source)
         return out
 

@@ -120,7 +120,8 @@ class Sampler:
         a held-back EOS: greedy rows their argmax; sampled rows a draw from softmax(logits / T)
         after top-k, top-p (over the top-k's renormalised mass) and min-p, by the inverse CDF of
         one uniform number from the request's generator (greedy rows draw none), as ``draw``."""
-        host = sampling_rows(requests, logits.shape[-1])
+        vocab = logits.shape[-1]
+        host = sampling_rows(requests, vocab)
         unseeded = []  # sampled rows without a generator of their own: their numbers in one call
         for i, r in enumerate(requests):
             if r.greedy:
@@ -132,7 +133,7 @@ class Sampler:
         if unseeded:
             host[UNIFORM, unseeded] = torch.rand(len(unseeded), generator=self.generator, dtype=torch.float64).numpy()
         dev = send_rows(host, logits.device)
-        weights, order = filtered_weights(logits, host, dev)
+        weights, order = filtered_weights(logits, dev, needs_sort(host, vocab), host)
         pos = _search(weights.cumsum(-1, dtype=torch.float64), dev[UNIFORM, :, None])
         tokens = (pos if order is None else order.gather(1, pos))[:, 0]
         if host[GREEDY].any():
@@ -188,17 +189,28 @@ def send_rows(host: np.ndarray, device: torch.device) -> torch.Tensor:
     return (t.pin_memory() if device.type == "cuda" else t).to(device, non_blocking=True)
 
 
-def filtered_weights(logits: torch.Tensor, host: np.ndarray, dev: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+def needs_sort(host: np.ndarray, vocab: int) -> bool:
+    """Whether any row of ``sampling_rows``' array has a filter that needs its logits sorted
+    (top-k below the vocabulary, top-p below 1)."""
+    return bool((host[TOP_K] < vocab).any() or (host[TOP_P] < 1.0).any())
+
+
+def filtered_weights(logits: torch.Tensor, dev: torch.Tensor, sort: bool,
+                     host: np.ndarray | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Each row's probabilities after its temperature, top-k, top-p (over the top-k's renormalised
-    mass) and min-p, not renormalised: (weights [R, V] float32, order). With an ``order``, the
-    weights are sorted in descending order and ``order`` gives each one's vocabulary index; a
-    filter that needs no sort leaves them in vocabulary order (order None). ``host`` and ``dev``
-    are ``sampling_rows``' array and its copy on the logits' device."""
+    mass) and min-p, not renormalised: (weights [R, V] float32, order). ``sort`` (``needs_sort``):
+    the weights come sorted in descending order and ``order`` gives each one's vocabulary index;
+    else they stay in vocabulary order (order None) and top-k and top-p must be off. ``dev`` is
+    ``sampling_rows``' array on the logits' device. ``host``, that array on the host, lets the
+    filters that no row uses be skipped; without it (in a device graph, whose work is fixed when
+    it is captured) every filter runs, which leaves a row that does not use one as it was: the
+    same numbers either way."""
     vocab = logits.shape[-1]
     temp, top_k, top_p, min_p = dev[TEMPERATURE], dev[TOP_K], dev[TOP_P], dev[MIN_P]
     x = logits.float() / temp[:, None].float()
     order = keep = None
-    if (host[TOP_K] < vocab).any() or (host[TOP_P] < 1.0).any():  # filters that need the order
+    any_min_p = host is None or bool(host[MIN_P].any())
+    if sort:
         x, order = x.sort(dim=-1, descending=True, stable=True)
         probs = x.softmax(-1)
         mass = probs.cumsum(-1, dtype=torch.float64)
@@ -206,24 +218,26 @@ def filtered_weights(logits: torch.Tensor, host: np.ndarray, dev: torch.Tensor) 
         in_k = mass.gather(1, (top_k.long() - 1).clamp(0, vocab - 1)[:, None])  # the top-k's mass
         # top-p over the top-k's renormalised mass: the tokens strictly before reach top_p
         keep &= (mass - probs) < top_p[:, None] * in_k
-        if host[MIN_P].any():  # (min-p's ratio is the same after renormalising)
+        if any_min_p:  # (min-p's ratio is the same after renormalising)
             keep &= probs >= min_p[:, None].float() * probs[:, :1]
     else:
         probs = x.softmax(-1)
-        if host[MIN_P].any():
+        if any_min_p:
             keep = probs >= min_p[:, None].float() * probs.max(-1, keepdim=True).values
     return (probs if keep is None else probs * keep), order
 
 
-def distributions(logits: torch.Tensor, host: np.ndarray, dev: torch.Tensor) -> torch.Tensor:
+def distributions(logits: torch.Tensor, dev: torch.Tensor, sort: bool, host: np.ndarray | None = None) -> torch.Tensor:
     """Each row's sampling distribution [R, V] (float32, in vocabulary order, summing to 1), as
-    ``Sampler.sample_batch`` draws from it; greedy rows are one-hot at their argmax."""
-    weights, order = filtered_weights(logits, host, dev)
-    if order is not None:
+    ``Sampler.sample_batch`` draws from it; greedy rows are one-hot at their argmax. Arguments
+    as ``filtered_weights``': without ``host`` the same numbers, every step run."""
+    weights, order = filtered_weights(logits, dev, sort, host)
+    if sort:
         weights = torch.empty_like(weights).scatter_(1, order, weights)
-    if order is not None or host[MIN_P].any():  # (else the softmax's own)
         weights = weights / weights.sum(-1, keepdim=True)
-    if host[GREEDY].any():
+    elif host is None or host[MIN_P].any():  # (rows without min-p keep the softmax's own sums)
+        weights = torch.where(dev[MIN_P, :, None] > 0, weights / weights.sum(-1, keepdim=True), weights)
+    if host is None or host[GREEDY].any():
         hot = torch.zeros_like(weights).scatter_(1, logits.argmax(-1, keepdim=True), 1.0)
         weights = torch.where(dev[GREEDY, :, None] > 0, hot, weights)
     return weights
@@ -238,11 +252,18 @@ def sample_rows(logits: torch.Tensor, requests: Sequence[Request],
     CPU or a CUDA GPU are computed on the CPU (``batch_device``)."""
     if not batch_device(logits):
         logits = logits.cpu()
-    host = sampling_rows(requests, logits.shape[-1])
+    vocab = logits.shape[-1]
+    host = sampling_rows(requests, vocab)
     host[UNIFORM] = uniforms
     dev = send_rows(host, logits.device)
-    probs = distributions(logits, host, dev)
-    return _search(probs.cumsum(-1, dtype=torch.float64), dev[UNIFORM, :, None])[:, 0], probs
+    probs = distributions(logits, dev, needs_sort(host, vocab), host)
+    return draw_rows(probs, dev[UNIFORM]), probs
+
+
+def draw_rows(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Each row's index [R] (int64) drawn from distributions ``probs`` [R, V] by the inverse CDF
+    of its uniform number ``uniforms`` [R] (float64, on the same device), as ``draw``."""
+    return _search(probs.cumsum(-1, dtype=torch.float64), uniforms[:, None])[:, 0]
 
 
 def _search(cdf: torch.Tensor, u: torch.Tensor) -> torch.Tensor:

@@ -19,7 +19,15 @@ import numpy as np
 import torch
 
 from deepinfer.core.request import Request
-from deepinfer.core.sampler import UNIFORM, _search, batch_device, distributions, sampling_rows, send_rows
+from deepinfer.core.sampler import (
+    UNIFORM,
+    _search,
+    batch_device,
+    distributions,
+    needs_sort,
+    sampling_rows,
+    send_rows,
+)
 
 
 def verify(logits: torch.Tensor, req: Request, drafts: list[int], q: torch.Tensor | None,
@@ -55,7 +63,7 @@ def verify_batch(logits: torch.Tensor, items: Sequence[tuple[Request, Sequence[i
         # this request's numbers: one to test each draft, then one for the token drawn at the end
         host[UNIFORM, s:s + n + 1] = torch.rand(n + 1, generator=r.generator or generator, dtype=torch.float64).numpy()
     rows = send_rows(host, dev)
-    p = distributions(logits, host, rows)  # [R, V] the target's, as the sampler draws
+    p = distributions(logits, rows, needs_sort(host, vocab), host)  # [R, V] the target's, as the sampler draws
     # the drafts' distributions [D, V]; deterministic drafts' rows (q None) are made one-hot below
     q = torch.cat([torch.zeros(n, vocab, device=dev) if qi is None else qi[:n].to(dev, torch.float32)
                    for (_, _, qi), n in zip(items, counts, strict=True)])

@@ -26,7 +26,16 @@ from deepinfer.core.interfaces import (
 from deepinfer.core.kv_manager import KVCacheManager, SlidingKV
 from deepinfer.core.metrics import Metrics
 from deepinfer.core.request import PLACEHOLDER_TOKEN, Request, RequestStatus
-from deepinfer.core.sampler import draw, filter_logits, sample_rows
+from deepinfer.core.sampler import (
+    GREEDY,
+    distributions,
+    draw,
+    draw_rows,
+    filter_logits,
+    needs_sort,
+    sample_rows,
+    sampling_rows,
+)
 from deepinfer.core.sampling_params import SamplingParams
 from deepinfer.core.spec import accept_greedy
 from deepinfer.core.step import KVGroupBatch, StepBatch
@@ -36,6 +45,7 @@ from deepinfer.plugins.groups import SLOTS, Slot
 from deepinfer.plugins.hookspecs import hookimpl
 
 __all__ = [
+    "GREEDY",
     "PLACEHOLDER_TOKEN",
     "SLOTS",
     "AttentionBackend",
@@ -72,9 +82,13 @@ __all__ = [
     "accept_greedy",
     "build_step_batch",
     "discover",
+    "distributions",
     "draw",
+    "draw_rows",
     "filter_logits",
     "hookimpl",
     "load",
+    "needs_sort",
     "sample_rows",
+    "sampling_rows",
 ]

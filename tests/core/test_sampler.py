@@ -5,7 +5,16 @@ import pytest
 import torch
 
 from deepinfer.core.request import Request
-from deepinfer.core.sampler import Sampler, apply_penalties, filter_logits, sample_rows
+from deepinfer.core.sampler import (
+    Sampler,
+    apply_penalties,
+    distributions,
+    filter_logits,
+    needs_sort,
+    sample_rows,
+    sampling_rows,
+    send_rows,
+)
 from deepinfer.core.sampling_params import SamplingParams
 
 
@@ -210,3 +219,24 @@ def test_rows_sampled_with_their_distributions_follow_them(device):
     # the inverse CDF of each row's own number: the first token whose cumulative mass exceeds it
     cdf = probs[:rows].double().cumsum(-1)
     assert tokens[:rows].tolist() == [int((row <= u).sum()) for row, u in zip(cdf, uniforms[:rows], strict=True)]
+
+
+def test_distributions_are_the_same_numbers_with_every_filter_run():
+    """A device graph fixes its work when captured, so it runs every filter (no host array to skip
+    by): for any mix of rows, the distributions are then bit for bit those of the host's choice,
+    which skips the filters no row uses."""
+    logits = torch.randn(8, 40, generator=torch.Generator().manual_seed(3)) * 2
+    mixes = {"temperature": [(0.7, 0, 1.0, 0.0), (1.0, 0, 1.0, 0.0)],
+             "min-p": [(0.7, 0, 1.0, 0.0), (1.0, 0, 1.0, 0.3)],
+             "sorted": [(0.7, 0, 1.0, 0.0), (1.3, 3, 1.0, 0.0), (1.0, 0, 0.6, 0.1)],
+             "greedy": [(0.0, 0, 1.0, 0.0), (0.9, 0, 1.0, 0.0)]}
+    for name, cases in mixes.items():
+        reqs = [Request(f"r{i}", [1], SamplingParams(temperature=t, top_k=k, top_p=p, min_p=m))
+                for i, (t, k, p, m) in enumerate((cases * 4)[:8])]
+        host = sampling_rows(reqs, 40)
+        dev = send_rows(host, logits.device)
+        sort = needs_sort(host, 40)
+        assert sort == (name == "sorted")
+        chosen, every = distributions(logits, dev, sort, host), distributions(logits, dev, sort)
+        assert torch.equal(chosen, every), name
+        assert torch.allclose(chosen.sum(-1), torch.ones(8)), name

@@ -31,7 +31,7 @@ def test_deepspark_in_graphs_feeds_the_lookups_requests_to_the_loop_graph(loop_t
     d.runner = SimpleNamespace(propose=lambda requests, *a, **kw: asked.extend(r.request_id for r in requests)
                                or {r.request_id: Draft([7, 7, 7, 7, 7], None, [0.9] * 5) for r in requests},
                                loop_size=loop_size, release=lambda rid: None,
-                               drafts_greedily=lambda r: r.params.greedy)
+                               loop_drafts=lambda requests: all(r.params.greedy for r in requests))
     greedy = SimpleNamespace(greedy=True)
     repeats = SimpleNamespace(request_id="a", all_token_ids=[1, 2, 3, 4, 5, 6, 9, 9, 1, 2, 3, 4], params=greedy)
     fresh = SimpleNamespace(request_id="b", all_token_ids=[10, 11, 12, 13], params=greedy)
