@@ -129,6 +129,7 @@ class DraftLoopGraphs(DecodeGraphs):
         distribution it was drawn from (a greedy row's: its softmax's); the distributions
         [n, k, V], copied out of the graphs' memory)."""
         n = len(tokens)
+        self._await_turn()  # (before the buffer is written: the copy that last read it has run)
         host = self.inputs.host(self._turn, size)  # (what run_padded fills next)
         rows = host["sampling"]
         rows[:] = np.array([1.0, 1.0, 1.0, 0.0, 0.0, 1.0])[:, None]  # padding: greedy

@@ -126,7 +126,10 @@ class DraftRunner:
         if loop_steps > 0:
             self.loop = DraftLoopGraphs(one, loop_steps, loop_first)
             self.loop.capture()
-            fits = min(one.sizes) * self.vocab_size <= DraftLoopGraphs.SAMPLED_MAX_ELEMENTS
+            # (on the CPU and CUDA devices only, where the sampler's float64 sums and searches were
+            # tested: sampler.batch_device)
+            fits = (min(one.sizes) * self.vocab_size <= DraftLoopGraphs.SAMPLED_MAX_ELEMENTS
+                    and self.device.type in ("cpu", "cuda"))
             for sort in (False, True) if sampled_loop and fits else ():
                 self.sampled_loops[sort] = DraftLoopGraphs(one, loop_steps, loop_first, sampled=sort)
                 self.sampled_loops[sort].capture()
