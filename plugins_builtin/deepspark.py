@@ -59,7 +59,7 @@ from pydantic import Field, model_validator
 
 from deepinfer.plugins import DraftProposal, Request, hookimpl
 from deepinfer_builtin.draft_model import DraftModelDrafter, DraftModelOptions
-from deepinfer_builtin.draft_runner import Draft
+from deepinfer_builtin.draft_seq import Draft
 from deepinfer_builtin.lookup import LookupDrafts
 from deepinfer_builtin.round_rates import AcceptanceTable, RoundCosts, RoundRates, rounds_left
 
@@ -335,8 +335,8 @@ class DeepSparkDrafter(DraftModelDrafter):
                 self._ended = self.clock()
                 return looked_up
             # the lookups' requests join the loop graph's round (drafts unused): no long catch-up later
-            if not (self.in_graphs and self.runner.loop_drafts(requests) and self.runner.loop_size(
-                    len(requests), max(len(r.all_token_ids) for r in requests), self.k) is not None):
+            if not (self.in_graphs and self.runner.loop_size(
+                    len(requests), max(len(r.all_token_ids) for r in requests), self.k, requests) is not None):
                 requests = rest
         # a round the loop graph takes drafts all k (then the rule chooses); the others step by step
         budget = self.options.verify_budget

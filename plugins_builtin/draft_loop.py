@@ -53,7 +53,7 @@ class DraftLoopGraphs(DecodeGraphs):
     round's: ``run_sampled``). The first step computes each sequence's new
     tokens, one to ``first`` of them (2 by default: the target's token, behind the last accepted
     draft when all were accepted; more where rounds may follow a lookup's), laid out as in the
-    verification graphs (``run_padded``); then each step's argmax becomes the next step's one
+    verification graphs (``run_padded``); then each step's argmax (or drawn token) becomes the next step's one
     token, on the device. The later steps' positions, slots and lengths follow from the first's,
     so the host writes them for all k - 1 steps with the round's inputs (padding rows stay at
     slot -1 and length 0: they write nothing). The output holds every step's token and
@@ -71,16 +71,17 @@ class DraftLoopGraphs(DecodeGraphs):
     #: entry): larger sizes are not captured, and rounds of more sequences draft step by step
     SAMPLED_MAX_ELEMENTS = 1 << 24
 
-    def __init__(self, one: DecodeGraphs, steps: int, first: int = 2, sampled: bool | None = None) -> None:
+    def __init__(self, one: DecodeGraphs, steps: int, first: int = 2, sampled: bool | None = None,
+                 q_out: torch.Tensor | None = None) -> None:
         """``sampled`` (None: greedy rounds): the graphs of sampled rounds (``run_sampled``), whose
         filters sort the logits (True: top-k or top-p in some row) or not (False), for the sizes
-        of ``one`` whose logits fit ``SAMPLED_MAX_ELEMENTS`` (ValueError: none do)."""
+        of ``one`` whose logits fit ``SAMPLED_MAX_ELEMENTS`` (``sampled_sizes``); each step writes
+        its distributions into ``q_out`` [max size, k, V] (float32; the sets may share one, since
+        a round's are copied out right after its replay)."""
         self.steps = steps  # (before the base class lays out its inputs, which hold the later steps' too)
         self.sampled = sampled
-        self._q: dict[int, torch.Tensor] = {}  # size -> its sampled replay's draft distributions [size, k, V]
-        sizes = one.sizes
-        if sampled is not None:
-            sizes = [b for b in sizes if b * one.model.config.vocab_size <= self.SAMPLED_MAX_ELEMENTS]
+        self.q_out = q_out
+        sizes = one.sizes if sampled is None else sampled_sizes(one)
         super().__init__(one.model, one.attention, one.kv_caches, one.api, one.device, one.block_size, sizes,
                          one.max_seq_len, query_len=first, placeholders=False)
         self.one = one  # the later steps run the one-token graphs' forward on the inputs below
@@ -137,7 +138,7 @@ class DraftLoopGraphs(DecodeGraphs):
         host["uniforms"][:] = 0.0
         host["uniforms"][:, :n] = uniforms.T
         out = self.run_padded(size, tokens, starts, tables)
-        return out, self._q[size][:n].clone()
+        return out, self.q_out[:n].clone()
 
     def run_padded(self, size, tokens, starts, tables, on_device=None, prev_tokens=None) -> torch.Tensor:
         self._await_turn()
@@ -203,14 +204,9 @@ class DraftLoopGraphs(DecodeGraphs):
         new = batch.seq_lens - batch.context_lens  # 1 to query_len new tokens; 0 for padding
         last = torch.arange(b, device=new.device) * self.query_len + (new.long() - 1).clamp(min=0)
         one, ins = self.one._batch(b), self.inputs.device(b)
-        qs: list[torch.Tensor] = []  # a sampled round's distributions, step by step
 
         def pick(hidden: torch.Tensor, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-            if self.sampled is None:
-                return self._argmax(hidden)
-            p, t, q = self._draw(ins, hidden, step)
-            qs.append(q)
-            return p, t
+            return self._argmax(hidden) if self.sampled is None else self._draw(ins, hidden, step)
 
         p, t = pick(super().captured_work(batch)[last], 0)
         tokens, probs = [t], [p]
@@ -221,23 +217,23 @@ class DraftLoopGraphs(DecodeGraphs):
             p, t = pick(self.one.captured_work(step), j + 1)
             tokens.append(t)
             probs.append(p)
-        if qs:
-            self._q[b] = torch.stack(qs, 1)  # (a replay refills it in place)
         return torch.stack((torch.stack(tokens, 1).float(), torch.stack(probs, 1)), dim=1)
 
     def _draw(self, ins: dict[str, torch.Tensor], hidden: torch.Tensor,
-              step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+              step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """A sampled round's step: each row's draft drawn from its distribution (``distributions``
-        with every filter run: the same numbers as a step-by-step round's) by the inverse CDF of its
-        uniform number for this step, with that distribution's probability of it; greedy rows
-        their argmax and its probability, as ``_argmax``. (probabilities, tokens, distributions)."""
+        with every filter run: the same numbers as a step-by-step round's, written into
+        ``q_out``) by the inverse CDF of its uniform number for this step, with that
+        distribution's probability of it; greedy rows their argmax and its probability, as
+        ``_argmax``. (probabilities, tokens)."""
         logits = self.model.compute_logits(hidden).float()
         q = distributions(logits, ins["sampling"], self.sampled)
+        self.q_out[:q.shape[0], step].copy_(q)
         # (padding rows, and the blank inputs of the capture, have no distribution: kept in range)
         drawn = draw_rows(q, ins["uniforms"][step]).clamp_(max=logits.shape[-1] - 1)
         best_p, best = self._pick_greedy(logits)
         greedy = ins["sampling"][GREEDY] > 0
-        return torch.where(greedy, best_p, q.gather(1, drawn[:, None])[:, 0]), torch.where(greedy, best, drawn), q
+        return torch.where(greedy, best_p, q.gather(1, drawn[:, None])[:, 0]), torch.where(greedy, best, drawn)
 
     def _argmax(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Each row's greedy token and its probability (the draft's confidence)."""
@@ -248,6 +244,12 @@ class DraftLoopGraphs(DecodeGraphs):
         it, else softmax and max."""
         fused = getattr(self.fused_ops, "argmax_prob", None)
         return fused(logits) if fused is not None else logits.float().softmax(-1).max(-1)
+
+
+def sampled_sizes(one: DecodeGraphs) -> list[int]:
+    """The sizes of ``one`` that sampled loop graphs capture: those whose logits fit
+    ``DraftLoopGraphs.SAMPLED_MAX_ELEMENTS``."""
+    return [b for b in one.sizes if b * one.model.config.vocab_size <= DraftLoopGraphs.SAMPLED_MAX_ELEMENTS]
 
 
 def chain_inputs(base: torch.Tensor, vrows: torch.Tensor, drows: torch.Tensor, best: torch.Tensor,

@@ -58,13 +58,14 @@ class DraftModelOptions(BaseModel):
                                                  "device from the verified tokens, before the host has read them")
     sampled_drafts: Literal["sampled", "greedy"] = Field(
         "sampled", description="how sampled requests are drafted: sampled: each draft drawn from the draft's "
-                               "distribution under the request's temperature and filters, step by step (more "
-                               "drafts accepted); greedy: the draft's argmax, as for greedy requests (verified as "
-                               "deterministic drafts), so that with the loop graph their rounds replay it too")
+                               "distribution under the request's temperature and filters (more drafts "
+                               "accepted); greedy: the draft's argmax, as for greedy requests (verified as "
+                               "deterministic drafts; with the loop graph, the greedy one)")
     sampled_loop: bool = Field(True, description="with the loop graph and sampled drafts, rounds with sampled "
                                                  "requests replay loop graphs of their own too (two more captured "
-                                                 "sets: with filters that sort the logits and without); else they "
-                                                 "draft step by step")
+                                                 "sets: with filters that sort the logits and without; on CPU and "
+                                                 "CUDA devices, for batches whose logits fit 2^24 entries); else "
+                                                 "they draft step by step")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="the draft model's dtype (weights and its KV cache); auto: the device's choice "
                             "(Device.draft_dtype): the target's, except that the cpu device gives a "

@@ -2,17 +2,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from deepinfer.plugins import (
-    Block,
     BlockPool,
     DecodeGraphs,
     DeviceGraphs,
-    DeviceTokens,
     EngineContext,
     HostCopy,
     Request,
@@ -23,45 +20,8 @@ from deepinfer.plugins import (
     sampling_rows,
 )
 from deepinfer_builtin.draft_compile import CompiledDraftStep
-from deepinfer_builtin.draft_loop import ChainedRound, DraftLoopGraphs, LoopRound
-
-
-@dataclass(slots=True)
-class _DraftSeq:
-    tokens: list[int] = field(default_factory=list)  # tokens whose KV is in the draft cache
-    committed: int = 0  # the request's length at the last proposal: history before it is shared
-    blocks: list[Block] = field(default_factory=list)
-    generator: torch.Generator | None = None
-    #: a round whose drafts are still on their way to the host, and this sequence's row: their
-    #: KV (all but the last's) is in the draft cache, their values join ``tokens`` when read
-    pending: tuple[LoopRound, int] | None = None
-
-    def settle(self) -> None:
-        if self.pending is not None:
-            rnd, i = self.pending
-            self.pending = None
-            self.tokens.extend(rnd.tokens(i)[:-1])
-
-
-class Draft:
-    """One request's drafts. ``tokens`` are placeholders for ``source`` (see ``DeviceTokens``)
-    when the round left them on the device; ``confidence`` (the draft's probability of each token
-    it proposed) is then read from the host copy when first asked for."""
-
-    __slots__ = ("_confidence", "probs", "source", "tokens")
-
-    def __init__(self, tokens: list[int], probs: torch.Tensor | None,
-                 confidence: list[float] | Callable[[], list[float]], source: DeviceTokens | None = None) -> None:
-        self.tokens = tokens
-        self.probs = probs  # [k, vocab] draft distributions (None: greedy, deterministic)
-        self._confidence = confidence
-        self.source = source
-
-    @property
-    def confidence(self) -> list[float]:
-        if callable(self._confidence):
-            self._confidence = self._confidence()
-        return self._confidence
+from deepinfer_builtin.draft_loop import ChainedRound, DraftLoopGraphs, LoopRound, sampled_sizes
+from deepinfer_builtin.draft_seq import Draft, DraftSeq, common_prefix
 
 
 class DraftRunner:
@@ -84,7 +44,7 @@ class DraftRunner:
         self.kv_caches = self.attention.allocate_kv_cache(layers, num_blocks, self.block_size, self.dtype,
                                                           self.device)
         self.pool = BlockPool(num_blocks, self.block_size)
-        self.seqs: dict[str, _DraftSeq] = {}
+        self.seqs: dict[str, DraftSeq] = {}
         self.vocab_size = self.model.config.vocab_size
         self.graphs: DecodeGraphs | None = None
         self.first_graphs: DecodeGraphs | None = None  # a round's first step: up to max(2, loop_first) tokens
@@ -127,11 +87,11 @@ class DraftRunner:
             self.loop = DraftLoopGraphs(one, loop_steps, loop_first)
             self.loop.capture()
             # (on the CPU and CUDA devices only, where the sampler's float64 sums and searches were
-            # tested: sampler.batch_device)
-            fits = (min(one.sizes) * self.vocab_size <= DraftLoopGraphs.SAMPLED_MAX_ELEMENTS
-                    and self.device.type in ("cpu", "cuda"))
-            for sort in (False, True) if sampled_loop and fits else ():
-                self.sampled_loops[sort] = DraftLoopGraphs(one, loop_steps, loop_first, sampled=sort)
+            # tested: sampler.batch_device); the two sets write their distributions into one buffer
+            sizes = sampled_sizes(one) if sampled_loop and self.device.type in ("cpu", "cuda") else []
+            q_out = torch.empty(max(sizes), loop_steps, self.vocab_size, device=self.device) if sizes else None
+            for sort in (False, True) if sizes else ():
+                self.sampled_loops[sort] = DraftLoopGraphs(one, loop_steps, loop_first, sampled=sort, q_out=q_out)
                 self.sampled_loops[sort].capture()
 
     def _forward_last(self, feeds: list[tuple[list[int], int, list[int]]]) -> torch.Tensor:
@@ -196,15 +156,15 @@ class DraftRunner:
         if seq is not None:
             self.pool.free(reversed(seq.blocks))
 
-    def _seq(self, req: Request) -> _DraftSeq:
+    def _seq(self, req: Request) -> DraftSeq:
         seq = self.seqs.get(req.request_id)
         if seq is None:
             gen = torch.Generator().manual_seed(req.params.seed if req.params.seed is not None
                                                 else hash(req.request_id) & 0x7FFFFFFF)
-            seq = self.seqs[req.request_id] = _DraftSeq(generator=gen)
+            seq = self.seqs[req.request_id] = DraftSeq(generator=gen)
         return seq
 
-    def _reserve(self, seq: _DraftSeq, num_tokens: int) -> bool:
+    def _reserve(self, seq: DraftSeq, num_tokens: int) -> bool:
         need = -(-num_tokens // self.block_size) - len(seq.blocks)
         if need <= 0:
             return True
@@ -231,13 +191,13 @@ class DraftRunner:
                 and all(r.params.greedy for r in requests)
                 and (drafts := self._take_chained(chained, requests, k, lazy)) is not None):
             return drafts
-        live: list[tuple[Request, _DraftSeq]] = []
+        live: list[tuple[Request, DraftSeq]] = []
         feeds = []
         for req in requests:
             seq = self._seq(req)
             seq.settle()
             target = req.all_token_ids
-            valid = _common_prefix(seq.tokens, target, seq.committed)
+            valid = common_prefix(seq.tokens, target, seq.committed)
             seq.committed = len(target)
             valid = min(valid, len(target) - 1)  # always feed at least the last token
             if not self._reserve(seq, len(target) + k):
@@ -249,7 +209,7 @@ class DraftRunner:
             live.append((req, seq))
         if not live:
             return {}
-        if (whole_rounds or (go_on is None and another_step is None)) and self.loop_drafts([r for r, _ in live]):
+        if whole_rounds or (go_on is None and another_step is None):
             drafts = self._propose_in_loop(live, feeds, k, lazy)
             if drafts is not None:
                 return drafts
@@ -310,12 +270,18 @@ class DraftRunner:
         with ``greedy_sampled``), so that the loop graph may draft its rounds."""
         return req.params.greedy or self.greedy_sampled
 
-    def loop_drafts(self, requests: Sequence[Request]) -> bool:
-        """Whether a loop graph drafts rounds of these requests (where its sizes cover them): the
-        greedy one when all draft greedily, else the sampled ones if captured."""
-        return bool(self.sampled_loops) or all(map(self.drafts_greedily, requests))
+    def _loop_for(self, requests: Sequence[Request]) -> tuple[DraftLoopGraphs | None, np.ndarray | None]:
+        """The loop graphs that would draft a round of these requests (the greedy one when all
+        draft greedily, else the sampled set their filters need, if captured) and, for a sampled
+        set, the requests' ``sampling_rows``."""
+        if all(map(self.drafts_greedily, requests)):
+            return self.loop, None
+        if not self.sampled_loops:
+            return None, None
+        rows = sampling_rows(requests, self.vocab_size)
+        return self.sampled_loops[needs_sort(rows, self.vocab_size)], rows
 
-    def _propose_in_loop(self, live: list[tuple[Request, _DraftSeq]], feeds, k: int,
+    def _propose_in_loop(self, live: list[tuple[Request, DraftSeq]], feeds, k: int,
                          lazy: bool) -> dict[str, Draft] | None:
         """Rounds of k drafts for every request from a loop graph, with one copy to the host
         (waited for here, or with ``lazy`` when first read): the greedy one where every request
@@ -324,20 +290,13 @@ class DraftRunner:
         more new tokens than the loop's first step takes (after its prompt, or rounds it did not
         draft) first computes the others (``_catch_up``). None when it does not cover the round (a
         batch or a length beyond the captured ones)."""
-        greedy, rows = all(self.drafts_greedily(r) for r, _ in live), None
-        if greedy:
-            loop = self.loop
-        elif self.sampled_loops:
-            rows = sampling_rows([r for r, _ in live], self.vocab_size)
-            loop = self.sampled_loops[needs_sort(rows, self.vocab_size)]
-        else:
-            return None
+        loop, rows = self._loop_for([r for r, _ in live])
         longest = max(start + len(t) for t, start, _ in feeds)
         if loop is None or loop.steps != k or (size := loop.size_for(len(feeds), longest + k - 1)) is None:
             return None
         feeds = self._catch_up(feeds, loop.query_len)
         tokens, starts, tables = zip(*feeds, strict=True)
-        if greedy:
+        if rows is None:
             rnd = LoopRound(loop.run_padded(size, tokens, starts, tables)[:len(feeds)], lazy)
             return self._drafts(rnd, live, range(len(live)), k, lazy)
         uniforms = np.zeros((len(live), k))
@@ -349,7 +308,7 @@ class DraftRunner:
         return self._drafts(rnd, live, range(len(live)), k, lazy, q)
 
     @staticmethod
-    def _drafts(rnd: LoopRound, live: list[tuple[Request, _DraftSeq]], rows: Sequence[int], k: int,
+    def _drafts(rnd: LoopRound, live: list[tuple[Request, DraftSeq]], rows: Sequence[int], k: int,
                 lazy: bool, q: torch.Tensor | None = None) -> dict[str, Draft]:
         """The drafts of a loop round for each request, from its row of the round (and of its
         distributions ``q`` [n, k, V], a sampled round's, for its sampled requests)."""
@@ -426,23 +385,16 @@ class DraftRunner:
             seq.committed = len(req.all_token_ids)
         return self._drafts(chained.round, [(r, s) for r, s, _ in live], rows, k, lazy)
 
-    def loop_size(self, num_seqs: int, longest: int, k: int) -> int | None:
-        """The loop graph's size for a greedy round of k drafts over sequences of at most ``longest``
-        tokens, or None where it does not take the round."""
-        return None if self.loop is None or self.loop.steps != k else self.loop.size_for(num_seqs, longest + k - 1)
+    def loop_size(self, num_seqs: int, longest: int, k: int, requests: Sequence[Request] | None = None) -> int | None:
+        """The loop graph's size for a round of k drafts over sequences of at most ``longest``
+        tokens (of ``requests``: the loop graphs that would draft them; else a greedy round), or
+        None where it does not take the round."""
+        loop = self.loop if requests is None else self._loop_for(requests)[0]
+        return None if loop is None or loop.steps != k else loop.size_for(num_seqs, longest + k - 1)
 
     @staticmethod
-    def _sample(rows: list[tuple[Request, _DraftSeq]], logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _sample(rows: list[tuple[Request, DraftSeq]], logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Draft tokens [n] for sampled requests, each drawn from its request's sampling
         distribution with the sequence's generator, and those distributions [n, vocab]."""
         uniforms = [float(torch.rand(1, generator=seq.generator, dtype=torch.float64)) for _, seq in rows]
         return sample_rows(logits, [req for req, _ in rows], uniforms)
-
-
-def _common_prefix(a: list[int], b: list[int], known: int) -> int:
-    """Length of the common prefix, given that the first ``known`` tokens agree."""
-    n = min(len(a), len(b))
-    i = min(known, n)
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i

@@ -254,7 +254,7 @@ class DraftProposal:
     """Draft tokens for one request. ``probs`` [len(tokens), vocab] is the draft distribution each
     token was drawn from (None: a deterministic proposal, taken as one-hot); only the first
     ``num_verify`` tokens (None: all) are sent to the target. With ``source``, ``tokens`` are
-    placeholders for tokens still on the device (see ``DeviceTokens``; greedy proposals only)."""
+    placeholders for tokens still on the device (see ``DeviceTokens``: a loop graph's round)."""
 
     tokens: list[int]
     probs: torch.Tensor | None = None

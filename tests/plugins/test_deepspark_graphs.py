@@ -24,14 +24,13 @@ def test_deepspark_in_graphs_feeds_the_lookups_requests_to_the_loop_graph(loop_t
     d.options = d.options.model_copy(update={"device_drafts": False, "lookup_max_batch": 64})
     asked, sizes = [], []
 
-    def loop_size(num_seqs, longest, k):
+    def loop_size(num_seqs, longest, k, requests=None):
         sizes.append((num_seqs, longest, k))
         return 8 if loop_takes else None
 
     d.runner = SimpleNamespace(propose=lambda requests, *a, **kw: asked.extend(r.request_id for r in requests)
                                or {r.request_id: Draft([7, 7, 7, 7, 7], None, [0.9] * 5) for r in requests},
-                               loop_size=loop_size, release=lambda rid: None,
-                               loop_drafts=lambda requests: all(r.params.greedy for r in requests))
+                               loop_size=loop_size, release=lambda rid: None)
     greedy = SimpleNamespace(greedy=True)
     repeats = SimpleNamespace(request_id="a", all_token_ids=[1, 2, 3, 4, 5, 6, 9, 9, 1, 2, 3, 4], params=greedy)
     fresh = SimpleNamespace(request_id="b", all_token_ids=[10, 11, 12, 13], params=greedy)

@@ -11,7 +11,8 @@ import torch
 
 from deepinfer.plugins import HostCopy
 from deepinfer_builtin.draft_loop import ChainedRound, LoopRound
-from deepinfer_builtin.draft_runner import DraftRunner, _DraftSeq
+from deepinfer_builtin.draft_runner import DraftRunner
+from deepinfer_builtin.draft_seq import DraftSeq
 
 K = 3
 
@@ -26,7 +27,7 @@ def _setup(best: list[int]):
     the drafts but the last); ``best``: the target's k + 1 tokens at the verification."""
     runner = DraftRunner.__new__(DraftRunner)
     prev, new = _round([[5, 6, 7]]), _round([[11, 12, 13]])
-    seq = _DraftSeq(tokens=[1, 2, 3, 4], committed=4, pending=(prev, 0))
+    seq = DraftSeq(tokens=[1, 2, 3, 4], committed=4, pending=(prev, 0))
     runner.seqs = {"a": seq}
     chained = ChainedRound(new, prev, HostCopy(torch.tensor(best)), {"a": (0, seq, 4, 0, 0)})
     return runner, seq, prev, new, chained
@@ -59,5 +60,5 @@ def test_a_chained_round_is_dropped_otherwise():
     assert runner._take_chained(chained, [_request("a", [1, 2, 3, 4, 5, 6, 8])], K, lazy=True) is None
     assert seq.tokens == [1, 2, 3, 4] and seq.pending == (prev, 0) and seq.committed == 4  # left as it was
     # its sequence released (the request finished or was preempted), then made again
-    runner.seqs["a"] = _DraftSeq(tokens=[1, 2, 3, 4], committed=4, pending=(prev, 0))
+    runner.seqs["a"] = DraftSeq(tokens=[1, 2, 3, 4], committed=4, pending=(prev, 0))
     assert runner._take_chained(chained, [_request("a", [1, 2, 3, 4, 5, 6, 9])], K, lazy=True) is None
