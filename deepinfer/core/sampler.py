@@ -118,8 +118,10 @@ class Sampler:
     def sample_batch(self, logits: torch.Tensor, requests: Sequence[Request]) -> torch.Tensor:
         """Every row's token [B] (int64, on the logits' device) for requests without penalties or
         a held-back EOS: greedy rows their argmax; sampled rows a draw from softmax(logits / T)
-        after top-k, top-p (over the top-k's renormalised mass) and min-p, by the inverse CDF of
-        one uniform number from the request's generator (greedy rows draw none), as ``draw``."""
+        after top-k, top-p (over the top-k's renormalised mass) and min-p (``distributions``), by
+        the inverse CDF in vocabulary order of one uniform number from the request's generator
+        (greedy rows draw none), as ``draw``: a row's token depends on its own parameters and
+        number only, not on what it is batched with."""
         vocab = logits.shape[-1]
         host = sampling_rows(requests, vocab)
         unseeded = []  # sampled rows without a generator of their own: their numbers in one call
@@ -133,12 +135,7 @@ class Sampler:
         if unseeded:
             host[UNIFORM, unseeded] = torch.rand(len(unseeded), generator=self.generator, dtype=torch.float64).numpy()
         dev = send_rows(host, logits.device)
-        weights, order = filtered_weights(logits, dev, needs_sort(host, vocab), host)
-        pos = _search(weights.cumsum(-1, dtype=torch.float64), dev[UNIFORM, :, None])
-        tokens = (pos if order is None else order.gather(1, pos))[:, 0]
-        if host[GREEDY].any():
-            tokens = torch.where(dev[GREEDY] > 0, logits.argmax(-1), tokens)
-        return tokens
+        return draw_rows(distributions(logits, dev, needs_sort(host, vocab), host), dev[UNIFORM])
 
     def _sample_row(self, row: torch.Tensor, req: Request) -> int:
         p = req.params
@@ -195,48 +192,56 @@ def needs_sort(host: np.ndarray, vocab: int) -> bool:
     return bool((host[TOP_K] < vocab).any() or (host[TOP_P] < 1.0).any())
 
 
+def sorts_rows(dev: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Which rows of ``sampling_rows``' array on the device have a filter that sorts their logits
+    (top-k below the vocabulary, top-p below 1): bool [R]."""
+    return (dev[TOP_K] < vocab) | (dev[TOP_P] < 1.0)
+
+
 def filtered_weights(logits: torch.Tensor, dev: torch.Tensor, sort: bool,
-                     host: np.ndarray | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                     host: np.ndarray | None = None) -> torch.Tensor:
     """Each row's probabilities after its temperature, top-k, top-p (over the top-k's renormalised
-    mass) and min-p, not renormalised: (weights [R, V] float32, order). ``sort`` (``needs_sort``):
-    the weights come sorted in descending order and ``order`` gives each one's vocabulary index;
-    else they stay in vocabulary order (order None) and top-k and top-p must be off. ``dev`` is
-    ``sampling_rows``' array on the logits' device. ``host``, that array on the host, lets the
-    filters that no row uses be skipped; without it (in a device graph, whose work is fixed when
-    it is captured) every filter runs, which leaves a row that does not use one as it was: the
-    same numbers either way."""
+    mass) and min-p, not renormalised, in vocabulary order: float32 [R, V]. A row's numbers depend
+    on its own parameters only, whatever it is batched with: a row with top-k or top-p on is
+    computed over its logits sorted in descending order (stable), any other row over them as they
+    are. ``sort`` (``needs_sort``) says whether some row sorts; without it top-k and top-p must be
+    off. ``dev`` is ``sampling_rows``' array on the logits' device. ``host``, that array on the
+    host, lets the work that no row needs be skipped; without it (in a device graph, whose work is
+    fixed when it is captured) every filter and both ways run, which leaves a row that does not
+    use one as it was: the same numbers either way."""
     vocab = logits.shape[-1]
     temp, top_k, top_p, min_p = dev[TEMPERATURE], dev[TOP_K], dev[TOP_P], dev[MIN_P]
     x = logits.float() / temp[:, None].float()
-    order = keep = None
     any_min_p = host is None or bool(host[MIN_P].any())
-    if sort:
-        x, order = x.sort(dim=-1, descending=True, stable=True)
-        probs = x.softmax(-1)
-        mass = probs.cumsum(-1, dtype=torch.float64)
-        keep = torch.arange(vocab, device=x.device)[None, :] < top_k[:, None]
-        in_k = mass.gather(1, (top_k.long() - 1).clamp(0, vocab - 1)[:, None])  # the top-k's mass
-        # top-p over the top-k's renormalised mass: the tokens strictly before reach top_p
-        keep &= (mass - probs) < top_p[:, None] * in_k
-        if any_min_p:  # (min-p's ratio is the same after renormalising)
-            keep &= probs >= min_p[:, None].float() * probs[:, :1]
-    else:
-        probs = x.softmax(-1)
+    plain = None  # the rows that do not sort, computed as they are
+    if not sort or host is None or not ((host[TOP_K] < vocab) | (host[TOP_P] < 1.0)).all():
+        plain = x.softmax(-1)
         if any_min_p:
-            keep = probs >= min_p[:, None].float() * probs.max(-1, keepdim=True).values
-    return (probs if keep is None else probs * keep), order
+            plain = plain * (plain >= min_p[:, None].float() * plain.max(-1, keepdim=True).values)
+        if not sort:
+            return plain
+    x, order = x.sort(dim=-1, descending=True, stable=True)
+    probs = x.softmax(-1)
+    mass = probs.cumsum(-1, dtype=torch.float64)
+    keep = torch.arange(vocab, device=x.device)[None, :] < top_k[:, None]
+    in_k = mass.gather(1, (top_k.long() - 1).clamp(0, vocab - 1)[:, None])  # the top-k's mass
+    # top-p over the top-k's renormalised mass: the tokens strictly before reach top_p
+    keep &= (mass - probs) < top_p[:, None] * in_k
+    if any_min_p:  # (min-p's ratio is the same after renormalising)
+        keep &= probs >= min_p[:, None].float() * probs[:, :1]
+    weights = torch.empty_like(probs).scatter_(1, order, probs * keep)  # back in vocabulary order
+    return weights if plain is None else torch.where(sorts_rows(dev, vocab)[:, None], weights, plain)
 
 
 def distributions(logits: torch.Tensor, dev: torch.Tensor, sort: bool, host: np.ndarray | None = None) -> torch.Tensor:
     """Each row's sampling distribution [R, V] (float32, in vocabulary order, summing to 1), as
     ``Sampler.sample_batch`` draws from it; greedy rows are one-hot at their argmax. Arguments
-    as ``filtered_weights``': without ``host`` the same numbers, every step run."""
-    weights, order = filtered_weights(logits, dev, sort, host)
-    if sort:
-        weights = torch.empty_like(weights).scatter_(1, order, weights)
-        weights = weights / weights.sum(-1, keepdim=True)
-    elif host is None or host[MIN_P].any():  # (rows without min-p keep the softmax's own sums)
-        weights = torch.where(dev[MIN_P, :, None] > 0, weights / weights.sum(-1, keepdim=True), weights)
+    as ``filtered_weights``': without ``host`` the same numbers, every step run; a row's numbers
+    depend on its own parameters only."""
+    weights = filtered_weights(logits, dev, sort, host)
+    if host is None or sort or host[MIN_P].any():  # (rows that filter nothing keep the softmax's own sums)
+        renorm = sorts_rows(dev, logits.shape[-1]) | (dev[MIN_P] > 0)
+        weights = torch.where(renorm[:, None], weights / weights.sum(-1, keepdim=True), weights)
     if host is None or host[GREEDY].any():
         hot = torch.zeros_like(weights).scatter_(1, logits.argmax(-1, keepdim=True), 1.0)
         weights = torch.where(dev[GREEDY, :, None] > 0, hot, weights)

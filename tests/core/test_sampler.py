@@ -240,3 +240,37 @@ def test_distributions_are_the_same_numbers_with_every_filter_run():
         chosen, every = distributions(logits, dev, sort, host), distributions(logits, dev, sort)
         assert torch.equal(chosen, every), name
         assert torch.allclose(chosen.sum(-1), torch.ones(8)), name
+
+
+def test_a_rows_distribution_and_draws_depend_on_its_own_parameters_only():
+    """Rows that sort their logits (top-k, top-p) and rows that do not, batched together: each
+    row's distribution is bit for bit the one it gets alone (host's choice and every filter run),
+    and a seeded request samples the same tokens alone and beside rows of the other kind (one
+    that does not sort used to draw in the sorted order whenever another row sorted)."""
+    vocab = 40
+    logits = torch.randn(8, vocab, generator=torch.Generator().manual_seed(5)) * 2
+    kinds = [(0.8, 0, 1.0, 0.0), (1.1, 0, 1.0, 0.2), (0.9, 6, 1.0, 0.0), (0.7, 0, 0.7, 0.05),
+             (1.2, 10, 0.9, 0.0), (0.0, 0, 1.0, 0.0)]
+    reqs = [Request(f"r{i}", [1], SamplingParams(temperature=t, top_k=k, top_p=p, min_p=m))
+            for i, (t, k, p, m) in enumerate((kinds * 2)[:8])]
+    host = sampling_rows(reqs, vocab)
+    dev = send_rows(host, logits.device)
+    together = distributions(logits, dev, needs_sort(host, vocab), host)
+    assert torch.equal(together, distributions(logits, dev, True))
+    for i, r in enumerate(reqs):
+        one = sampling_rows([r], vocab)
+        alone = distributions(logits[i:i + 1], send_rows(one, logits.device), needs_sort(one, vocab), one)
+        assert torch.equal(alone[0], together[i]), (i, r.params)
+
+    def tokens(params: SamplingParams, beside: list[SamplingParams]) -> list[int]:
+        s = Sampler(seed=1)
+        rows = [Request("r", [1], params), *(Request(f"o{i}", [1], b) for i, b in enumerate(beside))]
+        got = []
+        for step in range(40):
+            step_logits = torch.randn(1, vocab, generator=torch.Generator().manual_seed(100 + step)).expand(len(rows), -1)
+            got.append(int(s.sample_batch(step_logits.contiguous(), rows)[0]))
+        return got
+
+    plain, nucleus = SamplingParams(temperature=0.9, seed=7), SamplingParams(temperature=0.9, top_p=0.8, seed=7)
+    assert tokens(plain, [SamplingParams(temperature=1.0, top_p=0.5)]) == tokens(plain, [])
+    assert tokens(nucleus, [SamplingParams(temperature=1.0), SamplingParams(temperature=0)]) == tokens(nucleus, [])
