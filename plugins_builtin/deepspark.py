@@ -1,15 +1,18 @@
 """The `deepspark` drafter: the draft model proposes five tokens, and only those worth verifying
 are sent to the target.
 
-Rule. For draft position i of a request the drafter knows the draft's own probability c_i of the
-token it proposed. An online table, indexed by (confidence bucket of c_i, position i), estimates the
+Rule. For draft position i of a request the drafter knows the draft's confidence c_i: the top
+probability of the distribution the draft came from (for a greedy draft, the probability of the
+token it proposed; for a drawn one not its own, so that whether a draft is verified never depends
+on its value, which would bias the rejection sampler: DraftRunner.propose). An online table, indexed by (confidence bucket of c_i, position i), estimates the
 chance a_i that the target accepts such a draft; it starts from the bucket's midpoint (a prior worth
 ``prior_strength`` observations) and learns from the verifications (of at most about
 ``learn_per_round`` requests a round, in turn: a sample keeps it current). Draft j can only be accepted
 if drafts 1..j all are, so verifying it is worth P_j = a_1 * ... * a_j expected accepted tokens for
 one verified token. A request verifies its leading drafts while P_j >= ``min_value``. With a
 per-step ``verify_budget`` (tokens), the budget goes to the (request, j) pairs of highest P_j across
-the batch; since P_j shrinks along j, the chosen drafts of each request stay a prefix.
+the batch; since P_j shrinks along j (and a tie goes to the earlier draft), the chosen drafts of
+each request stay a prefix, and whether draft j is chosen depends on c_1..c_j only.
 
 Round depth (``cost_aware``). A round costs C0 (the target's verification step and the engine's
 work around it), t1 for its first draft step (which also feeds the draft the round's new tokens,
@@ -354,11 +357,11 @@ class DeepSparkDrafter(DraftModelDrafter):
         chains = {rid: self.value_chain(d.confidence) for rid, d in drafts.items()}
         n_verify = {rid: sum(1 for v in chain if v >= self.verify_threshold) for rid, (_, chain) in chains.items()}
         if budget and sum(n_verify.values()) > budget:
-            ranked = sorted(((v, rid, j) for rid, (_, chain) in chains.items()
+            ranked = sorted(((v, -j, rid) for rid, (_, chain) in chains.items()
                              for j, v in enumerate(chain[:n_verify[rid]])), reverse=True)[:budget]
             n_verify = dict.fromkeys(chains, 0)
-            for _, rid, j in ranked:
-                n_verify[rid] = max(n_verify[rid], j + 1)
+            for _, _, rid in ranked:  # (a prefix of each request's drafts: P_j never grows along j)
+                n_verify[rid] += 1
         out = looked_up
         for rid, d in drafts.items():
             self._buckets[rid] = chains[rid][0]

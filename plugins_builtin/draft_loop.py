@@ -224,7 +224,7 @@ class DraftLoopGraphs(DecodeGraphs):
         """A sampled round's step: each row's draft drawn from its distribution (``distributions``
         with every filter run: the same numbers as a step-by-step round's, written into
         ``q_out``) by the inverse CDF of its uniform number for this step, with that
-        distribution's probability of it; greedy rows their argmax and its probability, as
+        distribution's top probability (not the drawn token's); greedy rows their argmax and its probability, as
         ``_argmax``. (probabilities, tokens)."""
         logits = self.model.compute_logits(hidden).float()
         q = distributions(logits, ins["sampling"], self.sampled)
@@ -233,7 +233,8 @@ class DraftLoopGraphs(DecodeGraphs):
         drawn = draw_rows(q, ins["uniforms"][step]).clamp_(max=logits.shape[-1] - 1)
         best_p, best = self._pick_greedy(logits)
         greedy = ins["sampling"][GREEDY] > 0
-        return torch.where(greedy, best_p, q.gather(1, drawn[:, None])[:, 0]), torch.where(greedy, best, drawn)
+        # a drawn draft's confidence: its distribution's top probability (DraftRunner.propose)
+        return torch.where(greedy, best_p, q.amax(-1)), torch.where(greedy, best, drawn)
 
     def _argmax(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Each row's greedy token and its probability (the draft's confidence)."""

@@ -1,6 +1,7 @@
 """A small model with its own paged KV cache, run inside the engine to draft tokens."""
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -46,6 +47,9 @@ class DraftRunner:
         self.pool = BlockPool(num_blocks, self.block_size)
         self.seqs: dict[str, DraftSeq] = {}
         self.vocab_size = self.model.config.vocab_size
+        #: the most tokens a draft sequence may hold (the positions its rotary tables cover)
+        self.max_len = getattr(self.model.config, "max_position_embeddings", None) or 1 << 30
+        self.seed = ctx.config.seed  # (unseeded requests' draft generators derive from it)
         self.graphs: DecodeGraphs | None = None
         self.first_graphs: DecodeGraphs | None = None  # a round's first step: up to max(2, loop_first) tokens
         self.loop: DraftLoopGraphs | None = None  # a greedy round's k steps in one replay
@@ -159,10 +163,17 @@ class DraftRunner:
     def _seq(self, req: Request) -> DraftSeq:
         seq = self.seqs.get(req.request_id)
         if seq is None:
-            gen = torch.Generator().manual_seed(req.params.seed if req.params.seed is not None
-                                                else hash(req.request_id) & 0x7FFFFFFF)
+            gen = torch.Generator().manual_seed(draft_seed(req, self.seed))
             seq = self.seqs[req.request_id] = DraftSeq(generator=gen)
         return seq
+
+    def room(self, req: Request, k: int, n: int | None = None) -> int:
+        """How many of k drafts the request may have at n tokens (by default its length now): the
+        engine verifies at most as many as leave room for the token after them within its
+        ``max_model_len``, and the draft's own positions end at ``max_len`` (drafting j tokens
+        computes positions up to n + j - 2)."""
+        n = len(req.all_token_ids) if n is None else n
+        return max(0, min(k, req.max_model_len - n - 1, self.max_len - n + 1))
 
     def _reserve(self, seq: DraftSeq, num_tokens: int) -> bool:
         need = -(-num_tokens // self.block_size) - len(seq.blocks)
@@ -185,31 +196,41 @@ class DraftRunner:
         loop graph takes draft all k: those with neither callback, and with ``whole_rounds`` any
         (the callbacks then serve only the rounds it does not take). With ``lazy``, a round the
         loop graph takes leaves its drafts on the device (``Draft.source``): for callers that
-        need neither the tokens nor their confidences before the verification."""
+        need neither the tokens nor their confidences before the verification.
+
+        A draft's confidence is the top probability of the distribution it came from: a greedy
+        draft's own probability, but not a drawn draft's. Its own would tell a rule that chooses
+        which drafts to verify (deepspark) about its value, and verifying a drawn draft depending
+        on its value biases the rejection sampler's output away from the target's distribution;
+        the top probability depends only on the tokens before it."""
         chained, self.chained = self.chained, None
         if (chained is not None and (whole_rounds or (go_on is None and another_step is None))
                 and all(r.params.greedy for r in requests)
                 and (drafts := self._take_chained(chained, requests, k, lazy)) is not None):
             return drafts
         live: list[tuple[Request, DraftSeq]] = []
-        feeds = []
+        feeds, caps = [], []
         for req in requests:
+            if (cap := self.room(req, k)) == 0:  # (at the end of its context: no drafts)
+                continue
             seq = self._seq(req)
             seq.settle()
             target = req.all_token_ids
             valid = common_prefix(seq.tokens, target, seq.committed)
             seq.committed = len(target)
             valid = min(valid, len(target) - 1)  # always feed at least the last token
-            if not self._reserve(seq, len(target) + k):
+            if not self._reserve(seq, len(target) + cap):
                 self.release(req.request_id)
                 continue
             del seq.tokens[valid:]
             feeds.append((target[valid:], valid, [b.block_id for b in seq.blocks]))
             seq.tokens.extend(target[valid:])
             live.append((req, seq))
+            caps.append(cap)
         if not live:
             return {}
-        if whole_rounds or (go_on is None and another_step is None):
+        # a loop round drafts all k for everyone: rounds with a request near its end step by step
+        if (whole_rounds or (go_on is None and another_step is None)) and min(caps) == k:
             drafts = self._propose_in_loop(live, feeds, k, lazy)
             if drafts is not None:
                 return drafts
@@ -230,7 +251,7 @@ class DraftRunner:
             if sampled:  # drawn together, their distributions kept where the logits are (for verify_batch)
                 tokens, q = self._sample([live[active[row]] for row in sampled],
                                          logits if len(sampled) == len(active) else logits[sampled])
-                picked = q.gather(1, tokens[:, None])[:, 0]
+                picked = q.amax(-1)  # (a drawn draft's confidence: see the docstring)
                 if len(sampled) == len(active):
                     best_p, best = picked, tokens
                 else:
@@ -247,7 +268,7 @@ class DraftRunner:
                 req = live[i][0]
                 drafted[i].append(best[row])
                 conf[i].append(best_p[row])
-                if step < k - 1 and (go_on is None or go_on(req, conf[i])):
+                if step < caps[i] - 1 and (go_on is None or go_on(req, conf[i])):
                     still.append(i)
             if still and another_step is not None and not another_step(step + 1, conf, still):
                 still = []
@@ -339,7 +360,8 @@ class DraftRunner:
         bases, vstarts, dstarts, rows = [], [], [], {}
         for i, (req, drafts, at) in enumerate(verified):
             seq, base = self.seqs.get(req.request_id), len(req.all_token_ids)
-            if seq is None or seq.pending is None or req.draft is None or len(drafts) != k:
+            if (seq is None or seq.pending is None or req.draft is None or len(drafts) != k
+                    or self.room(req, k, base + k + 1) < k):  # (the round after may not draft all k)
                 return
             rnd, row = seq.pending
             prev, first = prev or rnd, row * k  # (the row's first draft in the round's output)
@@ -398,3 +420,13 @@ class DraftRunner:
         distribution with the sequence's generator, and those distributions [n, vocab]."""
         uniforms = [float(torch.rand(1, generator=seq.generator, dtype=torch.float64)) for _, seq in rows]
         return sample_rows(logits, [req for req, _ in rows], uniforms)
+
+
+def draft_seed(req: Request, engine_seed: int) -> int:
+    """The seed of a request's draft generator, which draws its sampled drafts. Never the request's
+    own seed: the verification takes its uniform numbers from a generator of that seed, and a
+    draft drawn with the same numbers would be correlated with its own test (the output then
+    leaves the target's distribution). Seeded requests derive it from their seed, the others from
+    the engine's seed and their id: the same in every process (not Python's salted ``hash``)."""
+    key = f"draft {req.params.seed}" if req.params.seed is not None else f"draft {engine_seed} {req.request_id}"
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little") >> 1

@@ -76,3 +76,22 @@ def hybrid(window: int, layer_types: tuple[str, ...] = ("sliding_attention", "fu
     """make_model overrides for a tiny Qwen3 mixing sliding-window and full-attention layers."""
     return {"num_hidden_layers": len(layer_types), "use_sliding_window": True, "sliding_window": window,
             "max_window_layers": 0, "layer_types": list(layer_types)}
+
+
+def constant_model(out: Path, probs: list[float], vocab_size: int = 320, seed: int = 0, **overrides):
+    """A tiny Llama whose next-token distribution is ``probs`` (then e^-30 for each later token)
+    whatever the context: every token embeds to the same vector, the layers add nothing to the
+    residual stream (zero output projections), and the LM head maps the normed vector to the logits
+    log(probs). For tests that need a target and a draft of known, fixed distributions."""
+    model = make_model(out, "llama", seed=seed, vocab_size=vocab_size, tie_word_embeddings=False, **overrides)
+    hidden = model.config.hidden_size
+    logits = torch.full((vocab_size,), -30.0)
+    logits[:len(probs)] = torch.tensor(probs).log()
+    with torch.no_grad():
+        model.model.embed_tokens.weight.fill_(1.0)  # RMSNorm of a vector of ones: ones (unit norm weights)
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        model.lm_head.weight.copy_((logits / hidden)[:, None].expand(vocab_size, hidden))
+    model.save_pretrained(out)
+    return model

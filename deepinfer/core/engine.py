@@ -319,8 +319,10 @@ class LLMEngine:
         m = self.metrics
         for seq in decoding:
             prop = proposals.get(seq.request_id)
-            room = seq.max_model_len - seq.num_tokens - 1
+            room = seq.max_model_len - seq.num_tokens - 1  # (the drafts and the token after them)
             if prop is not None and prop.tokens and room > 0:
+                if len(prop.verified) > room:  # (only the leading ones: lossless whatever their values)
+                    prop = replace(prop, num_verify=room)
                 seq.draft = prop
                 m.inc("deepinfer:spec_decode_num_drafts")
                 m.inc("deepinfer:spec_decode_num_draft_tokens", len(prop.tokens))
