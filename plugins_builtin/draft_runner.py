@@ -1,7 +1,6 @@
 """A small model with its own paged KV cache, run inside the engine to draft tokens."""
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -22,7 +21,7 @@ from deepinfer.plugins import (
 )
 from deepinfer_builtin.draft_compile import CompiledDraftStep
 from deepinfer_builtin.draft_loop import ChainedRound, DraftLoopGraphs, LoopRound, sampled_sizes
-from deepinfer_builtin.draft_seq import Draft, DraftSeq, common_prefix
+from deepinfer_builtin.draft_seq import Draft, DraftSeq, common_prefix, draft_seed
 
 
 class DraftRunner:
@@ -421,12 +420,3 @@ class DraftRunner:
         uniforms = [float(torch.rand(1, generator=seq.generator, dtype=torch.float64)) for _, seq in rows]
         return sample_rows(logits, [req for req, _ in rows], uniforms)
 
-
-def draft_seed(req: Request, engine_seed: int) -> int:
-    """The seed of a request's draft generator, which draws its sampled drafts. Never the request's
-    own seed: the verification takes its uniform numbers from a generator of that seed, and a
-    draft drawn with the same numbers would be correlated with its own test (the output then
-    leaves the target's distribution). Seeded requests derive it from their seed, the others from
-    the engine's seed and their id: the same in every process (not Python's salted ``hash``)."""
-    key = f"draft {req.params.seed}" if req.params.seed is not None else f"draft {engine_seed} {req.request_id}"
-    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little") >> 1

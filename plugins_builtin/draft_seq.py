@@ -1,12 +1,13 @@
 """A request's sequence in the draft model's own cache, and the drafts a round proposes for it."""
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
-from deepinfer.plugins import Block, DeviceTokens
+from deepinfer.plugins import Block, DeviceTokens, Request
 from deepinfer_builtin.draft_loop import LoopRound
 
 
@@ -57,3 +58,13 @@ def common_prefix(a: list[int], b: list[int], known: int) -> int:
     while i < n and a[i] == b[i]:
         i += 1
     return i
+
+
+def draft_seed(req: Request, engine_seed: int) -> int:
+    """The seed of a request's draft generator, which draws its sampled drafts. Never the request's
+    own seed: the verification takes its uniform numbers from a generator of that seed, and a
+    draft drawn with the same numbers would be correlated with its own test (the output then
+    leaves the target's distribution). Seeded requests derive it from their seed, the others from
+    the engine's seed and their id: the same in every process (not Python's salted ``hash``)."""
+    key = f"draft {req.params.seed}" if req.params.seed is not None else f"draft {engine_seed} {req.request_id}"
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little") >> 1
