@@ -311,9 +311,9 @@ class DeepSparkDrafter(DraftModelDrafter):
         out = looked_up
         for rid, d in drafts.items():
             self._buckets[rid] = chains[rid][0]
-            if n_verify[rid]:
-                out[rid] = DraftProposal(d.tokens, d.probs, n_verify[rid])
-            else:  # a round for it all the same, of one token (observe sees only the verified)
+            # (none verified: proposed all the same, for the metrics; the step is a plain one)
+            out[rid] = DraftProposal(d.tokens, d.probs, n_verify[rid])
+            if not n_verify[rid]:  # a round for it all the same, of one token (observe sees only the verified)
                 self._gained[rid] = [n + 1 for n in self._gained.get(rid, (0, 0))]
         return out
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from deepinfer.core.context import EngineContext
 from deepinfer.core.detokenizer import IncrementalDetokenizer
-from deepinfer.core.interfaces import Drafter, Scheduler, SchedulerOutput
+from deepinfer.core.interfaces import Drafter, DraftProposal, Scheduler, SchedulerOutput
 from deepinfer.core.kv_manager import KVCacheManager
 from deepinfer.core.model_runner import ModelRunner, RunnerOutput, StepInFlight
 from deepinfer.core.output import RequestState, check_stop
@@ -193,8 +193,10 @@ class LLMEngine:
             start = req.num_computed_tokens
             if start < req.num_prompt_tokens:
                 prompt += min(req.num_prompt_tokens, start + s.num_new_tokens) - start
-            if req.request_id in result.prompt_logprobs:
-                req.prompt_logprobs.extend(result.prompt_logprobs[req.request_id])
+            if req.request_id in result.prompt_logprobs:  # (positions start + 1 on, from 0 at 0)
+                # a recomputation after a preemption gives positions held already: only the new ones
+                held = len(req.prompt_logprobs) - (0 if start == 0 else start + 1)
+                req.prompt_logprobs.extend(result.prompt_logprobs[req.request_id][max(0, held):])
             if req.request_id in result.num_verified:
                 self._observe(req, result.num_verified[req.request_id], result.num_rejected[req.request_id])
         self.metrics.inc("deepinfer:prompt_tokens_computed", prompt)
@@ -316,18 +318,23 @@ class LLMEngine:
             whole = bool(decoding) and not sched.num_waiting and len(decoding) == sched.num_running
             self._rest_above = self.drafter.rests_above() if whole else None
             return
-        m = self.metrics
         for seq in decoding:
             prop = proposals.get(seq.request_id)
-            room = seq.max_model_len - seq.num_tokens - 1  # (the drafts and the token after them)
-            if prop is not None and prop.tokens and room > 0:
+            seq.draft = None
+            if prop is None or not prop.tokens:
+                continue
+            if not prop.verified:  # drafted, none worth verifying (deepspark): proposed all the same
+                self._count_drafts(prop)
+                continue
+            # the drafts and the token after them stay within the context and max_tokens (tokens
+            # past either would be cut: verifying them would cost KV and compute for nothing)
+            room = seq.max_model_len - seq.num_tokens - 1
+            if seq.params.max_tokens is not None:
+                room = min(room, seq.params.max_tokens - seq.num_output_tokens - 1)
+            if room > 0:
                 if len(prop.verified) > room:  # (only the leading ones: lossless whatever their values)
                     prop = replace(prop, num_verify=room)
-                seq.draft = prop
-                m.inc("deepinfer:spec_decode_num_drafts")
-                m.inc("deepinfer:spec_decode_num_draft_tokens", len(prop.tokens))
-            else:
-                seq.draft = None
+                seq.draft = prop  # (counted once verified: _observe; a preemption or abort drops it)
 
     def _decoding(self) -> list[Request]:
         running = RequestStatus.RUNNING
@@ -335,9 +342,16 @@ class LLMEngine:
                 if seq.status is running and seq.num_computed_tokens == len(seq.all_token_ids) - 1
                 and len(seq.all_token_ids) >= seq.plain_from]  # (penalties, min_tokens: plainly)
 
+    def _count_drafts(self, prop: DraftProposal | None, num_verified: int = 0) -> None:
+        """One request's proposal, once verified (or once the drafter proposed it for no
+        verification): a draft round of ``len(prop.tokens)`` tokens proposed."""
+        self.metrics.inc("deepinfer:spec_decode_num_drafts")
+        self.metrics.inc("deepinfer:spec_decode_num_draft_tokens", num_verified if prop is None else len(prop.tokens))
+
     def _observe(self, req: Request, num_verified: int, num_rejected: int) -> None:
         accepted = num_verified - num_rejected
         m = self.metrics
+        self._count_drafts(req.draft, num_verified)
         m.inc("deepinfer:spec_decode_num_verified_tokens", num_verified)
         m.inc("deepinfer:spec_decode_num_accepted_tokens", accepted)
         names = self._position_names

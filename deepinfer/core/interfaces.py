@@ -253,7 +253,8 @@ class DeviceTokens:
 class DraftProposal:
     """Draft tokens for one request. ``probs`` [len(tokens), vocab] is the draft distribution each
     token was drawn from (None: a deterministic proposal, taken as one-hot); only the first
-    ``num_verify`` tokens (None: all) are sent to the target. With ``source``, ``tokens`` are
+    ``num_verify`` tokens (None: all) are sent to the target (0: none, the step a plain one; the
+    tokens still count as proposed in the metrics). With ``source``, ``tokens`` are
     placeholders for tokens still on the device (see ``DeviceTokens``: a loop graph's round)."""
 
     tokens: list[int]

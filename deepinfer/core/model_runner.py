@@ -209,7 +209,8 @@ class ModelRunner:
                 start = i * padded.query_len
             end = start + n
             drafts = out.draft_tokens.get(r.request_id, [])
-            if r.params.prompt_logprobs is not None and r.num_computed_tokens < r.num_prompt_tokens:
+            if (r.params.prompt_logprobs is not None and r.num_computed_tokens < r.num_prompt_tokens
+                    and len(r.prompt_logprobs) < r.num_prompt_tokens):  # (not all held from before a preemption)
                 result.prompt_logprobs[r.request_id] = self._prompt_logprobs(hidden[start:end], r, n)
             if drafts:
                 verifying.append((r, drafts, end - 1 - len(drafts)))

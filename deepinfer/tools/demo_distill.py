@@ -61,9 +61,9 @@ def self_generated_stream(target, train_ids, doc_starts, n_seqs: int, prompt_len
 def speculative_acceptance(target, draft, prompts, new_tokens: int, k: int, device,
                            batch: int = 32) -> dict:
     """Greedy speculative decoding of `prompts` with k drafts a round, replayed as the engine runs
-    it: the prompt's step makes the first new token, then each round drafts k tokens (also past
-    `new_tokens`, as the engine does, which counts them) and accepts the run of drafts equal to the
-    target's tokens. Returns accepted drafts a round, tokens a target step, the accepted drafts
+    it: the prompt's step makes the first new token, then each round drafts k tokens and accepts
+    the run of drafts equal to the target's tokens, verifying none past `new_tokens` (as the engine
+    caps them at max_tokens: with one token left, a plain step, not a round). Returns accepted drafts a round, tokens a target step, the accepted drafts
     at each position, and the acceptance at each position given the earlier ones accepted."""
     import torch
 
@@ -79,8 +79,12 @@ def speculative_acceptance(target, draft, prompts, new_tokens: int, k: int, devi
     for row in torch.cat(matches).tolist():
         made = 1  # new tokens so far: the prompt's step made the first
         while made < new_tokens:
+            limit = min(k, new_tokens - made - 1)  # (the drafts and the token after them fit)
+            if limit == 0:
+                made += 1
+                continue
             run = 0
-            while run < k:
+            while run < limit:
                 reached[run] += 1
                 if not row[made - 1 + run]:
                     break

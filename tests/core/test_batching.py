@@ -41,6 +41,25 @@ def test_batched_with_chunked_prefill_and_preemption_equals_one_at_a_time(model_
     alone.engine.kv.pool.check_all_free()
 
 
+
+def test_prompt_logprobs_under_chunked_prefill_and_preemption_equal_one_at_a_time(model_dir):
+    """A request preempted (during or after its prefill) computes its prompt again: its prompt
+    logprobs are still one entry a prompt token (None for the first), as alone."""
+    prompts = _prompts(8, seed=2)
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, prompt_logprobs=2)
+    alone = LLM(model_dir, dtype="float32", block_size=4, progress=False)
+    expected = [alone.generate({"prompt_token_ids": p}, params, use_tqdm=False)[0].prompt_logprobs for p in prompts]
+    tight = LLM(model_dir, dtype="float32", block_size=4, num_kv_blocks=20, max_model_len=76,
+                max_num_batched_tokens=16, progress=False)
+    outs = tight.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    assert tight.get_metrics()["deepinfer:num_preemptions"] > 0
+    for out, want, prompt in zip(outs, expected, prompts, strict=True):
+        assert len(out.prompt_logprobs) == len(prompt) and out.prompt_logprobs[0] is None
+        for got_pos, want_pos in zip(out.prompt_logprobs[1:], want[1:], strict=True):
+            assert got_pos.keys() == want_pos.keys()
+            assert list(got_pos.values()) == pytest.approx(list(want_pos.values()), abs=1e-4)
+    tight.engine.kv.pool.check_all_free()
+
 def test_seeded_sampling_is_the_same_alone_and_batched(model_dir):
     llm = LLM(model_dir, dtype="float32", block_size=4, progress=False)
     prompts = _prompts(6, seed=1)
