@@ -80,6 +80,9 @@ class LLMEngine:
         if drafter is not None:
             for name in ("num_drafts", "num_draft_tokens", "num_verified_tokens", "num_accepted_tokens"):
                 self.metrics.counter(f"deepinfer:spec_decode_{name}")
+            for _ in range(drafter.max_draft_tokens or 0):  # (from 0, as vLLM's; later ones when first seen)
+                self._position_names.append(f"deepinfer:spec_decode_num_accepted_tokens_pos_{len(self._position_names)}")
+                self.metrics.counter(self._position_names[-1])
 
     # ---------------------------------------------------------------------------------- requests
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,

@@ -15,6 +15,8 @@ _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05
 _E2E_BUCKETS = (0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
                 60.0, 120.0, 240.0, 480.0)
 _NAME_OK = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
+#: counters kept one per draft position (``..._pos_<i>``), exposed as one family labelled by position
+_PER_POSITION = re.compile(r"^(.*)_pos_(\d+)$")
 
 
 def _prom_name(name: str) -> str:
@@ -32,10 +34,20 @@ class _EngineCollector:
     def collect(self):
         snap = self.snapshot
         desc = snap.get("descriptions", {})
+        per_position: dict[str, list[tuple[int, float]]] = {}
         for name, value in sorted(snap.get("counters", {}).items()):
+            if (match := _PER_POSITION.match(name)) is not None:
+                per_position.setdefault(match[1], []).append((int(match[2]), value))
+                continue
             base = _prom_name(name).removesuffix("_total")
             fam = CounterMetricFamily(base, desc.get(name) or f"engine counter {name}")
             fam.add_metric([], value)
+            yield fam
+        for name, values in sorted(per_position.items()):  # (vLLM's ..._per_pos{position="i"})
+            fam = CounterMetricFamily(_prom_name(name + "_per_pos"), f"engine counter {name}, by position",
+                                      labels=["position"])
+            for pos, value in sorted(values):
+                fam.add_metric([str(pos)], value)
             yield fam
         for name, value in sorted(snap.get("gauges", {}).items()):
             fam = GaugeMetricFamily(_prom_name(name), desc.get(name) or f"engine gauge {name}")

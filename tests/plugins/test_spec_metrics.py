@@ -110,3 +110,30 @@ def test_no_draft_is_verified_past_max_tokens(drafter, constant_pair):
         assert 3 * min(1, verified) <= m[SPEC + "num_verified_tokens"] <= 3 * verified
         assert m[SPEC + "num_drafts"] == (3 if verified else 0)
     _assert_pools_free(llm)
+
+
+def test_acceptance_by_position_in_get_metrics_and_as_one_labelled_family_in_prometheus(constant_pair):
+    """Every position up to k is there from the start (0 before any round); /metrics renders
+    the engine's per-position counters as one family labelled by position, vLLM's form, with the
+    values get_metrics gives."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from deepinfer.serve.metrics import ServerMetrics
+
+    target, draft = constant_pair
+    llm = _engine("draft-model", draft, target)
+    positions = [f"{SPEC}num_accepted_tokens_pos_{i}" for i in range(5)]
+    assert [llm.get_metrics()[p] for p in positions] == [0] * 5
+    llm.generate([{"prompt_token_ids": [1, 2, 3]}] * 2, SamplingParams(temperature=0, max_tokens=20, ignore_eos=True),
+                 use_tqdm=False)
+    m = llm.get_metrics()
+    accepted = [m[p] for p in positions]
+    assert sum(accepted) == m[SPEC + "num_accepted_tokens"] > 0
+    server = ServerMetrics()
+    server.update_engine({"counters": dict(llm.engine.metrics.counters), "gauges": {}, "histograms": {}})
+    families = {f.name: f for f in text_string_to_metric_families(server.render().decode())}
+    family = families[SPEC + "num_accepted_tokens_per_pos"]
+    by_position = {int(s.labels["position"]): s.value for s in family.samples if s.name.endswith("_total")}
+    assert by_position == dict(enumerate(accepted))
+    assert not any("_pos_" in name for name in families)
+    assert families[SPEC + "num_accepted_tokens"].samples[0].value == m[SPEC + "num_accepted_tokens"]
