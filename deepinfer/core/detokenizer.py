@@ -15,6 +15,9 @@ class IncrementalDetokenizer:
     stop: tuple[str, ...] = ()
     include_stop: bool = False
     skip_special_tokens: bool = True
+    #: stop strings end the text only from this many tokens on (the request's min_tokens): text
+    #: made before then is never searched again, but for a stop string that ends after it
+    min_tokens: int = 0
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
     prefix_offset: int = 0
@@ -63,7 +66,7 @@ class IncrementalDetokenizer:
         self.text += full[len(prefix):]
         self.prefix_offset = self.read_offset
         self.read_offset = self.tried = end
-        if self.stop:
+        if self.stop and end >= self.min_tokens:
             return self._check_stop(before)
         return None
 

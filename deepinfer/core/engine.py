@@ -11,7 +11,7 @@ from deepinfer.core.detokenizer import IncrementalDetokenizer
 from deepinfer.core.interfaces import Drafter, DraftProposal, Scheduler, SchedulerOutput
 from deepinfer.core.kv_manager import KVCacheManager
 from deepinfer.core.model_runner import ModelRunner, RunnerOutput, StepInFlight
-from deepinfer.core.output import RequestState, check_stop
+from deepinfer.core.output import RequestState, check_stop, stops_on_token
 from deepinfer.core.request import PLACEHOLDER_TOKEN, Request, RequestOutput, RequestStatus
 from deepinfer.core.sampling_params import SamplingParams
 from deepinfer.core.tokenizer import Tokenizer
@@ -108,7 +108,7 @@ class LLMEngine:
             seqs.append(Request(seq_id, list(prompt_token_ids), p, self.eos_token_ids, cache_salt,
                                 self.max_model_len))
             detoks.append(IncrementalDetokenizer(self.tokenizer, tuple(p.stop), p.include_stop_str_in_output,
-                                                 p.skip_special_tokens))
+                                                 p.skip_special_tokens, min_tokens=p.min_tokens))
         state = RequestState(request_id, prompt, list(prompt_token_ids), seqs, detoks)
         self.requests[request_id] = state
         self._rest_above = None  # (a request joins: the drafter is asked again)
@@ -284,10 +284,12 @@ class LLMEngine:
                 req.all_token_ids.append(token)
             if logprobs and logprobs[i] is not None:
                 req.logprobs.append(logprobs[i])
-            if check_stop(req, token, None if later else detok.add([token])):
+            # an EOS or stop token id that ends the request adds no text unless asked to (vLLM's)
+            silent = not detok.include_stop and stops_on_token(req, token)
+            if check_stop(req, token, None if later or silent else detok.add([token])):
                 self.metrics.inc("deepinfer:generation_tokens", i + 1)
                 if later:
-                    detok.defer(tokens[:i + 1])
+                    detok.defer(tokens[:i + (0 if silent else 1)])
                 return True
         self.metrics.inc("deepinfer:generation_tokens", len(tokens))
         if later:

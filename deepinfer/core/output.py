@@ -8,16 +8,22 @@ from deepinfer.core.detokenizer import IncrementalDetokenizer
 from deepinfer.core.request import CompletionOutput, Request, RequestOutput, RequestStatus
 
 
+def stops_on_token(req: Request, token: int) -> bool:
+    """Whether ``token`` (just appended) ends the request as an EOS or one of its stop token ids
+    (once it has ``min_tokens`` output tokens)."""
+    p = req.params
+    return req.num_output_tokens >= p.min_tokens and (
+        (not p.ignore_eos and token in req.eos_token_ids) or token in p.stop_token_ids)
+
+
 def check_stop(req: Request, token: int, stop_str: str | None) -> bool:
     """Set the request's finished status if ``token`` (just appended) ends it."""
     p = req.params
-    if req.num_output_tokens >= p.min_tokens:
-        if not p.ignore_eos and token in req.eos_token_ids:
-            req.status = RequestStatus.FINISHED_STOPPED
-            return True
-        if token in p.stop_token_ids:
-            req.status, req.stop_reason = RequestStatus.FINISHED_STOPPED, token
-            return True
+    if stops_on_token(req, token):
+        req.status = RequestStatus.FINISHED_STOPPED
+        if token in p.stop_token_ids and (p.ignore_eos or token not in req.eos_token_ids):
+            req.stop_reason = token
+        return True
     if stop_str is not None:
         req.status, req.stop_reason = RequestStatus.FINISHED_STOPPED, stop_str
         return True

@@ -78,14 +78,17 @@ async def create_completion(serving: Serving, req: CompletionRequest, raw: Reque
 async def _stream(serving: Serving, sub: Submission, rid: str, model: str, n: int, num_prompts: int,
                   num_prompt_tokens: int, include_usage: bool) -> AsyncIterator[str]:
     created = int(time.time())
-    chars = [0] * (num_prompts * n)  # text offsets, for logprobs
+    # each choice's text offset of its next token, for logprobs: from the token strings, as in a whole
+    # reply (the text sent so far lags behind where a tail that may begin a stop string is held back)
+    chars = [0] * (num_prompts * n)
 
     def render(c: ChoiceText) -> str | None:
-        offset = chars[c.index]
-        chars[c.index] += len(c.text)
         if not c.text and c.logprobs is None and c.finish_reason is None:
             return None  # tokens whose text is still held back: nothing to show yet
-        choice = CompletionChoice(index=c.index, text=c.text, logprobs=_logprobs(serving, c.logprobs, offset),
+        logprobs = _logprobs(serving, c.logprobs, chars[c.index])
+        if logprobs is not None:
+            chars[c.index] += sum(len(t) for t in logprobs.tokens)
+        choice = CompletionChoice(index=c.index, text=c.text, logprobs=logprobs,
                                   finish_reason=c.finish_reason, stop_reason=c.stop_reason)
         return sse(CompletionResponse(id=rid, created=created, model=model, choices=[choice]))
 

@@ -166,6 +166,10 @@ class Serving:
             self.metrics.rejected.inc()
             raise APIError(503, "the server is shutting down", type="server_error", code="shutting_down",
                            headers={"Retry-After": "5"})
+        if num_seqs > self.max_in_flight_seqs:  # (never admitted, even on an idle server: not worth a retry)
+            raise APIError(400, f"the request has {num_seqs} sequences (n = {params.n} for each of {len(prompts)} "
+                           f"prompts); this server takes at most {self.max_in_flight_seqs} at once (max_num_seqs "
+                           "+ max_waiting_requests): send fewer prompts or a smaller n", param="n")
         if self.in_flight_seqs + num_seqs > self.max_in_flight_seqs:
             self.metrics.rejected.inc()
             raise APIError(503, f"the server is at capacity ({self.in_flight_seqs} sequences in flight); retry "

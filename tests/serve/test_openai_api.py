@@ -193,3 +193,49 @@ def test_models_lists_the_served_name_and_the_context(client):
     models = client.models.list().data
     assert [m.id for m in models] == ["tiny"]
     assert models[0].model_extra["max_model_len"] == 256
+
+
+def test_streamed_text_offsets_count_text_held_back():
+    """Three steps of one token each, "ab", "cd", "e", under a stop string "b\\x01": the first step
+    shows "a" and holds "b" back (it may begin the stop string). The streamed offsets are still
+    each token's place in the text, 0, 2, 4, as a whole reply's are."""
+    import asyncio
+    import json
+
+    from deepinfer.serve.completions import _stream
+    from deepinfer.serve.engine_core import RequestDelta, SeqDelta
+
+    strings = {1: "ab", 2: "cd", 3: "e"}
+    steps = [("a", 1, None), ("bcd", 2, None), ("e", 3, "length")]
+
+    class Sub:  # a submission whose engine steps arrive one at a time
+        done = False
+
+        async def next_batch(self):
+            text, token, finish = steps.pop(0)
+            self.done = not steps
+            seq = SeqDelta(0, [token], text, [{token: -0.5}], finish, None)
+            return [(0, RequestDelta("r-0", finish is not None, [seq], 0))]
+
+    serving = type("Serving", (), {"token_str": staticmethod(strings.__getitem__)})()
+
+    async def events():
+        return [e async for e in _stream(serving, Sub(), "r", "tiny", 1, 1, 3, False)]
+
+    chunks = [json.loads(line[len("data: "):]) for e in asyncio.run(events()) for line in e.split("\n\n")
+              if line.startswith("data: {")]
+    texts = [c["choices"][0]["text"] for c in chunks]
+    offsets = [c["choices"][0]["logprobs"]["text_offset"] for c in chunks]
+    assert texts == ["a", "bcd", "e"] and offsets == [[0], [2], [4]]
+
+
+def test_more_sequences_than_the_server_ever_holds_is_a_400_not_a_503(client):
+    import openai
+
+    # (the shared server holds 4 running + 4 waiting sequences)
+    try:
+        client.completions.create(model="tiny", prompt=PROMPT, max_tokens=2, n=9)
+    except openai.BadRequestError as e:
+        assert e.body["param"] == "n" and "at most 8" in e.body["message"]
+    else:
+        raise AssertionError("a request of 9 sequences was accepted by a server that holds 8")
