@@ -37,8 +37,9 @@ def model_registry() -> ModelRegistry:
     for ep in model_entry_points():
         try:
             reg.register(ep.name, ep.load())
-        except Exception as e:  # a broken model plugin must not hide the others
-            raise PluginError(f"model plugin {ep.name!r} ({ep.value}) failed to load: {e}") from e
+        except Exception as e:  # noqa: BLE001 (a broken model plugin fails its own architecture only)
+            reg.register_broken(ep.name, f"model plugin {ep.name!r} ({ep.value}) failed to load: "
+                                         f"{type(e).__name__}: {e}")
     return reg
 
 
@@ -134,6 +135,10 @@ def build_engine(config: EngineConfig, progress: bool = True) -> LLMEngine:
         raise ModelConfigError(f"max_model_len {max_model_len} exceeds the model's "
                                f"max_position_embeddings {mcfg.max_position_embeddings}")
     tok_dir = Path(config.tokenizer or model_path)
+    if config.tokenizer is not None and not (tok_dir / "tokenizer.json").is_file():
+        raise ValueError(f"tokenizer {config.tokenizer!r}: no tokenizer.json there; give a directory holding "
+                         "one (a Hugging Face model or tokenizer directory), or leave --tokenizer out to use "
+                         "the model's")
     tokenizer = Tokenizer(tok_dir) if (tok_dir / "tokenizer.json").is_file() else None
 
     pm = plugin_manager(sel)

@@ -6,16 +6,23 @@ import json
 import sys
 from typing import Any
 
-from deepinfer.core.config import EngineConfig
+from deepinfer.core.config import EngineConfig, parse_plugin_options
+
+
+def _plugin_options(text: str) -> dict[str, dict[str, Any]]:
+    try:
+        return parse_plugin_options(text)
+    except ValueError as e:  # (argparse reports an ArgumentTypeError's own message)
+        raise argparse.ArgumentTypeError(str(e).removeprefix("--plugin-options ")) from None
 
 
 def add_engine_args(p: argparse.ArgumentParser, model_positional: bool = True) -> None:
     """Flags shared by every command that builds an engine (each maps to an EngineConfig field)."""
     if model_positional:
         p.add_argument("model", nargs="?", default=None, help="model directory (default: the demo model)")
-    p.add_argument("--config", dest="config_file", default=None, help="YAML or TOML config file")
+    p.add_argument("--config", dest="config_file", default=None, help="YAML, TOML or JSON config file")
     p.add_argument("--plugins", default=None, help="comma-separated plugin names, e.g. prefix-cache")
-    p.add_argument("--plugin-options", default=None, type=json.loads,
+    p.add_argument("--plugin-options", default=None, type=_plugin_options,
                    help='JSON object of per-plugin options, e.g. \'{"fcfs": {...}}\'')
     p.add_argument("--device", default=None, help="device plugin name or auto")
     p.add_argument("--dtype", default=None, choices=["auto", "float32", "bfloat16", "float16"])

@@ -19,10 +19,11 @@ PromptType = str | dict[str, Any]
 
 
 class LLM:
-    """One engine in this process, for batch generation from Python."""
+    """One engine in this process, for batch generation from Python. Arguments left None (device and
+    dtype too) take the config file's, then the environment's, then the defaults ("auto")."""
 
-    def __init__(self, model: str | None = None, *, tokenizer: str | None = None, device: str = "auto",
-                 dtype: str = "auto", plugins: Sequence[str] | str | None = None,
+    def __init__(self, model: str | None = None, *, tokenizer: str | None = None, device: str | None = None,
+                 dtype: str | None = None, plugins: Sequence[str] | str | None = None,
                  config_file: str | None = None, progress: bool = True, **options: Any) -> None:
         overrides = {"model": model, "tokenizer": tokenizer, "device": device, "dtype": dtype,
                      "plugins": plugins, **options}

@@ -5,6 +5,7 @@ import json
 import shutil
 
 import pytest
+import torch
 from pydantic import ValidationError
 from safetensors.torch import load_file, save_file
 
@@ -116,3 +117,51 @@ def test_bad_prompt_types_and_counts(tiny_llama):
     with pytest.raises(ValueError, match=r"token ids must lie in \[0, 320\)"):
         llm.generate({"prompt_token_ids": [999]}, use_tqdm=False)
     assert not llm.engine.has_unfinished_requests()
+
+
+def test_config_file_device_and_dtype_apply_to_llm(tiny_llama, tmp_path):
+    """LLM's device and dtype left out take the config file's (they used to override it with auto)."""
+    path, _ = tiny_llama
+    (tmp_path / "run.yaml").write_text("dtype: float32\ndevice: cpu\n")
+    llm = LLM(str(path), config_file=str(tmp_path / "run.yaml"), progress=False)
+    assert (llm.config.dtype, llm.config.device) == ("float32", "cpu")
+    assert next(llm.engine.runner.model.parameters()).dtype == torch.float32
+    (tmp_path / "gpu.yaml").write_text("device: sm90\n")
+    with pytest.raises(PluginError, match="sm90"):
+        LLM(str(path), config_file=str(tmp_path / "gpu.yaml"), progress=False)
+
+
+@pytest.mark.parametrize("name, text, kind", [("bad.yaml", "plugins: [a\n", "YAML"), ("bad.json", "{", "JSON"),
+                                              ("bad.toml", "a = ", "TOML")])
+def test_config_file_that_does_not_parse_is_named(tiny_llama, tmp_path, name, text, kind):
+    path, _ = tiny_llama
+    (tmp_path / name).write_text(text)
+    with pytest.raises(ValueError, match=rf"config file '.*{name}' is not valid {kind}"):
+        LLM(str(path), config_file=str(tmp_path / name), progress=False)
+
+
+@pytest.mark.parametrize("options", [[1], "x", {"fcfs": 1}])
+def test_plugin_options_of_the_wrong_shape(tiny_llama, options):
+    path, _ = tiny_llama
+    with pytest.raises(ValueError, match=r"plugin_options must map plugin names to objects of their options"):
+        LLM(str(path), plugin_options=options, progress=False)
+
+
+def test_cli_plugin_options_and_tokenizer_errors(tiny_llama, capsys, tmp_path):
+    from deepinfer.cli import main
+
+    path, _ = tiny_llama
+    with pytest.raises(SystemExit):
+        main(["generate", str(path), "--plugin-options", "{nope", "--prompt", "hi"])
+    assert "is not valid JSON" in capsys.readouterr().err
+    assert main(["generate", str(path), "--tokenizer", str(tmp_path / "none"), "--prompt", "hi"]) != 0
+    err = capsys.readouterr().err
+    assert "no tokenizer.json there" in err and str(tmp_path / "none") in err
+
+
+def test_option_typos_name_the_valid_options(tiny_llama):
+    path, _ = tiny_llama
+    with pytest.raises(ValueError, match=r"unknown engine option 'max_num_seq'; valid options: .*max_num_seqs"):
+        LLM(str(path), max_num_seq=4, progress=False)
+    with pytest.raises(PluginError, match=r"plugin 'fcfs' has no option 'bogus'; its options: .*overlap"):
+        LLM(str(path), plugin_options={"fcfs": {"bogus": 1}}, progress=False)

@@ -25,7 +25,7 @@ def add_bench_parser(sub, add_engine_args, engine_overrides) -> None:
         b = bsub.add_parser(name, help=helptext)
         add_engine_args(b)
         b.add_argument("--random-model", default=None,
-                       help="build a random model of this shape instead (llama-tiny, llama-1b, qwen3-0.6b)")
+                       help="build a random model of this shape instead (llama-tiny, llama-1b, qwen3-0.6b, qwen3-tiny)")
         b.add_argument("--peer", choices=["hf"], default=None, help="run transformers on the same requests too")
         b.add_argument("--repeats", type=int, default=3)
         b.add_argument("--json", dest="json_out", default=None, help="write the results to this file")

@@ -32,7 +32,6 @@ class EngineConfig(BaseModel):
     max_num_batched_tokens: int = Field(8192, ge=1)
     max_waiting_requests: int = Field(4096, ge=1)
     seed: int = 0
-    trust_chat_template: bool = True
     enforce_eager: bool = Field(False, description="never capture device graphs (CUDA graphs): every step "
                                                    "runs eagerly")
     cuda_graph_sizes: list[int] | None = Field(
@@ -101,18 +100,22 @@ def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     if not p.is_file():
         raise FileNotFoundError(f"config file {str(p)!r} does not exist")
     text = p.read_text()
-    if p.suffix in (".toml",):
-        import tomllib
-
-        data = tomllib.loads(text)
-    elif p.suffix in (".yaml", ".yml"):
-        import yaml
-
-        data = yaml.safe_load(text) or {}
-    elif p.suffix == ".json":
-        data = json.loads(text)
-    else:
+    kinds = {".toml": "TOML", ".yaml": "YAML", ".yml": "YAML", ".json": "JSON"}
+    if p.suffix not in kinds:
         raise ValueError(f"config file {str(p)!r}: use a .yaml, .yml, .toml or .json file")
+    try:
+        if p.suffix == ".toml":
+            import tomllib
+
+            data = tomllib.loads(text)
+        elif p.suffix == ".json":
+            data = json.loads(text)
+        else:
+            import yaml
+
+            data = yaml.safe_load(text) or {}
+    except Exception as e:  # noqa: BLE001 (each parser has its own error types: one message for all)
+        raise ValueError(f"config file {str(p)!r} is not valid {kinds[p.suffix]}: {e}") from None
     if not isinstance(data, dict):  # a bad file, reported like the other config errors
         raise ValueError(f"config file {str(p)!r} must hold a mapping of options")  # noqa: TRY004
     return data
@@ -129,8 +132,26 @@ def env_options(environ: dict[str, str] | None = None) -> dict[str, Any]:
         name = key[len(ENV_PREFIX):].lower()
         if name == "plugins" or name not in fields:
             continue  # DEEPINFER_PLUGINS is an allow-list, read by the plugin machinery
-        out[name] = json.loads(raw) if name == "plugin_options" else raw
+        out[name] = parse_plugin_options(raw, key) if name == "plugin_options" else raw
     return out
+
+
+def parse_plugin_options(text: str, source: str = "--plugin-options") -> dict[str, dict[str, Any]]:
+    """``plugin_options`` from JSON text (a flag or an environment variable named ``source``)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{source} is not valid JSON ({e}); give an object such as "
+                         '\'{"fcfs": {"overlap": false}}\'') from None
+    return check_plugin_options(value, source)
+
+
+def check_plugin_options(value: Any, source: str = "plugin_options") -> dict[str, dict[str, Any]]:
+    """``value`` if it is a mapping of plugin names to mappings of options, else a ValueError."""
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, dict) for k, v in value.items()):
+        raise ValueError(f"{source} must map plugin names to objects of their options, e.g. "
+                         f'{{"fcfs": {{"overlap": false}}}}; got {json.dumps(value, default=str)[:200]}')
+    return value
 
 
 def build_config(file: str | None = None, overrides: dict[str, Any] | None = None,
@@ -154,11 +175,15 @@ def build_config(file: str | None = None, overrides: dict[str, Any] | None = Non
                 raise ValueError(f"config file {file!r}: unknown option {key!r}; valid options: {valid}, "
                                  "or a section named after a plugin")
     merged.update(env_options(environ))
+    unknown = sorted(set(overrides or {}) - set(EngineConfig.model_fields))
+    if unknown:  # (a typo in a keyword argument: name the valid ones, in one line)
+        raise ValueError(f"unknown engine option {', '.join(map(repr, unknown))}; valid options: "
+                         f"{', '.join(sorted(EngineConfig.model_fields))}")
     for key, value in (overrides or {}).items():
         if value is not None:
             merged[key] = value
     opts = dict(sections)
-    for name, section in (merged.pop("plugin_options", None) or {}).items():
+    for name, section in check_plugin_options(merged.pop("plugin_options", None) or {}).items():
         opts.setdefault(name, {}).update(section)
     merged["plugin_options"] = opts
     return EngineConfig(**merged)

@@ -102,7 +102,10 @@ def read_model_config(path: str | Path) -> ModelConfig:
             f"model directory {str(p)!r} has no config.json; expected a Hugging Face model "
             "directory (config.json, *.safetensors, tokenizer.json)"
         )
-    raw = json.loads(cfg_file.read_text())
+    try:
+        raw = json.loads(cfg_file.read_text())
+    except json.JSONDecodeError as e:
+        raise ModelConfigError(f"{cfg_file} is not valid JSON: {e}") from None
     archs = raw.get("architectures") or []
     if not archs:
         raise ModelConfigError(f"{cfg_file}: 'architectures' is missing or empty")

@@ -70,9 +70,14 @@ class ModelRegistry:
 
     def __init__(self) -> None:
         self._models: dict[str, type[CausalLM]] = {}
+        self._broken: dict[str, str] = {}  # architecture -> why its plugin failed to load
 
     def register(self, architecture: str, cls: type[CausalLM]) -> None:
         self._models[architecture] = cls
+
+    def register_broken(self, architecture: str, reason: str) -> None:
+        """A model plugin that failed to load: only a model of this architecture fails (with ``reason``)."""
+        self._broken[architecture] = reason
 
     @property
     def architectures(self) -> list[str]:
@@ -82,6 +87,8 @@ class ModelRegistry:
         try:
             return self._models[architecture]
         except KeyError:
+            if architecture in self._broken:
+                raise UnsupportedArchitectureError(self._broken[architecture]) from None
             raise UnsupportedArchitectureError(
                 f"architecture {architecture!r} is not supported; supported: "
                 f"{', '.join(self.architectures) or '(none registered)'}"

@@ -63,9 +63,10 @@ def _pick_device(requested: str, infos: list[PluginInfo]) -> PluginInfo:
     for info in devices:
         try:
             cls = load(info)
-        except PluginError:
+            usable = cls.unavailable_reason() is None
+        except Exception:  # noqa: BLE001, S112 (a failing probe rules its device out; `plugins list` says why)
             continue
-        if cls.unavailable_reason() is None and (best is None or cls.specificity > best[0]):
+        if usable and (best is None or cls.specificity > best[0]):
             best = (cls.specificity, info)
     if best is None:
         raise PluginError("device: auto found no usable device plugin; run `deepinfer plugins list` "
@@ -132,6 +133,10 @@ def _validate_options(config: EngineConfig, sel: Selection) -> dict[str, BaseMod
                 raise PluginError(f"plugin {name!r} takes no options, got {sorted(raw)}")
             out[name] = NoOptions()
             continue
+        unknown = sorted(set(raw) - set(model.model_fields))
+        if unknown:  # (a typo: name the valid ones, in one line)
+            raise PluginError(f"plugin {name!r} has no option {', '.join(map(repr, unknown))}; its options: "
+                              f"{', '.join(sorted(model.model_fields))}")
         try:
             out[name] = model(**raw)
         except ValidationError as e:

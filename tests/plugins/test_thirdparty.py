@@ -74,6 +74,38 @@ def test_plugins_list_shows_third_party_plugins_and_why_one_cannot_load(site):
     assert rows["example-counter"]["status"] == "ok"
     assert rows["example-counter"]["distribution"] == "deepinfer-example-plugins 0.0.1"
     assert "failed to load" in rows["example-broken"]["status"]
+    assert rows["example-probe"]["status"] == "availability check failed: RuntimeError: probe exploded"
+    assert rows["BrokenForCausalLM"]["slot"] == "model"
+    assert "deepinfer_example_missing_dependency" in rows["BrokenForCausalLM"]["status"]
+    assert rows["LlamaForCausalLM"]["status"] == "ok"
+
+
+def test_a_broken_model_plugin_fails_only_models_of_its_architecture(site, tiny_llama, tmp_path):
+    """The fixture's BrokenForCausalLM cannot import: a Llama still runs (with device auto, which
+    passes over example-probe, whose check raises), and a model of that architecture fails naming it."""
+    import shutil
+
+    path, _ = tiny_llama
+    broken = tmp_path / "broken-model"
+    shutil.copytree(path, broken)
+    config = json.loads((broken / "config.json").read_text())
+    (broken / "config.json").write_text(json.dumps({**config, "architectures": ["BrokenForCausalLM"]}))
+    code = f"""
+from deepinfer import LLM, SamplingParams
+llm = LLM({str(path)!r}, progress=False)
+out = llm.generate({{"prompt_token_ids": [5, 6]}}, SamplingParams(max_tokens=3, ignore_eos=True), use_tqdm=False)
+print(llm.engine.plugin_names["device"], len(out[0].outputs[0].token_ids))
+try:
+    LLM({str(broken)!r}, progress=False)
+except Exception as e:
+    print(type(e).__name__, e)
+"""
+    res = _run(site, code)
+    assert res.returncode == 0, res.stderr
+    ran, failed = res.stdout.strip().splitlines()[-2:]
+    assert ran == "['cpu'] 3"
+    assert failed.startswith("UnsupportedArchitectureError model plugin 'BrokenForCausalLM'")
+    assert "deepinfer_example_missing_dependency" in failed
 
 
 def test_allow_list_hides_everything_else(site, tiny_llama):
