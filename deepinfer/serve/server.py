@@ -24,6 +24,25 @@ def model_names(config: Any, info: dict[str, Any]) -> list[str]:
     return names
 
 
+def port_in_use(host: str, port: int) -> str | None:
+    """Why ``host:port`` cannot be listened on now (None: it can). The port is let go at once, so
+    another process may still take it before uvicorn does; this catches the common case early."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except OSError as e:
+        return f"cannot resolve the host: {e}"
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # (as uvicorn binds)
+        try:
+            sock.bind(address)
+        except OSError as e:
+            return e.strerror or str(e)
+    return None
+
+
 def run_serve(args: argparse.Namespace, engine_overrides: Callable) -> int:
     from deepinfer.core.config import build_config
     from deepinfer.core.tokenizer import Tokenizer
@@ -37,6 +56,10 @@ def run_serve(args: argparse.Namespace, engine_overrides: Callable) -> int:
     if args.host not in ("127.0.0.1", "localhost", "::1") and api_key is None:
         print(f"deepinfer serve: warning: listening on {args.host} without an API key; anyone who can reach "
               f"this port can use it (set --api-key or ${API_KEY_ENV})", file=sys.stderr)
+    if (busy := port_in_use(args.host, args.port)) is not None:  # (before minutes of engine start-up)
+        print(f"deepinfer serve: error: cannot listen on {args.host}:{args.port}: {busy}; pick another --port "
+              "or stop what holds it", file=sys.stderr)
+        return 1
     client = EngineClient(config, threads=args.engine_threads)
     # the engine is built before the port opens: /health answers only once requests can be served
     try:

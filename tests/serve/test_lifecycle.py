@@ -57,6 +57,22 @@ def test_unknown_plugin_exits_non_zero_naming_it(tiny_model):
     assert "no-such-plugin" in r.stderr
 
 
+
+def test_a_port_in_use_is_refused_before_the_engine_starts(tiny_model):
+    """The engine would take its start-up to build (minutes on a GPU); the port is checked first."""
+    import socket
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        t = time.monotonic()
+        r = subprocess.run([*SERVE, str(tiny_model), "--port", str(port)], cwd=ROOT, capture_output=True, text=True,
+                           timeout=120, check=False)
+    assert r.returncode != 0
+    assert f"cannot listen on 127.0.0.1:{port}" in r.stderr and "in use" in r.stderr
+    assert "serving" not in r.stderr and time.monotonic() - t < 30
+
 def test_binds_loopback_by_default_and_reads_the_key_from_the_environment(tiny_model):
     port = free_port()
     proc = subprocess.Popen([*SERVE, str(tiny_model), "--port", str(port),
