@@ -24,6 +24,10 @@ def model_names(config: Any, info: dict[str, Any]) -> list[str]:
     return names
 
 
+class _StoppedStarting(Exception):
+    """SIGTERM while the engine process was starting."""
+
+
 def port_in_use(host: str, port: int) -> str | None:
     """Why ``host:port`` cannot be listened on now (None: it can). The port is let go at once, so
     another process may still take it before uvicorn does; this catches the common case early."""
@@ -61,12 +65,24 @@ def run_serve(args: argparse.Namespace, engine_overrides: Callable) -> int:
               "or stop what holds it", file=sys.stderr)
         return 1
     client = EngineClient(config, threads=args.engine_threads)
-    # the engine is built before the port opens: /health answers only once requests can be served
+    # the engine is built before the port opens: /health answers only once requests can be served.
+    # A SIGTERM meanwhile (uvicorn's handlers come later) stops the engine process too: by default
+    # it would end this process alone, leaving the engine to build on, orphaned
+    def stop_starting(signum: int, _frame: Any) -> None:
+        raise _StoppedStarting(signum)
+
+    previous = signal.signal(signal.SIGTERM, stop_starting)
     try:
         info = client.start(timeout=args.engine_start_timeout)
     except EngineStartError as e:
         print(f"deepinfer serve: error: the engine failed to start: {e}", file=sys.stderr)
         return 1
+    except (_StoppedStarting, KeyboardInterrupt):
+        client.kill()
+        print("deepinfer serve: stopped while the engine was starting", file=sys.stderr)
+        return 1
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     try:
         tokenizer = Tokenizer(info["tokenizer"]) if info["has_tokenizer"] else None
         metrics = ServerMetrics()

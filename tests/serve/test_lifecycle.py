@@ -73,6 +73,29 @@ def test_a_port_in_use_is_refused_before_the_engine_starts(tiny_model):
     assert f"cannot listen on 127.0.0.1:{port}" in r.stderr and "in use" in r.stderr
     assert "serving" not in r.stderr and time.monotonic() - t < 30
 
+
+def test_sigterm_while_the_engine_starts_stops_the_engine_process_too(tiny_model):
+    """SIGTERM once the engine process exists but before it is ready: the server exits and takes
+    the engine process with it (it used to run on, orphaned)."""
+    proc = subprocess.Popen([*SERVE, str(tiny_model), "--port", str(free_port())], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        engine: list[int] = []
+        while not engine and time.monotonic() < deadline:  # (the engine process, spawned at start-up)
+            engine = [c for c in children(proc.pid)
+                      if "deepinfer-engine" in Path(f"/proc/{c}/cmdline").read_text(errors="replace")
+                      or "spawn_main" in Path(f"/proc/{c}/cmdline").read_text(errors="replace")]
+            time.sleep(0.02)
+        assert engine, "no engine process appeared"
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert "deepinfer serve: serving" not in err and "stopped while the engine was starting" in err
+    # gone by the time the server has exited (an orphan would build on for seconds, then fail)
+    assert all(gone(pid, timeout=0.5) for pid in engine)
+
 def test_binds_loopback_by_default_and_reads_the_key_from_the_environment(tiny_model):
     port = free_port()
     proc = subprocess.Popen([*SERVE, str(tiny_model), "--port", str(port),
