@@ -59,11 +59,13 @@ def test_bad_requests_say_what_is_wrong(args, message):
 
 
 def _spec_rows(*args: str, k: int = 5) -> str:
-    """`bench spec` on the demo pair (none and draft-model at batches 1 and 2, 8 new tokens): its
+    """`bench spec` on the demo pair (none and draft-model at batches 1 and 2, 32 new tokens): its
     stdout, after checking the rows: one a drafter and batch; without a drafter a step makes one
-    token, draft-model verifies all its k drafts."""
+    token; draft-model verifies its k drafts a round but where max_tokens leaves room for fewer
+    (the last rounds of a request): at 32 tokens at least 4 rounds of 5 against at most 4 shorter
+    ones (10 drafts fewer in all) with k = 5, so more than 3.5 a round on average."""
     res = subprocess.run([sys.executable, "-m", "deepinfer.cli", "bench", "spec", "--drafters", "none,draft-model",
-                          "--batch", "1,2", "--output-len", "8", "--prompts", "2", *args],
+                          "--batch", "1,2", "--output-len", "32", "--prompts", "2", *args],
                          capture_output=True, text=True, timeout=600, check=False)
     assert res.returncode == 0, res.stderr[-2000:]
     rows = [line.split() for line in res.stdout.splitlines() if line.split()[:1] in (["none"], ["draft-model"])]
@@ -72,7 +74,7 @@ def _spec_rows(*args: str, k: int = 5) -> str:
         if name == "none":
             assert (ratio, float(per_step), float(verified)) == ("1.00x", 1.0, 0.0)
         else:
-            assert float(verified) == k and float(per_step) >= 1.0
+            assert k - 1.5 < float(verified) <= k and float(per_step) >= 1.0
     return res.stdout
 
 

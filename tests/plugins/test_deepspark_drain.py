@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from deepinfer import LLM, SamplingParams
+from deepinfer.plugins import DraftProposal
 from deepinfer_builtin.round_rates import RoundRates, rounds_left
 
 
@@ -164,7 +165,9 @@ def test_deepspark_passes_whether_the_batch_is_closed_and_whether_a_request_join
     d.options = d.options.model_copy(update={"min_value": 0.9, "skip_min_batch": 8})
     d.runner = SimpleNamespace(propose=lambda requests, k, *a, whole_rounds, lazy: {"a": Draft([5], None, [0.5])})
     d._gained, d._buckets, d._ended, d.k = {}, {}, None, 5
-    assert d.propose([SimpleNamespace(request_id="a")]) == {} and d._gained == {"a": [1, 1]}
+    # (proposed with none to verify: counted as proposed, the step a plain one)
+    assert d.propose([SimpleNamespace(request_id="a")]) == {"a": DraftProposal([5], None, 0)}
+    assert d._gained == {"a": [1, 1]}
 
 
 T, F = True, False
