@@ -81,7 +81,7 @@ def build_kv_cache(ctx: EngineContext, model, attention, policies: list, dtype,
     if num_blocks < needed:
         raise ValueError(f"the KV pool has {num_blocks} blocks of {bs} tokens, fewer than one "
                          f"max_model_len ({max_model_len}) request needs ({needed}); give more KV memory "
-                         "or lower max_model_len")
+                         "(num_kv_blocks, kv_cache_memory_gb) or lower max_model_len")
     tdev = device.torch_device
     if num_sliding is None:
         kv_caches = attention.allocate_kv_cache(ctx.layers, num_blocks, bs, dtype, tdev)

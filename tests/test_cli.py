@@ -75,3 +75,17 @@ def test_train_demo_is_reachable_from_the_cli():
     res = _cli("train-demo", "--help")
     assert res.returncode == 0, res.stderr
     assert "--quick" in res.stdout and "--device" in res.stdout
+
+
+def test_plugin_options_merge_option_by_option_across_sources(tmp_path):
+    """A file's plugin section, the environment and keyword arguments each change only the options
+    they name: later sources win option by option."""
+    from deepinfer.core.config import build_config
+
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text("fcfs:\n  overlap: false\n  long_prefill_token_threshold: 64\nplugin_options:\n"
+                   "  prefix-cache:\n    a: 1\n")
+    env = {"DEEPINFER_PLUGIN_OPTIONS": '{"fcfs": {"long_prefill_token_threshold": 32}, "prefix-cache": {"b": 2}}'}
+    c = build_config(str(cfg), {"plugin_options": {"fcfs": {"overlap": True}}}, environ=env)
+    assert c.plugin_options == {"fcfs": {"overlap": True, "long_prefill_token_threshold": 32},
+                                "prefix-cache": {"a": 1, "b": 2}}

@@ -42,6 +42,9 @@ def test_model_directory_without_config_json(tmp_path):
         LLM(str(tmp_path), progress=False)
     with pytest.raises(ModelConfigError, match="does not exist"):
         LLM(str(tmp_path / "missing"), progress=False)
+    (tmp_path / "weights.bin").write_bytes(b"")
+    with pytest.raises(ModelConfigError, match="is a file, not a directory"):
+        LLM(str(tmp_path / "weights.bin"), progress=False)
 
 
 def test_unsupported_architecture_lists_supported(tiny_llama, tmp_path):

@@ -159,31 +159,41 @@ def build_config(file: str | None = None, overrides: dict[str, Any] | None = Non
     """Merge defaults < file < environment < explicit overrides (flags or keyword arguments).
 
     Top-level keys of the file that are not engine options are taken as per-plugin sections
-    (``prefix-cache: {...}``) and checked later against the selected plugins.
+    (``prefix-cache: {...}``) and checked later against the selected plugins. Plugin options merge
+    option by option across the sources (a later source's value for an option wins; the plugin's
+    other options stay).
     """
     merged: dict[str, Any] = {}
-    sections: dict[str, dict[str, Any]] = {}
+    opts: dict[str, dict[str, Any]] = {}
+
+    def add_plugin_options(value: Any, source: str) -> None:
+        for name, section in check_plugin_options(value or {}, source).items():
+            opts.setdefault(name, {}).update(section)
+
     if file:
         for key, value in read_config_file(file).items():
             key = key.replace("-", "_") if key.replace("-", "_") in EngineConfig.model_fields else key
-            if key in EngineConfig.model_fields:
+            if key == "plugin_options":
+                add_plugin_options(value, f"config file {file!r}: plugin_options")
+            elif key in EngineConfig.model_fields:
                 merged[key] = value
             elif isinstance(value, dict):
-                sections[key] = value
+                add_plugin_options({key: value}, f"config file {file!r}")
             else:
                 valid = ", ".join(sorted(EngineConfig.model_fields))
                 raise ValueError(f"config file {file!r}: unknown option {key!r}; valid options: {valid}, "
                                  "or a section named after a plugin")
-    merged.update(env_options(environ))
+    env = env_options(environ)
+    add_plugin_options(env.pop("plugin_options", None), ENV_PREFIX + "PLUGIN_OPTIONS")
+    merged.update(env)
     unknown = sorted(set(overrides or {}) - set(EngineConfig.model_fields))
     if unknown:  # (a typo in a keyword argument: name the valid ones, in one line)
         raise ValueError(f"unknown engine option {', '.join(map(repr, unknown))}; valid options: "
                          f"{', '.join(sorted(EngineConfig.model_fields))}")
     for key, value in (overrides or {}).items():
-        if value is not None:
+        if key == "plugin_options":
+            add_plugin_options(value, "plugin_options")
+        elif value is not None:
             merged[key] = value
-    opts = dict(sections)
-    for name, section in check_plugin_options(merged.pop("plugin_options", None) or {}).items():
-        opts.setdefault(name, {}).update(section)
     merged["plugin_options"] = opts
     return EngineConfig(**merged)

@@ -95,7 +95,8 @@ def read_model_config(path: str | Path) -> ModelConfig:
     """Read and normalise ``path/config.json``; errors say what is missing."""
     p = Path(path)
     if not p.is_dir():
-        raise ModelConfigError(f"model directory {str(p)!r} does not exist")
+        raise ModelConfigError(f"model directory {str(p)!r} " + ("is a file, not a directory; give the "
+                               "directory that holds config.json" if p.exists() else "does not exist"))
     cfg_file = p / "config.json"
     if not cfg_file.is_file():
         raise ModelConfigError(
