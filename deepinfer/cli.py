@@ -66,11 +66,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from deepinfer.core.sampling_params import SamplingParams
     from deepinfer.llm import LLM
 
+    # (the sampling parameters checked before the engine is built: a bad one fails at once)
+    params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, top_p=args.top_p,
+                            seed=args.sampling_seed, ignore_eos=args.ignore_eos)
     ov = engine_overrides(args)
     ov.pop("model", None)
     llm = LLM(args.model, config_file=args.config_file, progress=False, **ov)
-    params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, top_p=args.top_p,
-                            seed=args.sampling_seed, ignore_eos=args.ignore_eos)
     prompts = args.prompt or [sys.stdin.read()]
     for out in llm.generate(prompts, params, use_tqdm=False):
         c = out.outputs[0]

@@ -168,3 +168,13 @@ def test_option_typos_name_the_valid_options(tiny_llama):
         LLM(str(path), max_num_seq=4, progress=False)
     with pytest.raises(PluginError, match=r"plugin 'fcfs' has no option 'bogus'; its options: .*overlap"):
         LLM(str(path), plugin_options={"fcfs": {"bogus": 1}}, progress=False)
+
+
+def test_generate_refuses_bad_sampling_parameters_before_building_the_engine(capsys, monkeypatch):
+    import deepinfer.llm
+    from deepinfer.cli import main
+
+    built = []
+    monkeypatch.setattr(deepinfer.llm, "build_engine", lambda *a, **k: built.append(1))
+    assert main(["generate", "--max-tokens", "-1", "--prompt", "hi"]) == 2
+    assert "max_tokens" in capsys.readouterr().err and built == []

@@ -4,7 +4,7 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
 
 # OpenAI's clients add fields over time; unknown ones are ignored, not fatal, but any field that
 # changes what the caller gets back and that we do not implement is refused in `unsupported()`.
@@ -73,6 +73,12 @@ class SamplingFields(BaseModel):
     cache_salt: str | None = Field(None, min_length=1, max_length=256)
     user: str | None = None
     logit_bias: dict[str, float] | None = None
+
+    @model_validator(mode="after")
+    def _stream_options_with_stream(self) -> Any:
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options: only with stream true")
+        return self
 
     def unsupported(self) -> str | None:
         """Name a requested feature this server does not implement (refused, never ignored)."""
@@ -233,8 +239,15 @@ class ChatCompletionResponse(BaseModel):
 
 
 class DeltaMessage(BaseModel):
+    """A chunk's delta: only the fields it carries (the role in the first, text after; a finish
+    chunk's may be empty), as OpenAI's and vLLM's chunks leave the others out."""
+
     role: Literal["assistant"] | None = None
     content: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_nones(self, handler: Any) -> dict[str, Any]:
+        return {k: v for k, v in handler(self).items() if v is not None}
 
 
 class ChatChunkChoice(BaseModel):

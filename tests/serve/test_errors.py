@@ -150,3 +150,9 @@ def test_wrong_api_key_is_401_for_the_openai_client(server):
 
 def test_health_needs_no_key(server):
     assert httpx.get(f"{server.base_url}/health", timeout=5).json() == {"status": "ok"}
+
+
+@pytest.mark.parametrize("path,body", [("/v1/completions", COMPLETION), ("/v1/chat/completions", CHAT)])
+def test_stream_options_without_stream_is_400(server, path, body):
+    err = assert_error(post(server, path, {**body, "stream_options": {"include_usage": True}}), 400)
+    assert "stream_options" in err["message"] and "stream" in err["message"]

@@ -239,3 +239,24 @@ def test_more_sequences_than_the_server_ever_holds_is_a_400_not_a_503(client):
         assert e.body["param"] == "n" and "at most 8" in e.body["message"]
     else:
         raise AssertionError("a request of 9 sequences was accepted by a server that holds 8")
+
+
+
+def test_chat_chunks_carry_only_their_fields(server):
+    """As OpenAI's and vLLM's: the role only in the first chunk's delta, no null fields; the
+    finish chunk's delta may be empty."""
+    import json
+
+    import httpx
+
+    from tests.serve.conftest import API_KEY
+
+    body = {"model": "tiny", "messages": MESSAGES, "max_tokens": 6, "temperature": 0, "stream": True,
+            "ignore_eos": True}
+    r = httpx.post(f"{server.base_url}/v1/chat/completions", json=body, timeout=60,
+                   headers={"Authorization": f"Bearer {API_KEY}"})
+    deltas = [json.loads(line[len("data: "):])["choices"][0]["delta"] for line in r.text.splitlines()
+              if line.startswith("data: {")]
+    assert deltas[0].get("role") == "assistant" and len(deltas) > 2
+    assert all("role" not in d for d in deltas[1:])
+    assert all(None not in d.values() for d in deltas)
