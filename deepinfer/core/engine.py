@@ -8,7 +8,7 @@ from typing import Any
 
 from deepinfer.core.context import EngineContext
 from deepinfer.core.detokenizer import IncrementalDetokenizer
-from deepinfer.core.interfaces import Drafter, DraftProposal, Scheduler, SchedulerOutput
+from deepinfer.core.interfaces import Drafter, Scheduler, SchedulerOutput
 from deepinfer.core.kv_manager import KVCacheManager
 from deepinfer.core.model_runner import ModelRunner, RunnerOutput, StepInFlight
 from deepinfer.core.output import RequestState, check_stop, stops_on_token
@@ -285,8 +285,9 @@ class LLMEngine:
             if logprobs and logprobs[i] is not None:
                 req.logprobs.append(logprobs[i])
             # an EOS or stop token id that ends the request adds no text unless asked to (vLLM's)
-            silent = not detok.include_stop and stops_on_token(req, token)
-            if check_stop(req, token, None if later or silent else detok.add([token])):
+            on_token = stops_on_token(req, token)
+            silent = on_token and not detok.include_stop
+            if check_stop(req, token, None if later or silent else detok.add([token]), on_token):
                 self.metrics.inc("deepinfer:generation_tokens", i + 1)
                 if later:
                     detok.defer(tokens[:i + (0 if silent else 1)])
@@ -329,7 +330,7 @@ class LLMEngine:
             if prop is None or not prop.tokens:
                 continue
             if not prop.verified:  # drafted, none worth verifying (deepspark): proposed all the same
-                self._count_drafts(prop)
+                self._count_drafts(len(prop.tokens))
                 continue
             # the drafts and the token after them stay within the context and max_tokens (tokens
             # past either would be cut: verifying them would cost KV and compute for nothing)
@@ -347,16 +348,16 @@ class LLMEngine:
                 if seq.status is running and seq.num_computed_tokens == len(seq.all_token_ids) - 1
                 and len(seq.all_token_ids) >= seq.plain_from]  # (penalties, min_tokens: plainly)
 
-    def _count_drafts(self, prop: DraftProposal | None, num_verified: int = 0) -> None:
+    def _count_drafts(self, num_tokens: int) -> None:
         """One request's proposal, once verified (or once the drafter proposed it for no
-        verification): a draft round of ``len(prop.tokens)`` tokens proposed."""
+        verification): a draft round of ``num_tokens`` tokens proposed."""
         self.metrics.inc("deepinfer:spec_decode_num_drafts")
-        self.metrics.inc("deepinfer:spec_decode_num_draft_tokens", num_verified if prop is None else len(prop.tokens))
+        self.metrics.inc("deepinfer:spec_decode_num_draft_tokens", num_tokens)
 
     def _observe(self, req: Request, num_verified: int, num_rejected: int) -> None:
         accepted = num_verified - num_rejected
         m = self.metrics
-        self._count_drafts(req.draft, num_verified)
+        self._count_drafts(len(req.draft.tokens))  # (the proposal verified, its tokens until now)
         m.inc("deepinfer:spec_decode_num_verified_tokens", num_verified)
         m.inc("deepinfer:spec_decode_num_accepted_tokens", accepted)
         names = self._position_names

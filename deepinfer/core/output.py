@@ -16,10 +16,11 @@ def stops_on_token(req: Request, token: int) -> bool:
         (not p.ignore_eos and token in req.eos_token_ids) or token in p.stop_token_ids)
 
 
-def check_stop(req: Request, token: int, stop_str: str | None) -> bool:
-    """Set the request's finished status if ``token`` (just appended) ends it."""
+def check_stop(req: Request, token: int, stop_str: str | None, on_token: bool) -> bool:
+    """Set the request's finished status if ``token`` (just appended) ends it; ``on_token``:
+    ``stops_on_token(req, token)``, which the caller has needed already."""
     p = req.params
-    if stops_on_token(req, token):
+    if on_token:
         req.status = RequestStatus.FINISHED_STOPPED
         if token in p.stop_token_ids and (p.ignore_eos or token not in req.eos_token_ids):
             req.stop_reason = token

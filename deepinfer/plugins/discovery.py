@@ -27,10 +27,7 @@ class PluginInfo:
 
     @property
     def distribution(self) -> str:
-        dist = getattr(self.entry_point, "dist", None)
-        if dist is not None:
-            return f"{dist.metadata['Name']} {dist.version}"
-        return _distribution_of(self.slot.group, self.name, self.entry_point.value)
+        return distribution_of(self.slot.group, self.entry_point)
 
     @property
     def target(self) -> str:
@@ -45,6 +42,14 @@ def _distribution_index() -> dict[tuple[str, str, str], str]:
             if ep.group.startswith("deepinfer."):
                 index[(ep.group, ep.name, ep.value)] = f"{dist.metadata['Name']} {dist.version}"
     return index
+
+
+def distribution_of(group: str, ep: EntryPoint) -> str:
+    """The distribution (name and version) that ships an entry point of ``group``."""
+    dist = getattr(ep, "dist", None)
+    if dist is not None:
+        return f"{dist.metadata['Name']} {dist.version}"
+    return _distribution_of(group, ep.name, ep.value)
 
 
 def _distribution_of(group: str, name: str, value: str) -> str:

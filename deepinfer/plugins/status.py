@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from deepinfer.plugins.discovery import MODELS_GROUP, PluginError, _distribution_of, discover, load, model_entry_points
+from deepinfer.plugins.discovery import MODELS_GROUP, PluginError, discover, distribution_of, load, model_entry_points
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,15 +30,12 @@ def plugin_statuses() -> list[PluginStatus]:
             reason = f"availability check failed: {type(e).__name__}: {e}"
         out.append(PluginStatus(info.name, info.slot.name, info.distribution, reason or "ok"))
     for ep in model_entry_points():  # (model architectures, by config.json's name: imported to check)
-        dist = getattr(ep, "dist", None)
-        dist = f"{dist.metadata['Name']} {dist.version}" if dist is not None else _distribution_of(
-            MODELS_GROUP, ep.name, ep.value)
         try:
             ep.load()
             reason = None
         except Exception as e:  # noqa: BLE001 (reported, as the engine reports it for that architecture)
             reason = f"failed to load: {type(e).__name__}: {e}"
-        out.append(PluginStatus(ep.name, "model", dist, reason or "ok"))
+        out.append(PluginStatus(ep.name, "model", distribution_of(MODELS_GROUP, ep), reason or "ok"))
     return sorted(out, key=lambda s: (s.slot, s.name))
 
 
