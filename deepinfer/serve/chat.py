@@ -102,9 +102,9 @@ async def _stream(serving: Serving, sub: Submission, rid: str, model: str, n: in
         return chunk([ChatChunkChoice(index=c.index, delta=delta, logprobs=_logprobs(serving, c.logprobs, k),
                                       finish_reason=c.finish_reason, stop_reason=c.stop_reason)])
 
-    def usage_event(completion: int) -> str:
+    def usage_event(completion: int, cached: int) -> str:
         return sse(ChatCompletionChunk(id=rid, created=created, model=model, choices=[],
-                                       usage=Usage.of(num_prompt_tokens, completion)))
+                                       usage=Usage.of(num_prompt_tokens, completion, cached)))
 
     async for event in stream_events(sub, n, render, usage_event if include_usage else None):
         yield event

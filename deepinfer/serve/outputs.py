@@ -79,15 +79,18 @@ async def collect(sub: Submission, num_choices: int, n: int) -> tuple[list[Choic
 
 
 async def stream_events(sub: Submission, n: int, render: Callable[[ChoiceText], str | None],
-                        usage_event: Callable[[int], str] | None) -> AsyncIterator[str]:
+                        usage_event: Callable[[int, int], str] | None) -> AsyncIterator[str]:
     """The server-sent-event body shared by completions and chat: ``render`` turns each choice's
     delta into an event (None: nothing to show yet), one write per engine step; a failure becomes
-    an error event; ``usage_event`` gets the completion token count at the end; then [DONE]."""
-    completion = 0
+    an error event; ``usage_event`` gets the completion token count and the prompt tokens found
+    cached at the end; then [DONE]."""
+    completion = cached = 0
     try:
         while not sub.done:
             parts = []
-            for c in merge_batch(await sub.next_batch(), n):
+            batch = await sub.next_batch()
+            cached += sum(d.num_cached_tokens for _, d in batch if d.finished)
+            for c in merge_batch(batch, n):
                 completion += c.num_tokens
                 event = render(c)
                 if event is not None:
@@ -99,7 +102,7 @@ async def stream_events(sub: Submission, n: int, render: Callable[[ChoiceText], 
         yield SSE_DONE
         return
     if usage_event is not None:
-        yield usage_event(completion)
+        yield usage_event(completion, cached)
     yield SSE_DONE
 
 

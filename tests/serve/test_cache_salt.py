@@ -38,3 +38,13 @@ def test_cache_salt_separates_cached_prefixes_and_plugin_metrics_are_relayed(cac
     assert hits == 2 * again
     assert after["deepinfer:prefix_cache_cached_blocks"] > 0
     assert after["deepinfer:kv_cache_free_blocks"] == after["deepinfer:kv_cache_total_blocks"]
+
+
+def test_streamed_usage_reports_the_cached_prompt_tokens_as_the_whole_reply_does(cached_server):
+    client = openai.OpenAI(base_url=f"{cached_server.base_url}/v1", api_key="unused", max_retries=0, timeout=60)
+    kw = {"model": "tiny", "prompt": PROMPT, "max_tokens": 4, "temperature": 0, "extra_body": {"cache_salt": "s"}}
+    client.completions.create(**kw)  # warms the cache
+    whole = client.completions.create(**kw).usage
+    chunks = list(client.completions.create(**kw, stream=True, stream_options={"include_usage": True}))
+    assert whole.prompt_tokens_details.cached_tokens >= 16
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens == whole.prompt_tokens_details.cached_tokens

@@ -46,6 +46,15 @@ def test_completion_stream_equals_non_stream_and_reports_usage(client):
     assert all(c.usage is None for c in chunks[:-1])
 
 
+def test_streamed_usage_has_the_prompt_tokens_details_of_the_whole_reply(client):
+    for create, kw in ((client.completions.create, {"prompt": PROMPT}),
+                       (client.chat.completions.create, {"messages": MESSAGES})):
+        whole = create(model="tiny", max_tokens=4, temperature=0, **kw).usage
+        chunks = list(create(model="tiny", max_tokens=4, temperature=0, stream=True,
+                             stream_options={"include_usage": True}, **kw))
+        assert chunks[-1].usage == whole and whole.prompt_tokens_details.cached_tokens == 0
+
+
 def test_chat_uses_chat_template_and_matches_transformers_tokenization(client, offline, tiny_model):
     r = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=10, temperature=0)
     ids = hf_chat_ids(tiny_model, MESSAGES)
