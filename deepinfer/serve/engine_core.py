@@ -31,12 +31,14 @@ class SeqDelta(NamedTuple):
 
 
 class RequestDelta(NamedTuple):
-    """What one request gained in one step; ``finished`` once every sequence is done."""
+    """What one request gained in one step; ``finished`` once every sequence is done.
+    ``prompt_logprobs`` (asked for in its SamplingParams) comes whole, once, in its first delta."""
 
     request_id: str
     finished: bool
     seqs: list[SeqDelta]
     num_cached_tokens: int
+    prompt_logprobs: list[dict[int, float] | None] | None = None
 
 
 STATS_INTERVAL_S = 1.0
@@ -50,6 +52,7 @@ class EngineCore:
         self.conn = conn
         # per request id, per sequence: (tokens sent, characters of text sent)
         self.sent: dict[str, list[list[int]]] = {}
+        self.awaiting_prompt_logprobs: set[str] = set()
         self.running = True
         self.hist: dict[str, list[float]] = {}
         self.last_drain = time.monotonic()
@@ -74,6 +77,8 @@ class EngineCore:
                 try:
                     self.engine.add_request(rid, ids, params, cache_salt=salt)
                     self.sent[rid] = [[0, 0] for _ in range(params.n)]
+                    if params.prompt_logprobs is not None:
+                        self.awaiting_prompt_logprobs.add(rid)
                 except ValueError as e:
                     failed.append((rid, 400, str(e)))
                 except Exception as e:  # noqa: BLE001 - one bad request must not stop the engine
@@ -82,6 +87,7 @@ class EngineCore:
             elif kind == "abort":
                 self.engine.abort_request(cmd[1])
                 self.sent.pop(cmd[1], None)
+                self.awaiting_prompt_logprobs.discard(cmd[1])
             elif kind == "stats":
                 self.conn.send(("stats", cmd[1], self.snapshot()))
             elif kind == "shutdown":
@@ -99,6 +105,7 @@ class EngineCore:
             for rid in rids:
                 self.engine.abort_request(rid)
                 self.sent.pop(rid, None)
+                self.awaiting_prompt_logprobs.discard(rid)
             self.conn.send(("failed", [(rid, 500, f"internal error in the engine step: {type(e).__name__}: {e}")
                                        for rid in rids]))
             return
@@ -107,6 +114,15 @@ class EngineCore:
             sent = self.sent.get(out.request_id)
             if sent is None:
                 continue
+            prompt_logprobs = None
+            if out.request_id in self.awaiting_prompt_logprobs:
+                # nothing of the request goes out before its prompt's logprobs are whole (with n > 1
+                # another sequence may sample before the first's prefill ends), so each choice's
+                # first chunk can carry them
+                if not out.finished and len(out.prompt_logprobs or ()) < len(out.prompt_token_ids):
+                    continue
+                self.awaiting_prompt_logprobs.discard(out.request_id)
+                prompt_logprobs = out.prompt_logprobs
             seqs = []
             for c in out.outputs:
                 s = sent[c.index]
@@ -119,8 +135,9 @@ class EngineCore:
                 s[0], s[1] = len(c.token_ids), len(c.text)
             if out.finished:
                 del self.sent[out.request_id]
-            if seqs or out.finished:
-                deltas.append(RequestDelta(out.request_id, out.finished, seqs, out.num_cached_tokens))
+            if seqs or out.finished or prompt_logprobs is not None:
+                deltas.append(RequestDelta(out.request_id, out.finished, seqs, out.num_cached_tokens,
+                                           prompt_logprobs))
         if deltas:
             self.conn.send(("out", deltas))
         self._collect_histograms()
