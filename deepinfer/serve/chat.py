@@ -64,7 +64,7 @@ async def create_chat_completion(serving: Serving, req: ChatCompletionRequest, r
     else:
         max_tokens = serving.max_tokens(req.max_tokens, len(ids), "max_tokens")
     k = req.top_logprobs or 0
-    params = serving.sampling_params(req, max_tokens, k if req.logprobs else None)
+    params = serving.sampling_params(req, max_tokens, k if req.logprobs else None, req.prompt_logprobs)
     rid = serving.new_id("chatcmpl")
     sub = serving.submit(rid, [ids], params, req.cache_salt)
     if req.stream:
@@ -75,12 +75,15 @@ async def create_chat_completion(serving: Serving, req: ChatCompletionRequest, r
     finally:
         sub.close()
     completion = sum(c.num_tokens for c in choices)
+    prompt_logprobs = None
+    if req.prompt_logprobs is not None:
+        prompt_logprobs = serving.prompt_logprobs(sub.prompt_logprobs_of(0), req.prompt_logprobs)
     resp = ChatCompletionResponse(
         id=rid, model=model,
         choices=[ChatChoice(index=c.index, message=AssistantMessage(content=c.text),
                             logprobs=_logprobs(serving, c.logprobs, k), finish_reason=c.finish_reason,
                             stop_reason=c.stop_reason) for c in choices],
-        usage=Usage.of(len(ids), completion, cached))
+        usage=Usage.of(len(ids), completion, cached), prompt_logprobs=prompt_logprobs)
     return Response(resp.model_dump_json(), media_type="application/json")
 
 

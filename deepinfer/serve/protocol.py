@@ -71,6 +71,7 @@ class SamplingFields(BaseModel):
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     cache_salt: str | None = Field(None, min_length=1, max_length=256)
+    prompt_logprobs: int | None = Field(None, ge=0, le=20)  # vLLM's extension
     user: str | None = None
     logit_bias: dict[str, float] | None = None
 
@@ -91,7 +92,7 @@ class CompletionRequest(SamplingFields):
     """``POST /v1/completions``: a prompt (text, texts, token ids or lists of them) to continue."""
 
     prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = Field(16, ge=1)
+    max_tokens: int | None = Field(16, ge=0)  # 0: only with echo, which then returns the prompt alone
     logprobs: int | None = Field(None, ge=0, le=20)
     echo: bool = False
     suffix: str | None = None
@@ -105,8 +106,6 @@ class CompletionRequest(SamplingFields):
         return v
 
     def unsupported(self) -> str | None:
-        if self.echo:
-            return "echo"
         if self.suffix:
             return "suffix"
         if self.best_of is not None and self.best_of != self.n:
@@ -180,12 +179,39 @@ class CompletionLogprobs(BaseModel):
     text_offset: list[int] = Field(default_factory=list)
 
 
+class PromptLogprob(BaseModel):
+    """One token of one prompt position in vLLM's ``prompt_logprobs`` (keyed by its token id)."""
+
+    logprob: float
+    rank: int | None = None  # the engine returns no ranks
+    decoded_token: str
+
+
+PromptLogprobs = list[dict[str, PromptLogprob] | None]
+
+
+def _without(field: str) -> Any:
+    """A serializer that leaves ``field`` out while it is None (asked-for extensions only)."""
+
+    @model_serializer(mode="wrap")
+    def serialize(self: BaseModel, handler: Any) -> dict[str, Any]:
+        out = handler(self)
+        if out.get(field, 0) is None:
+            del out[field]
+        return out
+
+    return serialize
+
+
 class CompletionChoice(BaseModel):
     index: int
     text: str
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    prompt_logprobs: PromptLogprobs | None = None  # vLLM's extension, when asked for
+
+    _serialize = _without("prompt_logprobs")
 
 
 class CompletionResponse(BaseModel):
@@ -236,6 +262,9 @@ class ChatCompletionResponse(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: Usage
+    prompt_logprobs: PromptLogprobs | None = None  # vLLM's extension, when asked for (one prompt: here)
+
+    _serialize = _without("prompt_logprobs")
 
 
 class DeltaMessage(BaseModel):

@@ -44,6 +44,8 @@ class Submission:
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
     pending: set[str] = field(default_factory=set)
     index: dict[str, int] = field(default_factory=dict)
+    # per prompt, once the engine has sent them (only if the SamplingParams asked for them)
+    prompt_logprobs: list[list[dict[int, float] | None] | None] = field(default_factory=list)
 
     @property
     def done(self) -> bool:
@@ -61,6 +63,8 @@ class Submission:
                 kind = "invalid_request_error" if item.status < 500 else "server_error"
                 raise APIError(item.status, item.message, type=kind)
             i = self.index[item.request_id]
+            if item.prompt_logprobs is not None:
+                self.prompt_logprobs[i] = item.prompt_logprobs
             timer = self.timers[i]
             timer.tokens(max((len(s.token_ids) for s in item.seqs), default=0))  # positions, not n x
             if item.finished:
@@ -68,6 +72,12 @@ class Submission:
                 timer.finish()
             out.append((i, item))
         return out
+
+    def prompt_logprobs_of(self, prompt: int) -> list[dict[int, float] | None]:
+        entries = self.prompt_logprobs[prompt]
+        if entries is None:  # the engine sends them before any token of a request that asks for them
+            raise RuntimeError(f"the engine sent no prompt logprobs for prompt {prompt}")
+        return entries
 
     def close(self) -> None:
         """Abort whatever is still running (client gone, error, shutdown) and release the slots."""
@@ -105,6 +115,9 @@ class Serving:
         what = req.unsupported()
         if what is not None:
             raise APIError(400, f"{what} is not supported by this server", param=what, code="unsupported")
+        if req.prompt_logprobs is not None and req.stream:  # (vLLM refuses it too, from 1 up)
+            raise APIError(400, "prompt_logprobs is not available with stream: true; ask for it without stream",
+                           param="prompt_logprobs")
 
     def require_tokenizer(self) -> Any:
         if self.tokenizer is None:
@@ -137,8 +150,10 @@ class Serving:
                            "be generated; lower it", param=param, code="context_length_exceeded")
         return requested
 
-    def sampling_params(self, req: SamplingFields, max_tokens: int, logprobs: int | None) -> SamplingParams:
+    def sampling_params(self, req: SamplingFields, max_tokens: int, logprobs: int | None,
+                        prompt_logprobs: int | None = None) -> SamplingParams:
         fields: dict[str, Any] = {"n": req.n, "max_tokens": max_tokens, "logprobs": logprobs,
+                                  "prompt_logprobs": prompt_logprobs,
                                   "ignore_eos": req.ignore_eos, "min_tokens": req.min_tokens,
                                   "stop": req.stop, "skip_special_tokens": req.skip_special_tokens,
                                   "include_stop_str_in_output": req.include_stop_str_in_output,
@@ -175,7 +190,8 @@ class Serving:
             raise APIError(503, f"the server is at capacity ({self.in_flight_seqs} sequences in flight); retry "
                            "shortly", type="server_error", code="overloaded", headers={"Retry-After": "1"})
         rids = [f"{request_id}-{i}" for i in range(len(prompts))]
-        sub = Submission(self, num_seqs, [RequestTimer(self.metrics) for _ in prompts])
+        sub = Submission(self, num_seqs, [RequestTimer(self.metrics) for _ in prompts],
+                         prompt_logprobs=[None] * len(prompts))
         sub.pending.update(rids)
         sub.index.update((rid, i) for i, rid in enumerate(rids))
         self.in_flight_seqs += num_seqs
@@ -216,6 +232,25 @@ class Serving:
     def top(entry: dict[int, float], k: int) -> list[tuple[int, float]]:
         """The k most likely tokens of one position (the engine puts the sampled one first)."""
         return sorted(entry.items(), key=lambda kv: -kv[1])[:k] if k else []
+
+    def prompt_logprobs(self, entries: list[dict[int, float] | None], k: int) -> list[dict[str, Any] | None]:
+        """vLLM's ``prompt_logprobs``: None for the first prompt token, then per token a dict by token
+        id of the token itself and the k likeliest. ``rank`` is None: the engine returns no ranks."""
+        out: list[dict[str, Any] | None] = []
+        for e in entries:
+            if e is None:
+                out.append(None)
+                continue
+            token, lp = next(iter(e.items()))
+            row = {str(token): self._prompt_logprob(token, lp)}
+            for t, v in self.top(e, k):
+                row.setdefault(str(t), self._prompt_logprob(t, v))
+            out.append(row)
+        return out
+
+    def _prompt_logprob(self, token: int, logprob: float) -> dict[str, Any]:
+        # -inf has no JSON form: vLLM sends -9999.0 in its place
+        return {"logprob": max(logprob, -9999.0), "rank": None, "decoded_token": self.token_str(token)}
 
 
 async def _wait_disconnect(request: Request) -> None:

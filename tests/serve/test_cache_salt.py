@@ -48,3 +48,16 @@ def test_streamed_usage_reports_the_cached_prompt_tokens_as_the_whole_reply_does
     chunks = list(client.completions.create(**kw, stream=True, stream_options={"include_usage": True}))
     assert whole.prompt_tokens_details.cached_tokens >= 16
     assert chunks[-1].usage.prompt_tokens_details.cached_tokens == whole.prompt_tokens_details.cached_tokens
+
+
+def test_echo_logprobs_of_a_cached_prompt_cover_every_prompt_token(cached_server):
+    """Prompt logprobs need every position computed: the cache is passed over, not half-used."""
+    client = openai.OpenAI(base_url=f"{cached_server.base_url}/v1", api_key="unused", max_retries=0, timeout=60)
+    kw = {"model": "tiny", "prompt": PROMPT, "max_tokens": 2, "temperature": 0}
+    client.completions.create(**kw)  # warms the cache
+    r = client.completions.create(**kw, echo=True, logprobs=1)
+    lp = r.choices[0].logprobs
+    n = r.usage.prompt_tokens
+    assert lp.token_logprobs[0] is None and all(v is not None for v in lp.token_logprobs[1:])
+    assert len(lp.tokens) == n + r.usage.completion_tokens and r.choices[0].text.startswith(PROMPT)
+    assert r.usage.prompt_tokens_details.cached_tokens == 0

@@ -211,8 +211,9 @@ def test_streamed_text_offsets_count_text_held_back():
     import asyncio
     import json
 
-    from deepinfer.serve.completions import _stream
+    from deepinfer.serve.completions import _Shape, _stream
     from deepinfer.serve.engine_core import RequestDelta, SeqDelta
+    from deepinfer.serve.serving import Serving
 
     strings = {1: "ab", 2: "cd", 3: "e"}
     steps = [("a", 1, None), ("bcd", 2, None), ("e", 3, "length")]
@@ -226,10 +227,11 @@ def test_streamed_text_offsets_count_text_held_back():
             seq = SeqDelta(0, [token], text, [{token: -0.5}], finish, None)
             return [(0, RequestDelta("r-0", finish is not None, [seq], 0))]
 
-    serving = type("Serving", (), {"token_str": staticmethod(strings.__getitem__)})()
+    serving = type("Serving", (), {"token_str": staticmethod(strings.__getitem__), "top": staticmethod(Serving.top)})()
+    shape = _Shape(n=1, prompt_ids=[[1]], echo_texts=None, echo_only=False, logprobs=0, prompt_logprobs=None)
 
     async def events():
-        return [e async for e in _stream(serving, Sub(), "r", "tiny", 1, 1, 3, False)]
+        return [e async for e in _stream(serving, Sub(), "r", "tiny", shape, 3, False)]
 
     chunks = [json.loads(line[len("data: "):]) for e in asyncio.run(events()) for line in e.split("\n\n")
               if line.startswith("data: {")]
