@@ -268,6 +268,7 @@ def test_chat_chunks_carry_only_their_fields(server):
                    headers={"Authorization": f"Bearer {API_KEY}"})
     deltas = [json.loads(line[len("data: "):])["choices"][0]["delta"] for line in r.text.splitlines()
               if line.startswith("data: {")]
-    assert deltas[0].get("role") == "assistant" and len(deltas) > 2
+    # (a loaded machine may merge every token into one chunk: a slow reader gets fewer, larger ones)
+    assert deltas[0].get("role") == "assistant" and len(deltas) >= 2
     assert all("role" not in d for d in deltas[1:])
     assert all(None not in d.values() for d in deltas)
