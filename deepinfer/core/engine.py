@@ -103,7 +103,9 @@ class LLMEngine:
         for i in range(params.n):
             p = params
             if params.n > 1:
-                p = params.model_copy(update={"n": 1, "seed": None if params.seed is None else params.seed + i})
+                # (the prompt's logprobs come from the first sequence: the others skip computing them)
+                p = params.model_copy(update={"n": 1, "seed": None if params.seed is None else params.seed + i}
+                                      | ({"prompt_logprobs": None} if i else {}))
             seq_id = request_id if params.n == 1 else f"{request_id}#{i}"
             seqs.append(Request(seq_id, list(prompt_token_ids), p, self.eos_token_ids, cache_salt,
                                 self.max_model_len))

@@ -290,7 +290,7 @@ class ModelRunner:
         return result
 
     def _verify(self, hidden: torch.Tensor, verifying, result: RunnerOutput, head: torch.Tensor | None = None) -> None:
-        from deepinfer.core.sampler import top_logprobs
+        from deepinfer.core.sampler import rows_top_logprobs
         from deepinfer.core.spec import accept_greedy, verify_batch
 
         index = [row + j for _, drafts, row in verifying for j in range(len(drafts) + 1)]
@@ -329,18 +329,22 @@ class ModelRunner:
             result.num_verified[r.request_id] = len(drafts)
             if r.params.logprobs is not None:
                 lps = logits[at:at + len(tokens)].log_softmax(-1)
-                result.logprobs[r.request_id] = [top_logprobs(lps[j], t, r.params.logprobs) for j, t in enumerate(tokens)]
+                result.logprobs[r.request_id] = rows_top_logprobs(lps, tokens, r.params.logprobs)
+
+    #: prompt positions whose logprobs are computed at once (a chunk's logits over a large vocabulary
+    #: in float32, whole, would take gigabytes beside the activations the KV sizing left room for)
+    PROMPT_LOGPROBS_ROWS = 512
 
     def _prompt_logprobs(self, hidden: torch.Tensor, r: Request, n: int) -> list[dict[int, float] | None]:
         """Logprobs of prompt tokens start+1 .. start+n given what precedes them (vLLM's meaning)."""
-        from deepinfer.core.sampler import top_logprobs
+        from deepinfer.core.sampler import rows_top_logprobs
 
         start = r.num_computed_tokens
-        lps = self.model.compute_logits(hidden).float().log_softmax(-1)
         out: list[dict[int, float] | None] = [None] if start == 0 else []
-        for j in range(n):
-            nxt = start + j + 1
-            if nxt >= r.num_prompt_tokens:
-                break
-            out.append(top_logprobs(lps[j], r.prompt_token_ids[nxt], r.params.prompt_logprobs))
+        n = min(n, r.num_prompt_tokens - start - 1)  # (the last prompt token's next is no prompt token)
+        for j in range(0, n, self.PROMPT_LOGPROBS_ROWS):
+            rows = min(self.PROMPT_LOGPROBS_ROWS, n - j)
+            lps = self.model.compute_logits(hidden[j:j + rows]).float().log_softmax(-1)
+            nxt = r.prompt_token_ids[start + j + 1:start + j + 1 + rows]
+            out.extend(rows_top_logprobs(lps, nxt, r.params.prompt_logprobs))
         return out

@@ -38,10 +38,19 @@ def test_greedy_64_tokens_equal_transformers(case):
         assert out.outputs[0].finish_reason == "length"
 
 
-def test_prompt_logprobs_match_transformers_within_1e_4(case):
+@pytest.mark.parametrize("rows,n", [(512, 1), (7, 2)])
+def test_prompt_logprobs_match_transformers_within_1e_4(case, monkeypatch, rows, n):
+    """Also with the prompt's positions taken a few at a time (rows) and two samples a prompt, of
+    which only the first computes the prompt's logprobs."""
     _, model, llm = case
-    params = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=5)
+    runner = llm.engine.runner
+    monkeypatch.setattr(runner, "PROMPT_LOGPROBS_ROWS", rows)
+    computed: list[str] = []
+    compute = runner._prompt_logprobs
+    monkeypatch.setattr(runner, "_prompt_logprobs", lambda h, r, k: computed.append(r.request_id) or compute(h, r, k))
+    params = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=5, n=n)
     outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
+    assert computed and all(rid.endswith("#0") for rid in computed) if n > 1 else computed
     for prompt, out in zip(PROMPTS, outs, strict=True):
         with torch.no_grad():
             ref = model(torch.tensor([prompt])).logits[0].float().log_softmax(-1)
