@@ -44,8 +44,11 @@ class KVCacheManager:
         return self._sliding_blocks.get(request.request_id, [])
 
     def match_prefix(self, request: Request) -> PrefixMatch:
-        """Ask the policy stack which cached blocks the request can start from (no references taken)."""
+        """Ask the policy stack which cached blocks the request can start from (no references taken).
+        None for a request that wants prompt logprobs: they need every prompt position computed."""
         match = PrefixMatch([], 0)
+        if request.params.prompt_logprobs is not None:
+            return match
         for policy in self.policies:
             match = policy.match(request, match)
         if self.sliding is not None and match.num_tokens:

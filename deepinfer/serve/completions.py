@@ -81,8 +81,10 @@ def _choice(serving: Serving, shape: _Shape, sub: Submission, c: ChoiceText, off
     """Choice ``c`` (all of it, or one streamed part: the ``first`` one echoes the prompt)."""
     p = c.index // shape.n
     text, entries = c.text, c.logprobs
-    if shape.echo_only:
+    finish, stop = c.finish_reason, c.stop_reason
+    if shape.echo_only:  # (the engine's one token is dropped, and with it why it ended)
         text, entries = "", None if entries is None else []
+        finish, stop = None if finish is None else "length", None
     if first and shape.echo_texts is not None:
         text = shape.echo_texts[p] + text
         if shape.logprobs is not None:
@@ -93,8 +95,8 @@ def _choice(serving: Serving, shape: _Shape, sub: Submission, c: ChoiceText, off
     logprobs = None
     if entries is not None and shape.logprobs is not None:
         logprobs = _logprobs(serving, entries, offset, shape.logprobs, shape.prompt_ids[p][0])
-    return CompletionChoice(index=c.index, text=text, logprobs=logprobs, finish_reason=c.finish_reason,
-                            stop_reason=c.stop_reason, prompt_logprobs=prompt_logprobs)
+    return CompletionChoice(index=c.index, text=text, logprobs=logprobs, finish_reason=finish,
+                            stop_reason=stop, prompt_logprobs=prompt_logprobs)
 
 
 async def create_completion(serving: Serving, req: CompletionRequest, raw: Request) -> Response:

@@ -71,3 +71,15 @@ def test_a_match_without_the_window_it_resumes_in_is_refused():
     with pytest.raises(RuntimeError, match="resumed at token 12 with 0 sliding-window blocks; resuming there "
                                            "needs 3"):
         kv.match_prefix(Request("r", list(range(20)), SamplingParams()))
+
+
+def test_no_policy_is_asked_for_a_request_that_wants_prompt_logprobs():
+    """Prompt logprobs need every prompt position computed: the manager asks no policy (a third
+    party's policy might not check), and so a request resumes from nothing."""
+    class Everything:
+        def match(self, request, previous):
+            return PrefixMatch([object()], 4)
+
+    kv = KVCacheManager(BlockPool(8, 4), [Everything()])
+    assert kv.match_prefix(Request("a", list(range(9)), SamplingParams())).num_tokens == 4
+    assert kv.match_prefix(Request("b", list(range(9)), SamplingParams(prompt_logprobs=0))) == PrefixMatch([], 0)

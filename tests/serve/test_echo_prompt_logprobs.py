@@ -124,6 +124,20 @@ def test_echo_with_max_tokens_0_returns_the_prompt_alone(client, offline):
     assert chunks[-1].usage.completion_tokens == 0
 
 
+def test_echo_with_max_tokens_0_ends_length_whatever_the_dropped_token(client, offline):
+    """The engine samples one token that max_tokens 0 drops: a stop token id equal to it (the greedy
+    first token) must not make the prompt-only choice end with "stop"."""
+    token = offline.generate(PROMPT, SamplingParams(max_tokens=1, temperature=0.0))[0].outputs[0].token_ids[0]
+    body = {**GREEDY, "extra_body": {"stop_token_ids": [token]}}
+    stopped = client.completions.create(prompt=PROMPT, max_tokens=1, **body).choices[0]
+    assert stopped.finish_reason == "stop"  # (the stop does end the dropped token)
+    for stream in (False, True):
+        r = client.completions.create(prompt=PROMPT, max_tokens=0, echo=True, stream=stream, **body)
+        choices = [ch for chunk in r for ch in chunk.choices] if stream else r.choices
+        assert [ch.finish_reason for ch in choices if ch.finish_reason] == ["length"]
+        assert all(getattr(ch, "stop_reason", None) is None for ch in choices)
+
+
 # --------------------------------------------------------------------------------- prompt_logprobs
 def _assert_vllm_prompt_logprobs(got: list, want: list, tok, k: int) -> None:
     """vLLM's format: None first, then by token id string the prompt token itself and the k
