@@ -9,7 +9,8 @@ ending in ``-nohead``: decode replays without their head graphs, the LM head and
 
 Prints bench spec's columns for each, then per run seconds, engine steps a run, milliseconds a step
 spent in the drafter's propose and in on_verified (drafting chained behind a verification), and,
-for a drafter that chooses between plain and speculative rounds, its choices by size class.
+for a drafter that chooses between plain and speculative rounds, its choices by size class and its
+last estimates of each kind's microseconds a token.
 """
 from __future__ import annotations
 
@@ -85,6 +86,10 @@ def main() -> None:
                   f"step {per['step']:.3f} propose {per['propose']:.3f} on_verified {per['on_verified']:.3f}")
             print("      runs: " + " ".join(f"{x:.3f}" for x in secs[label])
                   + (f"  choices: {dict(sorted(choices.items()))}" if choices else ""))
+            rates = getattr(llm.engine.drafter, "rates", None)
+            if rates is not None and rates.rounds:  # (RoundRates' last estimates: us a token a request)
+                print("      us a token (speculative, class): " + " ".join(
+                    f"{'S' if k[0] else 'P'}{k[1]}={1e6 * v:.1f}" for k, v in sorted(rates.seconds.items())))
 
 
 if __name__ == "__main__":
