@@ -70,8 +70,8 @@ class PrefixCache(CachePolicy):
         return st.hashes[:num_blocks]
 
     def match(self, request: Request, previous: PrefixMatch) -> PrefixMatch:
-        if previous.blocks or request.num_computed_tokens:  # (prompt logprobs: never asked, KVCacheManager)
-            return previous
+        if previous.blocks or request.num_computed_tokens or request.params.prompt_logprobs is not None:
+            return previous  # prompt logprobs need every prompt position computed (KVCacheManager too)
         bs = self.block_size
         keys = self._keys(request, (request.num_tokens - 1) // bs)  # always compute the last token
         hits: list[Block] = []

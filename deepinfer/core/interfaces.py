@@ -205,7 +205,9 @@ class CachePolicy(Plugin, ABC):
     """Which KV blocks outlive their request, and which a new request may reuse."""
 
     def match(self, request: Request, previous: PrefixMatch) -> PrefixMatch:
-        """Cached blocks to start from; ``previous`` is what earlier policies in the stack found."""
+        """Cached blocks to start from; ``previous`` is what earlier policies in the stack found.
+        Asked at every admission; the manager drops the stack's match for a request that wants
+        prompt logprobs (``request.params.prompt_logprobs``: every prompt position is computed)."""
         return previous
 
     def on_computed(self, request: Request, blocks: list[Block]) -> None:

@@ -45,12 +45,13 @@ class KVCacheManager:
 
     def match_prefix(self, request: Request) -> PrefixMatch:
         """Ask the policy stack which cached blocks the request can start from (no references taken).
-        None for a request that wants prompt logprobs: they need every prompt position computed."""
+        Nothing for a request that wants prompt logprobs, whatever a policy answers (every prompt
+        position must be computed); the policies are asked all the same (an admission's hook)."""
         match = PrefixMatch([], 0)
-        if request.params.prompt_logprobs is not None:
-            return match
         for policy in self.policies:
             match = policy.match(request, match)
+        if request.params.prompt_logprobs is not None and match.num_tokens:
+            return PrefixMatch([], 0)
         if self.sliding is not None and match.num_tokens:
             self._check_window(match)
         return match

@@ -73,13 +73,17 @@ def test_a_match_without_the_window_it_resumes_in_is_refused():
         kv.match_prefix(Request("r", list(range(20)), SamplingParams()))
 
 
-def test_no_policy_is_asked_for_a_request_that_wants_prompt_logprobs():
-    """Prompt logprobs need every prompt position computed: the manager asks no policy (a third
-    party's policy might not check), and so a request resumes from nothing."""
+def test_a_request_that_wants_prompt_logprobs_resumes_from_nothing_whatever_a_policy_answers():
+    """Prompt logprobs need every prompt position computed: the manager drops a policy's match (a
+    third party's policy might not check) but still asks every policy (an admission's hook)."""
+    asked = []
+
     class Everything:
         def match(self, request, previous):
+            asked.append(request.request_id)
             return PrefixMatch([object()], 4)
 
     kv = KVCacheManager(BlockPool(8, 4), [Everything()])
     assert kv.match_prefix(Request("a", list(range(9)), SamplingParams())).num_tokens == 4
     assert kv.match_prefix(Request("b", list(range(9)), SamplingParams(prompt_logprobs=0))) == PrefixMatch([], 0)
+    assert asked == ["a", "b"]
