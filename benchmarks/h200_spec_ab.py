@@ -8,7 +8,8 @@ A name ending in ``+host`` is that drafter with ``device_drafts`` off (its draft
 host before the verification is prepared); ``+sync``, with the scheduler's overlap off; ``+step``,
 with ``loop_graph`` off (a round's draft steps one by one, its depth from the drafter's rule);
 ``+always``, deepspark drafting every round (``skip_when_slower`` "never"); ``+overlap``, deepspark
-with ``overlap_plain_rounds`` (its plain rounds run only at batches of ``skip_min_batch``, 8, or more);
+with ``overlap_plain_rounds`` (its plain rounds run only at batches of ``skip_min_batch`` or more: 8 when this was written,
+now 1 in device graphs);
 ``+marginN``, deepspark with ``skip_margin`` N%.
 
 Each configuration is one LLM (all built first, each with a small KV pool); a run decodes

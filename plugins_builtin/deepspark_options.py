@@ -27,8 +27,9 @@ class DeepSparkOptions(DraftModelOptions):
         "always", description="draft nothing for a round (a plain decode step) unless speculative rounds are "
                               "measured to give more tokens a second than plain steps at this batch size (by "
                               "skip_margin to start): 'always', 'graphs' (in device graphs only), 'never'")
-    skip_min_batch: int = Field(8, ge=1, description="with skip_when_slower: only batches of at least this many "
-                                                     "requests skip (smaller ones always speculate)")
+    skip_min_batch: int | None = Field(None, ge=1, description="with skip_when_slower: only batches of at least "
+                                       "this many requests skip (smaller ones always speculate); by default 1 "
+                                       "where the engine verifies in device graphs, 8 elsewhere")
     skip_margin: float = Field(0.15, ge=0.0, lt=1.0, description="with skip_when_slower: how much faster "
                                "speculative rounds must be measured than plain steps to be chosen (to start or "
                                "to take over); plain steps take over as soon as they are the faster")

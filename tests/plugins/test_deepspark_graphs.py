@@ -47,11 +47,12 @@ def test_deepspark_in_graphs_feeds_the_lookups_requests_to_the_loop_graph(loop_t
 def test_deepspark_chains_a_round_only_where_it_is_to_draft():
     """Where rounds chain behind verifications (on_verified), a batch that may draft nothing has its
     next round's kind chosen there: a plain round chains nothing (its chained round would go
-    unused), and the proposal after it follows that choice. Smaller batches always chain."""
+    unused), and the proposal after it follows that choice. Batches under skip_min_batch always chain."""
     from types import SimpleNamespace
 
     d = _timed_deepspark(step_seconds=0.001, rest_seconds=0.010)
-    d.k, d.in_graphs = 5, True  # (skip_when_slower "graphs": in graphs, batches of 8+ may skip)
+    d.k, d.in_graphs = 5, True  # (in graphs, batches of skip_min_batch (here 8) or more may skip)
+    d.options = d.options.model_copy(update={"skip_min_batch": 8})
     chained = []
     d.runner = SimpleNamespace(chain=lambda verified, *args: chained.append(len(verified)))
     greedy = SimpleNamespace(greedy=True)

@@ -262,9 +262,14 @@ def test_deepspark_drafts_nothing_while_plain_steps_are_faster():
     d.rates, d._ended, d._buckets, d.k = RoundRates(6), None, {}, 5  # (looks of 4 rounds)
     from deepinfer_builtin.deepspark import DeepSparkOptions
 
-    # by default, batches of at least 8 may skip, in eager steps too
+    # by default, batches of at least 8 may skip, in eager steps too; in device graphs every batch
     d.options = DeepSparkOptions()
     assert d.options.skip_when_slower == "always" and d.may_skip(8) and not d.may_skip(7)
+    d.in_graphs = True
+    assert d.may_skip(1) and d.rests_above() in (None, 1)
+    d.options = DeepSparkOptions(skip_min_batch=4)  # (set, it holds in graphs too)
+    assert d.may_skip(4) and not d.may_skip(3)
+    d.in_graphs = False
     d.options = DeepSparkOptions(buckets=1, prior_strength=1.0, min_value=0.25, skip_min_batch=1,
                                  skip_when_slower="graphs")
     assert not d.may_skip(1)
