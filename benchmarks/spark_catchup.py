@@ -20,10 +20,22 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--output-len", type=int, default=256)
+    ap.add_argument("--stand-in-graphs", action="store_true",
+                    help="on the CPU: the device graphs' code paths (verification, loop and chained rounds, "
+                         "catch-ups) with tests/plugins/test_graphs.py's EagerGraphs standing in for CUDA graphs (Triton attention: run it with TRITON_INTERPRET=1 and PYTHONPATH at the repository)")
     a = ap.parse_args()
-    llm = LLM(None, progress=False, device=a.device, plugins=["deepspark"],
-              plugin_options={"deepspark": {"skip_min_batch": 1, "skip_when_slower": "always"}})
+    llm = LLM(None, progress=False, device=a.device, plugins=["deepspark"] + (["triton"] if a.stand_in_graphs else []),
+              plugin_options={"deepspark": {"skip_min_batch": 1, "skip_when_slower": "always"}},
+              **({"dtype": "float32"} if a.stand_in_graphs else {}))
     eng, d = llm.engine, llm.engine.drafter
+    if a.stand_in_graphs:
+        from tests.plugins.test_graphs import EagerGraphs
+
+        graphs, sizes, longest = EagerGraphs(), [1, 2, 4], 64 + a.output_len + 16
+        d.enable_graphs(graphs, sizes, longest)
+        eng.runner.enable_graphs(graphs, sizes, longest)
+        eng.runner.enable_verify_graphs(graphs, sizes, longest, d.max_draft_tokens + 1)
+        eng.runner.on_verified = d.on_verified  # (rounds chained behind verifications)
     steps = [0]
     step = eng.step
 
