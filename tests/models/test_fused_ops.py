@@ -68,10 +68,10 @@ def test_fused_kernels_match_plain_layers(tmp_path, arch):
     assert set(out["batchcalls"]) == {"rms_norm", "apply_rotary", "silu_and_mul", "argmax"}
     # one sequence from a one-token prompt: every step is single-token, so the GEMV path runs
     # (3 GEMVs a layer and one qkv GEMV a layer, every step); the LM head of one row is a GEMV too,
-    # with the final norm folded in (each step's, and the prompt logprobs' of the first): no
-    # separate norm kernel
+    # with the final norm folded in (each step's; a one-token prompt has no token for prompt logprobs
+    # to score, so none for them): no separate norm kernel
     layers, steps = 2, 6
-    heads = steps + 1
+    heads = steps
     if arch == "qwen2":  # a qkv bias: single-token steps keep the multi-token kernels (not the LM head)
         assert set(out["onecalls"]) == {"embedding", "rms_norm", "apply_rotary", "silu_and_mul", "argmax", "gemv"}
         assert out["onecalls"]["gemv"] == heads
