@@ -41,7 +41,8 @@ default; ``"graphs"``: in device graphs only), batches of at least ``skip_min_ba
 default any batch in device graphs, 8 or more elsewhere: the ``skip_min_batch`` property) draft nothing for a round unless speculating is measured ``skip_margin`` faster, and once
 speculating, go on while it is faster at all (RoundRates: a round's time to the next proposal and
 generated tokens a request, per batch size class), with now and then four rounds of the other
-kind. Where none waits and every request has max_tokens, the batch only shrinks and is done when
+kind (a speculative round of requests mostly within their first ``warmup_tokens`` tokens, which
+accept the fewest drafts, is not measured: the look runs longer instead). Where none waits and every request has max_tokens, the batch only shrinks and is done when
 its last request is, so they compare by the time until then (RoundRates.drain: each request's
 tokens left, over its own tokens a speculative round so far where speculating, rounds priced at the
 requests still running): requests that accept unevenly thin the batch early, which per-round rates
@@ -250,6 +251,9 @@ class DeepSparkDrafter(DraftModelDrafter):
             speculate, sample = self._choose(requests, ids)
         # a sample only after a round of its kind, without a newcomer (whose prompt the draft computes)
         sample = sample and self._last_kind is speculate and ids <= self._last_ids
+        if sample and speculate and self._warming(requests):
+            sample = False  # (a look at speculating then runs a round longer)
+            self.rates.unsampled(self.rates.size_class(batch))
         self._after_plain = speculate and self._last_kind is False
         self._last_kind, self._last_ids = speculate, ids
         if speculate:
@@ -260,6 +264,16 @@ class DeepSparkDrafter(DraftModelDrafter):
         if sample:  # every request gains one token, plus its accepted drafts (observe)
             self._round = _Round(speculate, batch, start, ids, batch, batch + sum(len(p.verified) for p in out.values()))
         return out
+
+    def _warming(self, requests: list[Request]) -> bool:
+        """Whether over a quarter of the requests are within their first ``warmup_tokens`` generated
+        tokens: a speculative round of theirs is then no sample of RoundRates. A request's first
+        rounds accept the fewest drafts (H200, demo pair, every round speculating from the start:
+        0.25-1.75 accepted in rounds 1-5, 3.00-4.00 in rounds 6-10; after 8 plain steps 3.21 from
+        the first: benchmarks.md, session 49), and at batch 1 the looks at speculating come at a
+        request's start, so they took speculation for slower than it is."""
+        warm = self.options.warmup_tokens
+        return 4 * sum(1 for r in requests if r.num_output_tokens < warm) > len(requests)
 
     @hookimpl
     def deepinfer_step_end(self, engine, num_tokens: int) -> None:

@@ -82,7 +82,9 @@ class RoundRates:
     own rate would overstate its cost); and which kind the next round is.
 
     Rounds of a kind run ``look`` in a row, of which all but the first are samples (the first
-    speculative round after plain steps also feeds the draft the tokens it missed). Each kind is
+    speculative round after plain steps also feeds the draft the tokens it missed); a round the
+    caller finds unrepresentative (``unsampled``) makes its look one round longer, up to
+    ``2 * look`` rounds more. Each kind is
     measured first, then the faster runs (speculating only if faster by ``margin``, to start and
     to take over; plain steps whenever faster); after ``gap - look`` rounds of it, ``look`` of the other.
     The gap starts at ``explore_every`` and doubles with every look that finds the same kind
@@ -104,6 +106,7 @@ class RoundRates:
         self._runs: dict[int, tuple[bool, int]] = {}       # size class -> (kind, rounds in a row)
         self._plan: dict[int, list[bool]] = {}             # size class -> the next rounds' kinds
         self._best: dict[int, tuple[bool, int]] = {}       # size class -> (the faster kind, gap)
+        self._extra: dict[int, int] = {}  # size class -> rounds the look under way may still add (unsampled)
         #: size class -> [what a batch that nothing joins multiplies speculation's rate by, uses left]
         self._closed: dict[int, list] = {}
         #: a batch that nothing joins chose plain steps: they run to its end (see speculate)
@@ -181,6 +184,7 @@ class RoundRates:
         kind, run = self._runs.get(size, (None, 0))
         sticky = closed is not None and not joined and self.plain_to_end
         chosen = False  # (by comparing the kinds, not a look or a first measurement)
+        looks = 0  # 1: the round continues a look (or a first measurement); 2: it starts one
         if sticky:
             # plain steps chosen for a batch that nothing joins run to its end (whatever size class
             # it thins to), without looks: each leaves the draft a token further behind, which a
@@ -188,9 +192,9 @@ class RoundRates:
             # batch's spread only grows
             choice = False
         elif plan:
-            choice = plan.pop(0)
+            choice, looks = plan.pop(0), 1
         elif (spec := self.rate(True, size)) is None or (plain := self.rate(False, size)) is None:
-            choice = spec is None
+            choice, looks = spec is None, 2
             plan.extend([choice] * (self.look - 1))
         else:
             if closed is None:
@@ -217,7 +221,7 @@ class RoundRates:
                 gap = self.explore_every
             chosen = True
             if kind == choice and run >= gap - self.look:
-                choice = not choice
+                choice, looks = not choice, 2
                 plan.extend([choice] * (self.look - 1))
                 # (at least twice the run it ends: plain steps held to a batch's end run past the
                 # gap, and the next batch's look should not come sooner than one run after)
@@ -225,9 +229,23 @@ class RoundRates:
             self._best[size] = (not choice if plan else choice, gap)
         if not sticky:
             self.plain_to_end = chosen and closed is not None and not choice and not plan
+        if looks == 2:
+            self._extra[size] = 2 * self.look
+        elif not looks:
+            self._extra.pop(size, None)
         run = run + 1 if kind == choice else 1
         self._runs[size] = (choice, run)
         return choice, run > 1
+
+    def unsampled(self, size: int) -> None:
+        """The round just chosen at this size class as a sample is not one (the caller finds it
+        unrepresentative: deepspark's requests at their start). If it belongs to a look or a kind's
+        first measurement, that runs one round longer (at most ``2 * look`` rounds more), so that
+        it still gets its samples."""
+        left = self._extra.get(size, 0)
+        if left > 0:
+            self._extra[size] = left - 1
+            self._plan.setdefault(size, []).insert(0, self._runs[size][0])
 
 
 def rounds_left(requests, gained: dict[str, list[int]], gain: float, prior: float = 4.0
