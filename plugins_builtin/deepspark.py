@@ -42,7 +42,7 @@ default any batch in device graphs, 8 or more elsewhere: the ``skip_min_batch`` 
 speculating, go on while it is faster at all (RoundRates: a round's time to the next proposal and
 generated tokens a request, per batch size class), with now and then four rounds of the other
 kind (a speculative round of requests mostly within their first ``warmup_tokens`` tokens, which
-accept the fewest drafts, is not measured: the look runs longer instead). Where none waits and every request has max_tokens, the batch only shrinks and is done when
+accept the fewest drafts, is not measured: a look runs up to eight rounds longer instead). Where none waits and every request has max_tokens, the batch only shrinks and is done when
 its last request is, so they compare by the time until then (RoundRates.drain: each request's
 tokens left, over its own tokens a speculative round so far where speculating, rounds priced at the
 requests still running): requests that accept unevenly thin the batch early, which per-round rates
@@ -251,9 +251,8 @@ class DeepSparkDrafter(DraftModelDrafter):
             speculate, sample = self._choose(requests, ids)
         # a sample only after a round of its kind, without a newcomer (whose prompt the draft computes)
         sample = sample and self._last_kind is speculate and ids <= self._last_ids
-        if sample and speculate and self._warming(requests):
+        if sample and speculate and self._warming(requests) and self.rates.unsampled(self.rates.size_class(batch)):
             sample = False  # (a look at speculating then runs a round longer)
-            self.rates.unsampled(self.rates.size_class(batch))
         self._after_plain = speculate and self._last_kind is False
         self._last_kind, self._last_ids = speculate, ids
         if speculate:

@@ -39,8 +39,8 @@ class DeepSparkOptions(DraftModelOptions):
                                                      "to at least twice the run it ends; up to 1,024)")
     warmup_tokens: int = Field(12, ge=0, description="with skip_when_slower: a speculative round is measured only "
                                "if at most a quarter of its requests have generated fewer tokens than this (a "
-                               "request's first tokens accept the fewest drafts); a look at speculating then "
-                               "runs longer until it is measured")
+                               "request's first tokens accept the fewest drafts); a look at speculating runs up "
+                               "to eight rounds longer instead, after which its rounds are measured")
     overlap_plain_rounds: bool = Field(True, description="with skip_when_slower: tell the engine before each round "
                                                          "whether it drafts, so that rounds that draft nothing keep "
                                                          "overlap scheduling (on devices that run queued work "

@@ -83,8 +83,8 @@ class RoundRates:
 
     Rounds of a kind run ``look`` in a row, of which all but the first are samples (the first
     speculative round after plain steps also feeds the draft the tokens it missed); a round the
-    caller finds unrepresentative (``unsampled``) makes its look one round longer, up to
-    ``2 * look`` rounds more. Each kind is
+    caller leaves unmeasured (``unsampled``) makes its look one round longer, up to ``2 * look``
+    rounds more, after which its rounds count. Each kind is
     measured first, then the faster runs (speculating only if faster by ``margin``, to start and
     to take over; plain steps whenever faster); after ``gap - look`` rounds of it, ``look`` of the other.
     The gap starts at ``explore_every`` and doubles with every look that finds the same kind
@@ -229,23 +229,29 @@ class RoundRates:
             self._best[size] = (not choice if plan else choice, gap)
         if not sticky:
             self.plain_to_end = chosen and closed is not None and not choice and not plan
-        if looks == 2:
-            self._extra[size] = 2 * self.look
-        elif not looks:
+        if looks == 2 and (kind != choice or size not in self._extra):
+            self._extra[size] = 2 * self.look  # (a first measurement begun again keeps what it had left)
+        elif chosen:
             self._extra.pop(size, None)
         run = run + 1 if kind == choice else 1
         self._runs[size] = (choice, run)
         return choice, run > 1
 
-    def unsampled(self, size: int) -> None:
-        """The round just chosen at this size class as a sample is not one (the caller finds it
-        unrepresentative: deepspark's requests at their start). If it belongs to a look or a kind's
-        first measurement, that runs one round longer (at most ``2 * look`` rounds more), so that
-        it still gets its samples."""
-        left = self._extra.get(size, 0)
-        if left > 0:
-            self._extra[size] = left - 1
-            self._plan.setdefault(size, []).insert(0, self._runs[size][0])
+    def unsampled(self, size: int) -> bool:
+        """Whether the round just chosen at this size class as a sample may go unmeasured, which
+        the caller asks of a round it finds unrepresentative (deepspark's requests at their start).
+        A round chosen by comparing the kinds may (later rounds of its kind measure it). A round of
+        a look or of a kind's first measurement may while that has run fewer than ``2 * look``
+        rounds more than planned, and it then runs one round longer; after that its rounds count,
+        so that every look ends, measured."""
+        left = self._extra.get(size)
+        if left is None:
+            return True
+        if left <= 0:
+            return False
+        self._extra[size] = left - 1
+        self._plan.setdefault(size, []).insert(0, self._runs[size][0])
+        return True
 
 
 def rounds_left(requests, gained: dict[str, list[int]], gain: float, prior: float = 4.0

@@ -177,8 +177,10 @@ def test_deepspark_compares_drains_only_when_no_request_waits(demo_reference_two
     """Four prompts, two running at a time: while two wait, the rates decide; once none waits,
     the drains. The greedy tokens stay the target's, and every request's record is released."""
     prompts, reference = demo_reference_two
+    # (warmup_tokens 0: these requests make 12 tokens, all within a request's first, and the drains
+    # compare only once speculation is measured)
     llm = LLM(progress=False, dtype="float32", plugins=["deepspark"], max_num_seqs=2,
-              plugin_options={"deepspark": {"skip_min_batch": 1, "explore_every": 2}})
+              plugin_options={"deepspark": {"skip_min_batch": 1, "explore_every": 2, "warmup_tokens": 0}})
     d, seen = llm.engine.drafter, []
     speculate = d.rates.speculate
 

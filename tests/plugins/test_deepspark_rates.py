@@ -164,9 +164,9 @@ def test_deepspark_drafts_nothing_while_plain_steps_are_faster():
 
 
 def test_round_rates_lengthen_a_look_by_its_unsampled_rounds():
-    """A round of a look (or of a kind's first measurement) that the caller finds no sample makes
-    the look a round longer, at most 2 * look rounds more; rounds chosen by comparing are not
-    lengthened."""
+    """A round of a look (or of a kind's first measurement) that the caller leaves unmeasured makes
+    the look a round longer, at most 2 * look rounds more, after which its rounds are samples;
+    rounds chosen by comparing may go unmeasured and are not lengthened."""
     from deepinfer_builtin.round_rates import RoundRates
 
     def run(n, unsampled_spec, r=None):
@@ -175,9 +175,9 @@ def test_round_rates_lengthen_a_look_by_its_unsampled_rounds():
         for _ in range(n):
             spec, sample = r.speculate(1)
             kinds.append(spec)
-            if sample and spec and unsampled_spec(kinds):
-                r.unsampled(1)
-            elif sample:  # speculative: 3 s for 2 tokens; plain: 1 s a token (the faster)
+            # (a sample unless the caller leaves it unmeasured and RoundRates lets it)
+            if sample and not (spec and unsampled_spec(kinds) and r.unsampled(1)):
+                # speculative: 3 s for 2 tokens; plain: 1 s a token (the faster)
                 r.record(spec, 1, 3.0 if spec else 1.0, 2 if spec else 1)
         return r, kinds
 
@@ -185,9 +185,13 @@ def test_round_rates_lengthen_a_look_by_its_unsampled_rounds():
     # runs 5 rounds longer and still gets its 3 samples
     r, kinds = run(12, lambda kinds: len(kinds) <= 6)
     assert kinds[:10] == [T] * 9 + [F] and list(r.rounds[(T, 1)]) == [(3.0, 2.0)] * 3
-    # a look at speculating whose rounds are never samples: 4 rounds, then 8 more at most
-    _, kinds = run(8 + 14, lambda kinds: len(kinds) > 8)
-    assert kinds == [T] * 4 + [F] * 4 + [T] * 12 + [F] * 2
+    # a look at speculating whose rounds are never samples: 4 rounds, then 8 more at most, after
+    # which its last 3 rounds count
+    r, kinds = run(8 + 14, lambda kinds: len(kinds) > 8)
+    assert kinds == [T] * 4 + [F] * 4 + [T] * 12 + [F] * 2 and len(r.rounds[(T, 1)]) == 3 + 3
+    # so does a first measurement that is never a sample: it does not run on for ever
+    r, kinds = run(16, lambda kinds: True)
+    assert kinds[:13] == [T] * 12 + [F] and len(r.rounds[(T, 1)]) == 3
     # (the same look with samples: 4 rounds, as before)
     _, kinds = run(8 + 6, lambda kinds: False)
     assert kinds == [T] * 4 + [F] * 4 + [T] * 4 + [F] * 2
@@ -197,8 +201,7 @@ def test_round_rates_lengthen_a_look_by_its_unsampled_rounds():
         fast.speculate(1)
         fast.record(spec, 1, 1.0 if spec else 2.0, 1)
     assert fast.speculate(1) == (T, F)
-    fast.unsampled(1)
-    assert fast._plan[1] == [] and fast.speculate(1) == (T, T)
+    assert fast.unsampled(1) and fast._plan[1] == [] and fast.speculate(1) == (T, T)
 
 
 @pytest.mark.parametrize("warmup", [12, 0])
