@@ -15,3 +15,12 @@ case "${1:-a}" in
        timeout 120 python3 -m pytest -q -p no:cacheprovider "$t" >> "$OUT/cuda_spec_tests.txt" 2>&1
      done ;;
 esac
+# c: a, shorter (3 runs each; what device time was left after refused starts)
+case "${1:-a}" in
+  c) nvidia-smi --query-gpu=name --format=csv,noheader > "$OUT/gpu.txt"
+     python3 benchmarks/host_speed.py > "$OUT/host.txt" 2>&1
+     timeout 130 python3 benchmarks/spark_variants.py --device sm90 --kv-gb 2 --batch 1 --repeats 3 none= \
+       ds=deepspark 'ds-warm0=deepspark:{"deepspark": {"warmup_tokens": 0}}' 2>&1 | filter > "$OUT/b1.txt"
+     timeout 200 python3 -m deepinfer.cli bench spec --device sm90 --batch 1,64 --output-len 256 --repeats 3 2>&1 \
+       | filter > "$OUT/spec.txt" ;;
+esac
