@@ -24,3 +24,9 @@ case "${1:-a}" in
      timeout 200 python3 -m deepinfer.cli bench spec --device sm90 --batch 1,64 --output-len 256 --repeats 3 2>&1 \
        | filter > "$OUT/spec.txt" ;;
 esac
+# d: batch 1 only, 3 runs each (the device time left)
+case "${1:-a}" in
+  d) nvidia-smi --query-gpu=name --format=csv,noheader > "$OUT/gpu.txt"
+     timeout 150 python3 benchmarks/spark_variants.py --device sm90 --kv-gb 2 --batch 1 --repeats 3 none= \
+       ds=deepspark 'ds-warm0=deepspark:{"deepspark": {"warmup_tokens": 0}}' 2>&1 | filter > "$OUT/b1.txt" ;;
+esac
