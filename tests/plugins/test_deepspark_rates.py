@@ -204,12 +204,13 @@ def test_round_rates_lengthen_a_look_by_its_unsampled_rounds():
     assert fast.unsampled(1) and fast._plan[1] == [] and fast.speculate(1) == (T, T)
 
 
-@pytest.mark.parametrize("warmup", [12, 0])
-def test_deepspark_measures_no_speculation_at_a_requests_start(warmup):
+@pytest.mark.parametrize("warmup,asked_first", [(12, False), (12, True), (0, False)])
+def test_deepspark_measures_no_speculation_at_a_requests_start(warmup, asked_first):
     """At batch 1 in device graphs, a request's rounds within its first warmup_tokens generated
     tokens are no samples of speculation: its first measurement runs on until the request is past
     them (2 tokens a speculative round: rounds 2-6 of a request that starts with one token), then
-    takes its samples."""
+    takes its samples. The same where each round's kind is chosen before its proposal (the
+    engine asks needs_tokens first, to keep plain rounds overlapped)."""
     from deepinfer_builtin.deepspark import DeepSparkOptions, RoundRates
     from deepinfer_builtin.draft_runner import Draft
 
@@ -223,6 +224,8 @@ def test_deepspark_measures_no_speculation_at_a_requests_start(warmup):
     req = SimpleNamespace(request_id="a", num_output_tokens=1)  # (its first token from the prompt's step)
     drafted = []
     for _ in range(10):
+        if asked_first:
+            d.needs_tokens([req])
         props = d.propose([req])
         if props:
             d.observe(req, 1, 1)  # its draft accepted: 2 tokens this round
