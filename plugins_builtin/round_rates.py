@@ -184,7 +184,7 @@ class RoundRates:
         kind, run = self._runs.get(size, (None, 0))
         sticky = closed is not None and not joined and self.plain_to_end
         chosen = False  # (by comparing the kinds, not a look or a first measurement)
-        looks = 0  # 1: the round continues a look (or a first measurement); 2: it starts one
+        starts_look = False  # (or a kind's first measurement: unsampled may lengthen it)
         if sticky:
             # plain steps chosen for a batch that nothing joins run to its end (whatever size class
             # it thins to), without looks: each leaves the draft a token further behind, which a
@@ -192,9 +192,9 @@ class RoundRates:
             # batch's spread only grows
             choice = False
         elif plan:
-            choice, looks = plan.pop(0), 1
+            choice = plan.pop(0)
         elif (spec := self.rate(True, size)) is None or (plain := self.rate(False, size)) is None:
-            choice, looks = spec is None, 2
+            choice, starts_look = spec is None, True
             plan.extend([choice] * (self.look - 1))
         else:
             if closed is None:
@@ -221,7 +221,7 @@ class RoundRates:
                 gap = self.explore_every
             chosen = True
             if kind == choice and run >= gap - self.look:
-                choice, looks = not choice, 2
+                choice, starts_look = not choice, True
                 plan.extend([choice] * (self.look - 1))
                 # (at least twice the run it ends: plain steps held to a batch's end run past the
                 # gap, and the next batch's look should not come sooner than one run after)
@@ -229,7 +229,7 @@ class RoundRates:
             self._best[size] = (not choice if plan else choice, gap)
         if not sticky:
             self.plain_to_end = chosen and closed is not None and not choice and not plan
-        if looks == 2 and (kind != choice or size not in self._extra):
+        if starts_look and (kind != choice or size not in self._extra):
             self._extra[size] = 2 * self.look  # (a first measurement begun again keeps what it had left)
         elif chosen:
             self._extra.pop(size, None)
