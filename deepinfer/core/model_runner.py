@@ -11,6 +11,7 @@ import torch
 from deepinfer.core.graphs import DecodeGraphs, PrefillGraphs
 from deepinfer.core.host_copy import HostCopy
 from deepinfer.core.interfaces import AttentionBackend, DeviceGraphs, SchedulerOutput
+from deepinfer.core.logprobs import TokenLogprobs
 from deepinfer.core.model_registry import CausalLM
 from deepinfer.core.request import PLACEHOLDER_TOKEN, Request
 from deepinfer.core.sampler import Sampler, plain_greedy
@@ -22,8 +23,8 @@ class RunnerOutput:
     """Per request id: the tokens it gained this step (empty while its prefill is unfinished)."""
 
     sampled: dict[str, list[int]] = field(default_factory=dict)
-    logprobs: dict[str, list[dict[int, float] | None]] = field(default_factory=dict)
-    prompt_logprobs: dict[str, list[dict[int, float] | None]] = field(default_factory=dict)
+    logprobs: dict[str, list[TokenLogprobs | None]] = field(default_factory=dict)
+    prompt_logprobs: dict[str, list[TokenLogprobs | None]] = field(default_factory=dict)
     num_rejected: dict[str, int] = field(default_factory=dict)  # drafts whose KV is rolled back
     num_verified: dict[str, int] = field(default_factory=dict)
 
@@ -335,12 +336,12 @@ class ModelRunner:
     #: in float32, whole, would take gigabytes beside the activations the KV sizing left room for)
     PROMPT_LOGPROBS_ROWS = 512
 
-    def _prompt_logprobs(self, hidden: torch.Tensor, r: Request, n: int) -> list[dict[int, float] | None]:
+    def _prompt_logprobs(self, hidden: torch.Tensor, r: Request, n: int) -> list[TokenLogprobs | None]:
         """Logprobs of prompt tokens start+1 .. start+n given what precedes them (vLLM's meaning)."""
         from deepinfer.core.sampler import rows_top_logprobs
 
         start = r.num_computed_tokens
-        out: list[dict[int, float] | None] = [None] if start == 0 else []
+        out: list[TokenLogprobs | None] = [None] if start == 0 else []
         n = min(n, r.num_prompt_tokens - start - 1)  # (the last prompt token's next is no prompt token)
         for j in range(0, n, self.PROMPT_LOGPROBS_ROWS):
             rows = min(self.PROMPT_LOGPROBS_ROWS, n - j)

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from deepinfer.core.logprobs import TokenLogprobs
 from deepinfer.core.sampling_params import SamplingParams
 
 #: the last token of a request whose next token is being sampled by a step still on the device
@@ -56,8 +57,8 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     stop_reason: int | str | None = None
     generator: torch.Generator | None = None
-    logprobs: list[dict[int, float]] = field(default_factory=list)
-    prompt_logprobs: list[dict[int, float] | None] = field(default_factory=list)
+    logprobs: list[TokenLogprobs] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprobs | None] = field(default_factory=list)
     num_preemptions: int = 0
     first_token_time: float | None = None
     policy_state: dict[str, Any] = field(default_factory=dict)  # per cache-policy scratch
@@ -120,7 +121,7 @@ class CompletionOutput:
     token_ids: list[int]
     finish_reason: str | None = None
     stop_reason: int | str | None = None
-    logprobs: list[dict[int, float]] | None = None
+    logprobs: list[TokenLogprobs] | None = None
     cumulative_logprob: float | None = None
 
     @property
@@ -137,6 +138,6 @@ class RequestOutput:
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput]
     finished: bool = False
-    prompt_logprobs: list[dict[int, float] | None] | None = None
+    prompt_logprobs: list[TokenLogprobs | None] | None = None
     num_cached_tokens: int = 0
     metrics: dict[str, float] = field(default_factory=dict)

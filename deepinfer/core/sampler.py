@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
+from deepinfer.core.logprobs import TokenLogprobs
 from deepinfer.core.request import Request
 
 
@@ -63,7 +64,7 @@ class Sampler:
         self.argmax: Callable[..., torch.Tensor] = torch_argmax
         self._out_known: tuple[Callable[..., torch.Tensor], bool] | None = None  # (argmax, takes out=)
 
-    def __call__(self, logits: torch.Tensor, requests: Sequence[Request]) -> tuple[list[int], list[dict[int, float] | None]]:
+    def __call__(self, logits: torch.Tensor, requests: Sequence[Request]) -> tuple[list[int], list[TokenLogprobs | None]]:
         logits = logits.float()
         want_logprobs = any(r.params.logprobs is not None for r in requests)
         raw_logprobs = logits.log_softmax(-1) if want_logprobs else None
@@ -80,7 +81,7 @@ class Sampler:
                     tokens[i] = t
             for i in sorted(set(range(len(requests))) - set(together)):
                 tokens[i] = self._sample_row(logits[i].clone(), requests[i])
-        logprobs: list[dict[int, float] | None] = [None] * len(requests)
+        logprobs: list[TokenLogprobs | None] = [None] * len(requests)
         if raw_logprobs is not None:
             for i, r in enumerate(requests):
                 if r.params.logprobs is not None:
@@ -307,21 +308,19 @@ def _suppress_eos(req: Request) -> bool:
     return req.num_output_tokens < req.params.min_tokens
 
 
-def top_logprobs(row_logprobs: torch.Tensor, token: int, k: int) -> dict[int, float]:
-    """The sampled token's logprob first, then the k most likely tokens."""
-    out = {token: float(row_logprobs[token])}
-    if k:
-        vals, idx = torch.topk(row_logprobs, k)
-        for t, v in zip(idx.tolist(), vals.tolist(), strict=True):
-            out.setdefault(t, v)
-    return out
+def top_logprobs(row_logprobs: torch.Tensor, token: int, k: int) -> TokenLogprobs:
+    """The sampled token's logprob (and rank) first, then the k most likely tokens."""
+    return rows_top_logprobs(row_logprobs[None], [token], k)[0]
 
 
-def rows_top_logprobs(logprobs: torch.Tensor, tokens: list[int], k: int) -> list[dict[int, float]]:
+def rows_top_logprobs(logprobs: torch.Tensor, tokens: list[int], k: int) -> list[TokenLogprobs]:
     """``top_logprobs`` of each row of ``logprobs`` for its token in ``tokens`` (as many), with one
-    copy to the host for them all instead of two a row."""
-    chosen = logprobs.gather(-1, torch.tensor(tokens, device=logprobs.device)[:, None])[:, 0].tolist()
-    out = [{t: v} for t, v in zip(tokens, chosen, strict=True)]
+    copy to the host for their logprobs and ranks, and one for the k likeliest."""
+    chosen = logprobs.gather(-1, torch.tensor(tokens, device=logprobs.device)[:, None])  # [n, 1]
+    # (ranks as float32 logprobs: exact below 2^24, past any vocabulary; one copy for both)
+    ranks = (logprobs > chosen).sum(-1).to(logprobs.dtype) + 1
+    values, places = torch.stack([chosen[:, 0], ranks]).tolist()
+    out = [TokenLogprobs(((t, v),), int(r)) for t, v, r in zip(tokens, values, places, strict=True)]
     if k:
         vals, idx = torch.topk(logprobs, k, dim=-1)
         for row, ids, vs in zip(out, idx.tolist(), vals.tolist(), strict=True):

@@ -17,6 +17,7 @@ from multiprocessing.connection import Connection
 from typing import Any, NamedTuple
 
 from deepinfer.core.config import EngineConfig
+from deepinfer.core.logprobs import TokenLogprobs
 
 
 class SeqDelta(NamedTuple):
@@ -25,7 +26,7 @@ class SeqDelta(NamedTuple):
     index: int
     token_ids: list[int]
     text: str
-    logprobs: list[dict[int, float]] | None
+    logprobs: list[TokenLogprobs] | None
     finish_reason: str | None
     stop_reason: int | str | None
 
@@ -38,7 +39,7 @@ class RequestDelta(NamedTuple):
     finished: bool
     seqs: list[SeqDelta]
     num_cached_tokens: int
-    prompt_logprobs: list[dict[int, float] | None] | None = None
+    prompt_logprobs: list[TokenLogprobs | None] | None = None
 
 
 STATS_INTERVAL_S = 1.0

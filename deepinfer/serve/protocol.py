@@ -183,7 +183,7 @@ class PromptLogprob(BaseModel):
     """One token of one prompt position in vLLM's ``prompt_logprobs`` (keyed by its token id)."""
 
     logprob: float
-    rank: int | None = None  # the engine returns no ranks
+    rank: int | None = None  # in the vocabulary: 1 is the likeliest
     decoded_token: str
 
 

@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 from pydantic import ValidationError
 from starlette.requests import Request
 
+from deepinfer.core.logprobs import TokenLogprobs
 from deepinfer.core.sampling_params import SamplingParams
 from deepinfer.serve.engine_client import EngineClient, EngineDeadError, RequestFailed
 from deepinfer.serve.engine_core import RequestDelta
@@ -233,24 +234,25 @@ class Serving:
         """The k most likely tokens of one position (the engine puts the sampled one first)."""
         return sorted(entry.items(), key=lambda kv: -kv[1])[:k] if k else []
 
-    def prompt_logprobs(self, entries: list[dict[int, float] | None], k: int) -> list[dict[str, Any] | None]:
+    def prompt_logprobs(self, entries: list[TokenLogprobs | None], k: int) -> list[dict[str, Any] | None]:
         """vLLM's ``prompt_logprobs``: None for the first prompt token, then per token a dict by token
-        id of the token itself and the k likeliest. ``rank`` is None: the engine returns no ranks."""
+        id of the token itself and the k likeliest, each with its rank in the vocabulary (the
+        engine's ``TokenLogprobs``)."""
         out: list[dict[str, Any] | None] = []
         for e in entries:
             if e is None:
                 out.append(None)
                 continue
             token, lp = next(iter(e.items()))
-            row = {str(token): self._prompt_logprob(token, lp)}
+            row = {str(token): self._prompt_logprob(token, lp, e.rank_of(token))}
             for t, v in self.top(e, k):
-                row.setdefault(str(t), self._prompt_logprob(t, v))
+                row.setdefault(str(t), self._prompt_logprob(t, v, e.rank_of(t)))
             out.append(row)
         return out
 
-    def _prompt_logprob(self, token: int, logprob: float) -> dict[str, Any]:
+    def _prompt_logprob(self, token: int, logprob: float, rank: int | None) -> dict[str, Any]:
         # -inf has no JSON form: vLLM sends -9999.0 in its place
-        return {"logprob": max(logprob, -9999.0), "rank": None, "decoded_token": self.token_str(token)}
+        return {"logprob": max(logprob, -9999.0), "rank": rank, "decoded_token": self.token_str(token)}
 
 
 async def _wait_disconnect(request: Request) -> None:

@@ -1,6 +1,8 @@
 """Sampler pieces against direct torch references."""
 from __future__ import annotations
 
+import pickle
+
 import pytest
 import torch
 
@@ -14,6 +16,7 @@ from deepinfer.core.sampler import (
     sample_rows,
     sampling_rows,
     send_rows,
+    top_logprobs,
 )
 from deepinfer.core.sampling_params import SamplingParams
 
@@ -71,6 +74,28 @@ def test_logprobs_list_sampled_token_then_top_k():
     assert tokens == [1]
     ref = logits[0].log_softmax(-1)
     assert list(lps[0]) == [1, 3] and abs(lps[0][3] - ref[3].item()) < 1e-6
+    assert lps[0].rank == 1 and lps[0].rank_of(3) == 2
+
+
+def test_logprobs_rank_the_token_in_the_whole_vocabulary_and_survive_pickling():
+    """vLLM's rank: 1 plus the tokens of a higher logprob, for a sampled token far past the k listed."""
+    torch.manual_seed(0)
+    logits = torch.randn(3, 50)
+    req = Request("r", [1], SamplingParams(temperature=1.0, seed=1, logprobs=2))
+    ref = logits.log_softmax(-1)
+    for row in range(3):
+        for token in (int(ref[row].argmin()), int(ref[row].argsort()[20]), int(ref[row].argmax())):
+            entry = top_logprobs(ref[row], token, 2)
+            want = 1 + int((ref[row] > ref[row, token]).sum())
+            assert entry.rank == want and entry.rank_of(token) == want
+            top = ref[row].topk(2).indices.tolist()
+            absent = next(t for t in range(50) if t not in entry)
+            assert [entry.rank_of(t) for t in top] == [1, 2] and entry.rank_of(absent) is None
+            again = pickle.loads(pickle.dumps(entry))
+            assert again == entry and again.rank == want and list(again) == list(entry)
+    tokens, lps = Sampler()(logits, [req] * 3)
+    for row, (token, entry) in enumerate(zip(tokens, lps, strict=True)):
+        assert next(iter(entry)) == token and entry.rank == 1 + int((ref[row] > ref[row, token]).sum())
 
 
 def test_samples_on_the_device_go_into_a_given_tensor_whatever_the_argmax_takes(monkeypatch):

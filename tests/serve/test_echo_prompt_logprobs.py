@@ -141,14 +141,16 @@ def test_echo_with_max_tokens_0_ends_length_whatever_the_dropped_token(client, o
 # --------------------------------------------------------------------------------- prompt_logprobs
 def _assert_vllm_prompt_logprobs(got: list, want: list, tok, k: int) -> None:
     """vLLM's format: None first, then by token id string the prompt token itself and the k
-    likeliest, each {"logprob", "rank", "decoded_token"}; values as the offline engine's."""
+    likeliest, each {"logprob", "rank", "decoded_token"}; values and ranks as the offline engine's,
+    whose ranks the k likeliest take 1..k of."""
     assert got[0] is None and want[0] is None and len(got) == len(want)
     for g, w in zip(got[1:], want[1:], strict=True):
         assert next(iter(g)) == str(next(iter(w))) and set(g) == {str(t) for t in w} and len(g) in (k, k + 1)
+        assert sorted(g[str(t)]["rank"] for t in w if t != next(iter(w)) or len(w) == k) == list(range(1, k + 1))
         for t, v in w.items():
             entry = g[str(t)]
             assert set(entry) == {"logprob", "rank", "decoded_token"}
-            assert abs(entry["logprob"] - v) < 1e-5 and entry["rank"] is None
+            assert abs(entry["logprob"] - v) < 1e-5 and entry["rank"] == w.rank_of(t) and entry["rank"] >= 1
             assert entry["decoded_token"] == tok.decode([t], False)
 
 
