@@ -1,5 +1,6 @@
-"""Times deepinfer's AVX2 bfloat16 kernel against torch's bfloat16 matmul and the float32 route
-(``widened_linear``) on the demo pair's linear shapes, by rows.
+"""Times deepinfer's bfloat16 kernel against torch's bfloat16 matmul and the float32 route
+(``widened_linear``) on the demo pair's linear shapes, by rows; where the kernel takes AMX's tiles,
+also with them off ("no-amx": VDPBF16PS; its time includes two ctypes calls that switch them).
 
     python benchmarks/cpu_bf16_kernel.py --rows 1,2,4,6,8,16,64,128,256
 
@@ -30,6 +31,8 @@ def main() -> None:
     assert cpu_bf16.unavailable_reason() is None, cpu_bf16.unavailable_reason()
     routes = {"torch": F.linear, "kernel": cpu_bf16.bf16_linear,
               "float32": lambda x, w: widened_linear(x, w, from_rows=1)}
+    if cpu_bf16.use_amx():
+        routes["no-amx"] = lambda x, w: (cpu_bf16.use_amx(False), cpu_bf16.bf16_linear(x, w), cpu_bf16.use_amx(True))[1]
     print(f"{'N x K':>12} {'rows':>5} " + " ".join(f"{r:>9}" for r in routes) + "   (median us a call)")
     for n, k in SHAPES:
         w = torch.randn(n, k).bfloat16()

@@ -55,8 +55,10 @@ def native_bf16_matmul() -> bool:
 #: layers, by its build (docs/benchmarks.md, session 38, the demo pair's shapes against torch's
 #: matmul): with AVX512-BF16 (VDPBF16PS) it was 2.5-3x faster at 1 row and ahead to 16 rows,
 #: even at 24 and behind from 32; the AVX2 build (blocks of 3 rows) was ahead at 1-4 rows and
-#: even at 5-6. Either takes a whole verification of 5 drafts at batch 1.
-AVX512_KERNEL_ROWS = {"avx512_bf16": 16, "avx2": 6}
+#: even at 5-6. Either takes a whole verification of 5 drafts at batch 1. With AMX's tiles (session
+#: 50): 2-3x faster than torch's matmul (oneDNN, AMX too) to 16 rows, ahead at 24-32, mixed at 64
+#: (the layers' weights ahead, the LM head behind), behind at 128.
+AVX512_KERNEL_ROWS = {"amx_bf16": 32, "avx512_bf16": 16, "avx2": 6}
 
 
 def widened_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
@@ -112,8 +114,8 @@ class CPUOptions(BaseModel):
                                          "rows go through deepinfer's kernel, built with the C compiler at "
                                          "first use; default: 128 on an x86 CPU with AVX2 and no AVX-512 (where "
                                          "torch's bfloat16 matmul costs in proportion to its rows); on one "
-                                         "with AVX-512, 16 where it has AVX512-BF16 (the kernel's VDPBF16PS "
-                                         "build), else 6; none elsewhere; 0: never")
+                                         "with AVX-512, 32 with AMX-BF16 (the kernel's tiles), 16 with "
+                                         "AVX512-BF16 (its VDPBF16PS build), else 6; none elsewhere; 0: never")
     bf16_float32_rows: int = Field(4, ge=0, description="on such a CPU, bfloat16 linear layers of more rows "
                                    "than the kernel takes (all, where it is off or cannot be built) and at "
                                    "least this many compute in float32; 0: never")

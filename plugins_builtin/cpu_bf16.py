@@ -1,5 +1,6 @@
 """deepinfer's bfloat16 linear kernel for x86 CPUs with AVX2 (``cpu_bf16_linear.c``), built with
-its AVX512-BF16 path where the CPU has that (``kernel_kind``).
+its AVX512-BF16 path where the CPU has that, and its AMX path too where it has AMX-BF16 and Linux
+grants the tiles (``kernel_kind``).
 
 The C source is compiled at first use with the machine's C compiler (``$CC``, else ``cc``) into
 ``kernels/`` of a per-user cache (``$DEEPINFER_CACHE_DIR``, else ``$XDG_CACHE_HOME/deepinfer`` or
@@ -31,6 +32,8 @@ SOURCE = Path(__file__).with_name("cpu_bf16_linear.c")
 FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC"]
 #: added where the CPU has AVX512-BF16: the kernel's VDPBF16PS path (cpu_bf16_linear.c)
 AVX512_BF16_FLAGS = ["-mavx512f", "-mavx512bf16"]
+#: added beside those where it has AMX-BF16 too: the kernel's tile path
+AMX_FLAGS = ["-mamx-tile", "-mamx-bf16"]
 
 
 def avx512_bf16() -> bool:
@@ -38,9 +41,27 @@ def avx512_bf16() -> bool:
     return bool(getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)())
 
 
+@functools.cache
+def amx_bf16() -> bool:
+    """Whether this CPU has AMX's tiles and their bfloat16 product, as Linux lists its flags (torch
+    does not say; elsewhere: no)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    return {"amx_tile", "amx_bf16"} <= flags
+    except OSError:
+        pass
+    return False
+
+
 def build_flags() -> list[str]:
-    """The compiler flags for this CPU: the AVX2 build, plus AVX512-BF16's where it has that."""
-    return FLAGS + AVX512_BF16_FLAGS if avx512_bf16() else FLAGS
+    """The compiler flags for this CPU: the AVX2 build, plus AVX512-BF16's where it has that, plus
+    AMX's where it has that too."""
+    if not avx512_bf16():
+        return FLAGS
+    return FLAGS + AVX512_BF16_FLAGS + (AMX_FLAGS if amx_bf16() else [])
 
 
 def cache_dir() -> Path:
@@ -102,6 +123,9 @@ def _build(flags: list[str] | None = None) -> tuple[ctypes.CDLL | None, str | No
     fn.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_long,
                    ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
     fn.restype = ctypes.c_int
+    if hasattr(lib, "deepinfer_bf16_amx_init"):  # (the AMX build)
+        lib.deepinfer_bf16_amx_init.restype = lib.deepinfer_bf16_use_amx.restype = ctypes.c_int
+        lib.deepinfer_bf16_use_amx.argtypes = [ctypes.c_int]
     return lib, None
 
 
@@ -124,9 +148,14 @@ def _remove_stale_builds(keep: Path) -> None:
 
 @functools.cache
 def _library() -> tuple[ctypes.CDLL | None, str | None, str | None]:
-    """(the library, why it is unavailable, its kind: "avx512_bf16" or "avx2")."""
+    """(the library, why it is unavailable, its kind: "amx_bf16", "avx512_bf16" or "avx2")."""
     if avx512_bf16():
-        lib, why = _build()
+        if amx_bf16():
+            lib, why = _build()
+            # (Linux grants the tiles from 5.16 on; the same build runs VDPBF16PS where it does not)
+            if lib is not None:
+                return lib, None, "amx_bf16" if lib.deepinfer_bf16_amx_init() == 0 else "avx512_bf16"
+        lib, why = _build(FLAGS + AVX512_BF16_FLAGS)  # (or where the compiler lacks -mamx-bf16)
         if lib is not None:
             return lib, None, "avx512_bf16"
     lib, why = _build(FLAGS)  # (or where the compiler lacks -mavx512bf16, say)
@@ -134,9 +163,20 @@ def _library() -> tuple[ctypes.CDLL | None, str | None, str | None]:
 
 
 def kernel_kind() -> str | None:
-    """Which build runs here: "avx512_bf16" (VDPBF16PS), "avx2" (widened to float32), or None when
-    the kernel is unavailable (``unavailable_reason``)."""
+    """Which build runs here: "amx_bf16" (AMX's tiles, where Linux granted them), "avx512_bf16"
+    (VDPBF16PS), "avx2" (widened to float32), or None when the kernel is unavailable
+    (``unavailable_reason``)."""
     return _library()[2]
+
+
+def use_amx(on: bool | None = None) -> bool:
+    """Whether the kernel takes AMX's tiles (the "amx_bf16" build); ``on`` turns them off or back on
+    for the whole process (tests and benchmarks compare the paths: their results may differ in
+    the last bit, by the order of the sums). Never on for other builds."""
+    lib, _, kind = _library()
+    if kind != "amx_bf16":
+        return False
+    return bool(lib.deepinfer_bf16_use_amx(-1 if on is None else int(on)))
 
 
 def unavailable_reason() -> str | None:
@@ -188,7 +228,7 @@ def bf16_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     if rows and n and lib.deepinfer_bf16_linear(flat.data_ptr(), rows, k, weight.data_ptr(), n,
                                                 None if bias is None else bias.data_ptr(), out.data_ptr(),
                                                 torch.get_num_threads(), row_block or default_row_block()):
-        raise MemoryError(f"bf16_linear: no memory for a float32 copy of x ({rows} x {k})")
+        raise MemoryError(f"bf16_linear: no memory for a copy of x ({rows} x {k}: float32, or AMX's layout)")
     return out if x.dim() == 2 else out.reshape(*x.shape[:-1], n)
 
 

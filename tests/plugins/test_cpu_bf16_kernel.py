@@ -1,6 +1,6 @@
 """deepinfer's bfloat16 linear kernel (plugins_builtin/cpu_bf16_linear.c) against a float64
-product, in both builds (AVX2; AVX512-BF16 where the CPU has it), and its build: cached, and a
-clear reason where it cannot be built."""
+product, in each build (AVX2; AVX512-BF16 where the CPU has it; AMX where it has that too), and its
+build: cached, and a clear reason where it cannot be built."""
 from __future__ import annotations
 
 import logging
@@ -27,20 +27,27 @@ def _case(rows: int, n: int, k: int, bias: bool, seed: int = 0):
 
 
 @pytest.fixture(params=["avx2", pytest.param("avx512_bf16", marks=pytest.mark.skipif(
-    not cpu_bf16.avx512_bf16(), reason="this CPU has no AVX512-BF16"))])
+    not cpu_bf16.avx512_bf16(), reason="this CPU has no AVX512-BF16")), pytest.param("amx_bf16", marks=pytest.mark.skipif(
+        not (cpu_bf16.avx512_bf16() and cpu_bf16.amx_bf16()), reason="this CPU has no AMX-BF16"))])
 def build(request, monkeypatch):
-    """Each build of the kernel this CPU runs: the AVX2 one (everywhere), the AVX512-BF16 one."""
-    monkeypatch.setattr(cpu_bf16, "avx512_bf16", lambda: request.param == "avx512_bf16")
+    """Each build of the kernel this CPU runs: the AVX2 one (everywhere), the AVX512-BF16 one, the
+    AMX one."""
+    monkeypatch.setattr(cpu_bf16, "avx512_bf16", lambda: request.param != "avx2")
+    monkeypatch.setattr(cpu_bf16, "amx_bf16", lambda: request.param == "amx_bf16")
     cpu_bf16._library.cache_clear()
+    if request.param == "amx_bf16" and cpu_bf16.kernel_kind() == "avx512_bf16":
+        pytest.skip("Linux did not grant this process AMX's tiles (it does from 5.16 on)")
     assert cpu_bf16.kernel_kind() == request.param
+    assert cpu_bf16.use_amx() == (request.param == "amx_bf16")
     yield request.param
     monkeypatch.undo()
     cpu_bf16._library.cache_clear()
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 13])
-# a short column block and tail, K not a multiple of 8 (or 32), and K within one tail
-@pytest.mark.parametrize("n, k", [(67, 37), (130, 64), (9, 5), (70, 100)])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 13, 16, 17, 40])
+# a short column block and tail, K not a multiple of 8 (or 32), and K within one tail; AMX's tiles
+# (K a multiple of 32) for 3 blocks of 16 weight rows, and for 4 blocks, 1 more and a tail of 12
+@pytest.mark.parametrize("n, k", [(67, 37), (130, 64), (9, 5), (70, 100), (48, 32), (92, 96)])
 @pytest.mark.parametrize("bias", [False, True])
 def test_the_kernel_is_the_exact_product_rounded_once(build, rows, n, k, bias):
     x, w, b = _case(rows, n, k, bias, seed=rows)
@@ -56,11 +63,11 @@ def test_a_rows_result_depends_on_nothing_but_its_own_inputs(build):
     """Each output is one float32 dot product in a fixed order: the same bits whatever the other rows,
     their order, the rows that share a read of the weights or the threads (so a verification's rows
     equal one-token steps' in the linears)."""
-    x, w, b = _case(11, 200, 96, True)
+    x, w, b = _case(19, 200, 96, True)  # (AMX: 16 rows and 3 more; 192 weight rows in tiles, 8 not)
     whole = cpu_bf16.bf16_linear(x, w, b)
-    for i in range(11):
+    for i in range(19):
         assert torch.equal(cpu_bf16.bf16_linear(x[i:i + 1], w, b), whole[i:i + 1])
-    perm = torch.randperm(11, generator=torch.Generator().manual_seed(1))
+    perm = torch.randperm(19, generator=torch.Generator().manual_seed(1))
     assert torch.equal(cpu_bf16.bf16_linear(x[perm], w, b), whole[perm])
     for block in range(1, 7):  # however many rows share a read of the weights
         assert torch.equal(cpu_bf16.bf16_linear(x, w, b, row_block=block), whole)
@@ -71,6 +78,21 @@ def test_a_rows_result_depends_on_nothing_but_its_own_inputs(build):
             assert torch.equal(cpu_bf16.bf16_linear(x, w, b), whole)
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.mark.skipif(not (cpu_bf16.avx512_bf16() and cpu_bf16.amx_bf16()), reason="this CPU has no AMX-BF16")
+def test_amx_can_be_turned_off_and_on_and_both_paths_give_the_product(build):
+    """``use_amx``: the AMX build runs VDPBF16PS with it off (within one rounding of the exact
+    product either way: the two sum in other orders); other builds never take AMX."""
+    x, w, b = _case(5, 80, 64, True)
+    exact = x.double() @ w.double().t() + b.double()
+    bound = exact.abs() * 2 ** -8 + 64 * 2 ** -24 * (x.double().abs() @ w.double().abs().t() + 1)
+    try:
+        for on in (False, True):
+            assert cpu_bf16.use_amx(on) == (on and build == "amx_bf16") == cpu_bf16.use_amx()
+            assert ((cpu_bf16.bf16_linear(x, w, b).double() - exact).abs() <= bound).all()
+    finally:
+        cpu_bf16.use_amx(True)
 
 
 def test_each_output_is_rounded_to_bfloat16_once_to_nearest_even():
@@ -102,10 +124,11 @@ def test_shapes_strides_and_nan_are_handled_as_f_linear_does():
     assert not wt.is_contiguous() and torch.equal(cpu_bf16.bf16_linear(x, wt), cpu_bf16.bf16_linear(x, w))
     b = torch.randn(40).bfloat16()
     assert torch.equal(cpu_bf16.bf16_linear(x[:, :0], w[:, :0], b), F.linear(x[:, :0], w[:, :0], b))  # K = 0
-    bad = x.clone()
-    bad[2, 5] = float("nan")
-    out, clean = cpu_bf16.bf16_linear(bad, w), cpu_bf16.bf16_linear(x, w)
-    assert out[2].isnan().all() and torch.equal(out[[0, 1, 3, 4, 5]], clean[[0, 1, 3, 4, 5]])
+    for x, w, _ in (_case(6, 40, 24, False), _case(6, 48, 64, False)):  # (K = 64: AMX's tiles, where it has them)
+        bad = x.clone()
+        bad[2, 5] = float("nan")
+        out, clean = cpu_bf16.bf16_linear(bad, w), cpu_bf16.bf16_linear(x, w)
+        assert out[2].isnan().all() and torch.equal(out[[0, 1, 3, 4, 5]], clean[[0, 1, 3, 4, 5]])
 
 
 def test_wrong_dtypes_and_shapes_are_refused_with_what_is_valid():
