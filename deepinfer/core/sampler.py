@@ -316,14 +316,15 @@ def top_logprobs(row_logprobs: torch.Tensor, token: int, k: int) -> TokenLogprob
 def rows_top_logprobs(logprobs: torch.Tensor, tokens: list[int], k: int) -> list[TokenLogprobs]:
     """``top_logprobs`` of each row of ``logprobs`` for its token in ``tokens`` (as many), with one
     copy to the host for their logprobs and ranks, and one for the k likeliest."""
+    logprobs = logprobs.float()  # (the ranks ride in float32: exact below 2^24, past any vocabulary)
     chosen = logprobs.gather(-1, torch.tensor(tokens, device=logprobs.device)[:, None])  # [n, 1]
-    # (ranks as float32 logprobs: exact below 2^24, past any vocabulary; one copy for both)
-    ranks = (logprobs > chosen).sum(-1).to(logprobs.dtype) + 1
-    values, places = torch.stack([chosen[:, 0], ranks]).tolist()
+    ranks = (logprobs >= chosen).sum(-1).float()  # (vLLM's: a tie takes the lower place)
+    values, places = torch.stack([chosen[:, 0], ranks]).tolist()  # (one copy for both)
     out = [TokenLogprobs(((t, v),), int(r)) for t, v, r in zip(tokens, values, places, strict=True)]
     if k:
         vals, idx = torch.topk(logprobs, k, dim=-1)
         for row, ids, vs in zip(out, idx.tolist(), vals.tolist(), strict=True):
+            row.top = tuple(ids)
             for t, v in zip(ids, vs, strict=True):
                 row.setdefault(t, v)
     return out

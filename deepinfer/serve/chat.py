@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from starlette.requests import Request
 from starlette.responses import Response
 
+from deepinfer.core.logprobs import TokenLogprobs
 from deepinfer.serve.outputs import ChoiceText, EventStream, collect, sse, stream_events
 from deepinfer.serve.protocol import (
     APIError,
@@ -37,7 +38,7 @@ async def _render(serving: Serving, req: ChatCompletionRequest) -> list[int]:
     return await serving.encode(text, False)
 
 
-def _logprobs(serving: Serving, entries: list[dict[int, float]] | None, k: int) -> ChatLogprobs | None:
+def _logprobs(serving: Serving, entries: list[TokenLogprobs] | None, k: int) -> ChatLogprobs | None:
     if entries is None:
         return None
     content = []

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from starlette.requests import Request
 from starlette.responses import Response
 
+from deepinfer.core.logprobs import TokenLogprobs
 from deepinfer.serve.outputs import ChoiceText, EventStream, collect, sse, stream_events
 from deepinfer.serve.protocol import (
     APIError,
@@ -53,7 +54,7 @@ def _echo_texts(serving: Serving, prompts: list[list[int]], texts: list[str | No
     return [t if t is not None else serving.tokenizer.decode(ids, False) for ids, t in zip(prompts, texts, strict=True)]
 
 
-def _logprobs(serving: Serving, entries: list[dict[int, float] | None], offset: int, k: int,
+def _logprobs(serving: Serving, entries: list[TokenLogprobs | None], offset: int, k: int,
               first_token: int) -> CompletionLogprobs:
     """OpenAI's legacy format; ``top_logprobs`` holds the token itself and the k most likely. A None
     entry is an echoed prompt's first token (``first_token``), which nothing precedes: no logprobs."""

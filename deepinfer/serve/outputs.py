@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from starlette.responses import StreamingResponse
 
+from deepinfer.core.logprobs import TokenLogprobs
 from deepinfer.serve.engine_core import RequestDelta
 from deepinfer.serve.protocol import APIError
 
@@ -32,11 +33,11 @@ class ChoiceText:
     index: int
     parts: list[str] = field(default_factory=list)
     num_tokens: int = 0
-    logprobs: list[dict[int, float]] | None = None
+    logprobs: list[TokenLogprobs] | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
 
-    def add(self, text: str, num_tokens: int, logprobs: list[dict[int, float]] | None,
+    def add(self, text: str, num_tokens: int, logprobs: list[TokenLogprobs] | None,
             finish_reason: str | None, stop_reason: int | str | None) -> None:
         if text:
             self.parts.append(text)

@@ -46,7 +46,7 @@ class Submission:
     pending: set[str] = field(default_factory=set)
     index: dict[str, int] = field(default_factory=dict)
     # per prompt, once the engine has sent them (only if the SamplingParams asked for them)
-    prompt_logprobs: list[list[dict[int, float] | None] | None] = field(default_factory=list)
+    prompt_logprobs: list[list[TokenLogprobs | None] | None] = field(default_factory=list)
 
     @property
     def done(self) -> bool:
@@ -74,7 +74,7 @@ class Submission:
             out.append((i, item))
         return out
 
-    def prompt_logprobs_of(self, prompt: int) -> list[dict[int, float] | None]:
+    def prompt_logprobs_of(self, prompt: int) -> list[TokenLogprobs | None]:
         entries = self.prompt_logprobs[prompt]
         if entries is None:  # the engine sends them before any token of a request that asks for them
             raise RuntimeError(f"the engine sent no prompt logprobs for prompt {prompt}")

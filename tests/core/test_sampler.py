@@ -78,7 +78,8 @@ def test_logprobs_list_sampled_token_then_top_k():
 
 
 def test_logprobs_rank_the_token_in_the_whole_vocabulary_and_survive_pickling():
-    """vLLM's rank: 1 plus the tokens of a higher logprob, for a sampled token far past the k listed."""
+    """vLLM's rank: the tokens of a logprob at least the token's own, for a sampled token far past
+    the k listed; the k likeliest 1 to k."""
     torch.manual_seed(0)
     logits = torch.randn(3, 50)
     req = Request("r", [1], SamplingParams(temperature=1.0, seed=1, logprobs=2))
@@ -86,7 +87,7 @@ def test_logprobs_rank_the_token_in_the_whole_vocabulary_and_survive_pickling():
     for row in range(3):
         for token in (int(ref[row].argmin()), int(ref[row].argsort()[20]), int(ref[row].argmax())):
             entry = top_logprobs(ref[row], token, 2)
-            want = 1 + int((ref[row] > ref[row, token]).sum())
+            want = int((ref[row] >= ref[row, token]).sum())
             assert entry.rank == want and entry.rank_of(token) == want
             top = ref[row].topk(2).indices.tolist()
             absent = next(t for t in range(50) if t not in entry)
@@ -95,7 +96,22 @@ def test_logprobs_rank_the_token_in_the_whole_vocabulary_and_survive_pickling():
             assert again == entry and again.rank == want and list(again) == list(entry)
     tokens, lps = Sampler()(logits, [req] * 3)
     for row, (token, entry) in enumerate(zip(tokens, lps, strict=True)):
-        assert next(iter(entry)) == token and entry.rank == 1 + int((ref[row] > ref[row, token]).sum())
+        assert next(iter(entry)) == token and entry.rank == int((ref[row] >= ref[row, token]).sum())
+
+
+def test_tied_logprobs_rank_as_vllms():
+    """A tie takes the lower place for the position's own token; the k likeliest take 1 to k in
+    torch.topk's order, ties or not."""
+    logits = torch.tensor([[1.0, 3.0, 3.0, 2.0, 3.0]])
+    ref = logits[0].log_softmax(-1)
+    entry = top_logprobs(ref, 2, 2)
+    assert entry.rank == 3  # three tokens at 3.0, itself among them
+    top = ref.topk(2).indices.tolist()
+    assert [entry.rank_of(t) for t in top] == [1, 2] and list(entry.top) == top
+    if 2 not in top:  # (listed first, outside the top two: its own rank)
+        assert entry.rank_of(2) == 3
+    low = top_logprobs(ref, 0, 2)
+    assert low.rank == 5 and low.rank_of(0) == 5 and top_logprobs(ref, 3, 0).rank_of(3) == 4
 
 
 def test_samples_on_the_device_go_into_a_given_tensor_whatever_the_argmax_takes(monkeypatch):
