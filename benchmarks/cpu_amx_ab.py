@@ -1,12 +1,12 @@
 """deepinfer's bfloat16 CPU kernel with AMX's tiles against its VDPBF16PS path, where this CPU has
 AMX-BF16 (``cpu_bf16.use_amx`` switches between them in one process).
 
-    python benchmarks/cpu_amx_ab.py [--batch 1,64] [--repeats 3] [--drafters none,deepspark]
+    python benchmarks/cpu_amx_ab.py [--batch 1,64] [--repeats 3] [--drafters none,deepspark] [--kernel-only]
 
 First the kernel alone: the demo target's 33 weights (8 layers' qkv, o, gate_up and down, then the
 LM head) called in turn, as a decode step reads them (each mostly out of the cache by its next
-call), at 1, 6, 16 and 32 rows, each path 20 times in turns (after 6 untimed): median ms for the 33
-calls (through ``bf16_linear``, its checks included). Then the
+call), at 1, 6, 16 and 32 rows, each path in two runs of 10 (after 6 untimed), in turns: median ms for
+the 33 calls (through ``bf16_linear``, its checks included). Then the
 engine: bench spec's workload (8 prompts x 256 tokens at batch 1, 64 requests at 64) for each
 drafter's engine, the two paths taking turns run by run: tok/s and, for a drafter, tokens a step
 and drafts verified and accepted a round. The engines' row limit for the kernel
@@ -33,14 +33,15 @@ def kernel_steps(rows_list: list[int], calls: int = 20) -> None:
     for rows in rows_list:
         xs = {k: torch.randn(rows, k).bfloat16() for k in (384, 1024)}
         times: dict[bool, list[float]] = {True: [], False: []}
-        for i in range(calls + 6):  # (the first 6 warm the clock up: not timed)
-            for amx in (True, False) if i % 2 == 0 else (False, True):
+        for turn in range(2):  # (each path a run of calls: AMX's units wake up slowly after a pause)
+            for amx in (True, False) if turn == 0 else (False, True):
                 cpu_bf16.use_amx(amx)
-                t = time.perf_counter()
-                for w in weights:
-                    cpu_bf16.bf16_linear(xs[w.shape[1]], w)
-                if i >= 6:
-                    times[amx].append(time.perf_counter() - t)
+                for i in range(calls // 2 + 6):  # (the first 6 warm up: not timed)
+                    t = time.perf_counter()
+                    for w in weights:
+                        cpu_bf16.bf16_linear(xs[w.shape[1]], w)
+                    if i >= 6:
+                        times[amx].append(time.perf_counter() - t)
         cpu_bf16.use_amx(True)
         print(f"  {rows:3d} rows: {1e3 * statistics.median(times[True]):.3f} / {1e3 * statistics.median(times[False]):.3f}")
 
@@ -51,10 +52,13 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--drafters", default="none,deepspark")
     ap.add_argument("--output-len", type=int, default=256)
+    ap.add_argument("--kernel-only", action="store_true", help="the kernel's part alone")
     a = ap.parse_args()
     if not cpu_bf16.use_amx():
         raise SystemExit(f"the kernel takes no AMX tiles here (its build: {cpu_bf16.kernel_kind()})")
     kernel_steps([1, 6, 16, 32])
+    if a.kernel_only:
+        return
     llms = {d: LLM(None, progress=False, device="cpu", plugins=[] if d == "none" else [d])
             for d in a.drafters.split(",")}
     work = {"prompts": 8, "input_len": 64, "output_len": a.output_len}

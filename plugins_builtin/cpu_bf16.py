@@ -16,6 +16,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
+import logging
 import os
 import platform
 import shlex
@@ -28,6 +29,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+log = logging.getLogger("deepinfer")
 SOURCE = Path(__file__).with_name("cpu_bf16_linear.c")
 FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC"]
 #: added where the CPU has AVX512-BF16: the kernel's VDPBF16PS path (cpu_bf16_linear.c)
@@ -126,6 +128,7 @@ def _build(flags: list[str] | None = None) -> tuple[ctypes.CDLL | None, str | No
     if hasattr(lib, "deepinfer_bf16_amx_init"):  # (the AMX build)
         lib.deepinfer_bf16_amx_init.restype = lib.deepinfer_bf16_use_amx.restype = ctypes.c_int
         lib.deepinfer_bf16_use_amx.argtypes = [ctypes.c_int]
+        lib.deepinfer_bf16_amx_calls.restype = ctypes.c_long
     return lib, None
 
 
@@ -154,7 +157,12 @@ def _library() -> tuple[ctypes.CDLL | None, str | None, str | None]:
             lib, why = _build()
             # (Linux grants the tiles from 5.16 on; the same build runs VDPBF16PS where it does not)
             if lib is not None:
-                return lib, None, "amx_bf16" if lib.deepinfer_bf16_amx_init() == 0 else "avx512_bf16"
+                if lib.deepinfer_bf16_amx_init() == 0:
+                    return lib, None, "amx_bf16"
+                log.info("cpu: Linux did not grant AMX's tiles (it does from 5.16 on): the bfloat16 kernel "
+                         "takes VDPBF16PS")
+                return lib, None, "avx512_bf16"
+            log.warning("cpu: the bfloat16 kernel's AMX build failed (%s); it takes VDPBF16PS", why)
         lib, why = _build(FLAGS + AVX512_BF16_FLAGS)  # (or where the compiler lacks -mamx-bf16)
         if lib is not None:
             return lib, None, "avx512_bf16"
@@ -167,6 +175,12 @@ def kernel_kind() -> str | None:
     (VDPBF16PS), "avx2" (widened to float32), or None when the kernel is unavailable
     (``unavailable_reason``)."""
     return _library()[2]
+
+
+def amx_calls() -> int:
+    """How many calls of the kernel have taken AMX's tiles in this process (0 without them)."""
+    lib = _library()[0]
+    return int(lib.deepinfer_bf16_amx_calls()) if hasattr(lib, "deepinfer_bf16_amx_calls") else 0
 
 
 def use_amx(on: bool | None = None) -> bool:

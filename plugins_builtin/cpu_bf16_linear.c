@@ -201,15 +201,16 @@ static void all_columns(const columns_fn *columns, const char *x, size_t xsize, 
  * order within 32 values of K, then K's blocks in turn), rounded to bfloat16 once; C's column r
  * depends on x's row r alone, so a row's result does not depend on the other rows or the threads.
  * The instruction treats subnormal inputs as zero and rounds to nearest even, as VDPBF16PS. No
- * horizontal sums and one instruction for 16 x 16 x 32 products: on this project's Xeon
- * (session 50) a batch-1 step's projections of the demo model took 1.0 ms against 2.1 with
- * VDPBF16PS, and six rows 1.1 against 2.9. Taken where K is a multiple of 32; a weight's last
- * N % 16 rows take the VDPBF16PS path (for any number of rows alike). */
+ * horizontal sums and one instruction for 16 x 16 x 32 products (benchmarks/cpu_amx_ab.py: the
+ * demo target's weights for one token in about half VDPBF16PS's time on this project's Xeon, and
+ * 16 rows in about the time of one; docs/benchmarks.md, session 50). Taken where K is a multiple
+ * of 32; a weight's last N % 16 rows take the VDPBF16PS path (for any number of rows alike). */
 #define ARCH_REQ_XCOMP_PERM 0x1023
 #define XFEATURE_XTILEDATA 18
 /* weight blocks of 16 rows a thread takes at a time (C tiles 0-3; A tiles 4-5; B tile 6) */
 #define AMX_BLOCKS 4
 static int amx_granted = 0, amx_on = 0;
+static long amx_calls = 0; /* calls that took the tiles (deepinfer_bf16_amx_calls) */
 
 /* Ask Linux for the AMX tile state (a process must before its first tile instruction); 0 when
  * granted, after which the kernel takes AMX (deepinfer_bf16_use_amx can turn it off again). */
@@ -222,6 +223,11 @@ int deepinfer_bf16_amx_init(void) {
 int deepinfer_bf16_use_amx(int on) {
     if (on >= 0) amx_on = on && amx_granted;
     return amx_on;
+}
+
+/* How many calls have taken the tiles so far (tests: the tiles did run). */
+long deepinfer_bf16_amx_calls(void) {
+    return amx_calls;
 }
 
 /* narrow() on 16 lanes: nearest, ties to even; NaN stays NaN */
@@ -339,6 +345,7 @@ int deepinfer_bf16_linear(const uint16_t *x, long R, long K, const uint16_t *w, 
     if (amx_on && K % 32 == 0 && N >= 16) {
         if (amx_linear(x, R, K, w, N, bias, y, threads)) return 1;
         first = N / 16 * 16;
+        amx_calls++;
     }
 #endif
     if (first < N)

@@ -36,7 +36,9 @@ def build(request, monkeypatch):
     monkeypatch.setattr(cpu_bf16, "amx_bf16", lambda: request.param == "amx_bf16")
     cpu_bf16._library.cache_clear()
     if request.param == "amx_bf16" and cpu_bf16.kernel_kind() == "avx512_bf16":
-        pytest.skip("Linux did not grant this process AMX's tiles (it does from 5.16 on)")
+        if hasattr(cpu_bf16._library()[0], "deepinfer_bf16_amx_init"):
+            pytest.skip("Linux did not grant this process AMX's tiles (it does from 5.16 on)")
+        pytest.skip(f"this compiler cannot build the AMX path: {cpu_bf16._build()[1]}")
     assert cpu_bf16.kernel_kind() == request.param
     assert cpu_bf16.use_amx() == (request.param == "amx_bf16")
     yield request.param
@@ -51,7 +53,10 @@ def build(request, monkeypatch):
 @pytest.mark.parametrize("bias", [False, True])
 def test_the_kernel_is_the_exact_product_rounded_once(build, rows, n, k, bias):
     x, w, b = _case(rows, n, k, bias, seed=rows)
+    calls = cpu_bf16.amx_calls()
     out = cpu_bf16.bf16_linear(x, w, b)
+    # the tiles take every weight of the AMX build whose K is a multiple of 32 (and 16 rows or more)
+    assert cpu_bf16.amx_calls() - calls == (build == "amx_bf16" and k % 32 == 0 and n >= 16)
     assert out.shape == (rows, n) and out.dtype == torch.bfloat16
     exact = x.double() @ w.double().t() + (0 if b is None else b.double())
     # one bfloat16 rounding (2^-8 relative) of a float32 sum (error under K 2^-24 of the sum of |terms|)
@@ -90,7 +95,9 @@ def test_amx_can_be_turned_off_and_on_and_both_paths_give_the_product(build):
     try:
         for on in (False, True):
             assert cpu_bf16.use_amx(on) == (on and build == "amx_bf16") == cpu_bf16.use_amx()
+            calls = cpu_bf16.amx_calls()
             assert ((cpu_bf16.bf16_linear(x, w, b).double() - exact).abs() <= bound).all()
+            assert cpu_bf16.amx_calls() - calls == (on and build == "amx_bf16")
     finally:
         cpu_bf16.use_amx(True)
 
@@ -105,10 +112,13 @@ def test_each_output_is_rounded_to_bfloat16_once_to_nearest_even():
     w = (torch.randn(300, 1, generator=g) * torch.logspace(-20, 20, 300).unsqueeze(1)).bfloat16()
     b = torch.randn(300, generator=g).bfloat16()
     want = (x.float() @ w.float().t() + b.float()).bfloat16()
-    got = cpu_bf16.bf16_linear(x, w, b)
-    assert torch.equal(got.isnan(), want.isnan())
-    assert torch.equal(got.nan_to_num(), want.nan_to_num())
-    assert got.isinf().any() and got.isnan().any()  # the cases above were reached
+    # (and K = 32, the rest zeros: the same sums, through AMX's tiles where the kernel has them)
+    wide_x, wide_w = torch.zeros(7, 32, dtype=torch.bfloat16), torch.zeros(300, 32, dtype=torch.bfloat16)
+    wide_x[:, :1], wide_w[:, :1] = x, w
+    for got in (cpu_bf16.bf16_linear(x, w, b), cpu_bf16.bf16_linear(wide_x, wide_w, b)):
+        assert torch.equal(got.isnan(), want.isnan())
+        assert torch.equal(got.nan_to_num(), want.nan_to_num())
+        assert got.isinf().any() and got.isnan().any()  # the cases above were reached
 
 
 def test_shapes_strides_and_nan_are_handled_as_f_linear_does():
