@@ -56,8 +56,8 @@ def native_bf16_matmul() -> bool:
 #: matmul): with AVX512-BF16 (VDPBF16PS) it was 2.5-3x faster at 1 row and ahead to 16 rows,
 #: even at 24 and behind from 32; the AVX2 build (blocks of 3 rows) was ahead at 1-4 rows and
 #: even at 5-6. Either takes a whole verification of 5 drafts at batch 1. With AMX's tiles (session
-#: 50): 2-3x faster than torch's matmul (oneDNN, AMX too) to 16 rows, ahead at 24-32, mixed at 64
-#: (the layers' weights ahead, the LM head behind), behind at 128.
+#: 50): 2-3x faster than torch's matmul (oneDNN, AMX too) to 16 rows, ahead to 64, even at 128; in
+#: the engine at 64 requests no faster than torch's, so 32.
 AVX512_KERNEL_ROWS = {"amx_bf16": 32, "avx512_bf16": 16, "avx2": 6}
 
 

@@ -296,21 +296,72 @@ static void amx_columns(const uint16_t *xv, long R, long K, const uint16_t *w, l
     }
 }
 
-/* Rows of x 16 at a time; each block's weight rows over the threads. Returns 1 when the VNNI copy
- * of x could not be allocated (y untouched). */
+/* C tile ``tile``'s 16 x 16 sums (weight rows nb.., x's rows 0..R-1 of y) to y, with the bias, rounded. */
+#define STORE_TILE(tile, nb, R, y)                                                                \
+    do {                                                                                          \
+        _tile_stored(tile, c, 64);                                                                \
+        __m512 add = bias ? _mm512_castsi512_ps(_mm512_slli_epi32(                                \
+                                _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(bias + (nb)))), 16)) \
+                          : _mm512_setzero_ps();                                                  \
+        for (long r = 0; r < (R); r++) /* C's column r: y's 16 outputs of row r */               \
+            _mm256_storeu_si256((__m256i *)((y) + r * N + (nb)),                                  \
+                                narrow16(_mm512_add_ps(_mm512_i32gather_ps(column, &c[0][r], 4), add))); \
+    } while (0)
+
+/* Weight rows [n0, n1) (whole blocks of 16), one block at a time, for 2-4 blocks of x's rows
+ * (``blocks``; VNNI layouts of K * 16 values each, one after another; R rows in all): each weight
+ * tile read once for them all (C tiles 0-3: x's blocks; A tile 4; B tiles 5-6 in turn). Each sum
+ * runs over K in the same order as amx_columns' (same bits). */
+static void amx_row_blocks(const uint16_t *xv, long blocks, long R, long K, const uint16_t *w, long n0,
+                           long n1, const uint16_t *bias, uint16_t *y, long N) {
+    float c[16][16];
+    const __m512i column = _mm512_setr_epi32(0, 16, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208,
+                                             224, 240);
+    const uint16_t *x1 = xv + K * 16, *x2 = xv + K * 32, *x3 = xv + K * 48;
+    for (long n = n0; n < n1; n += 16) {
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+        for (long k = 0; k < K; k += 32) {
+            _tile_loadd(4, w + n * K + k, K * 2);
+            _tile_loadd(5, xv + k * 16, 64);
+            _tile_dpbf16ps(0, 4, 5);
+            _tile_loadd(6, x1 + k * 16, 64);
+            _tile_dpbf16ps(1, 4, 6);
+            if (blocks > 2) {
+                _tile_loadd(5, x2 + k * 16, 64);
+                _tile_dpbf16ps(2, 4, 5);
+            }
+            if (blocks > 3) {
+                _tile_loadd(6, x3 + k * 16, 64);
+                _tile_dpbf16ps(3, 4, 6);
+            }
+        }
+        STORE_TILE(0, n, 16, y);
+        STORE_TILE(1, n, blocks > 2 || R == 32 ? 16 : R - 16, y + 16 * N);
+        if (blocks > 2) STORE_TILE(2, n, blocks > 3 || R == 48 ? 16 : R - 32, y + 32 * N);
+        if (blocks > 3) STORE_TILE(3, n, R - 48, y + 48 * N);
+    }
+}
+
+/* Rows of x 16 at a time, or 64 at a time in blocks of 16 (amx_row_blocks) where there are more
+ * than 16; the weight rows over the threads. Returns 1 when the VNNI copy of x could not be
+ * allocated (y untouched). */
 static int amx_linear(const uint16_t *x, long R, long K, const uint16_t *w, long N, const uint16_t *bias,
                       uint16_t *y, int threads) {
-    long whole = N / 16 * 16, per = 16 * AMX_BLOCKS, parts = (whole + per - 1) / per;
-    uint16_t *xv = aligned_alloc(64, (size_t)K * 32);
+    long whole = N / 16 * 16, group = R > 16 ? 64 : 16;
+    long per = R > 16 ? 16 : 16 * AMX_BLOCKS, parts = (whole + per - 1) / per;
+    uint16_t *xv = aligned_alloc(64, (size_t)K * 32 * (group / 16));
     if (!xv) return 1;
     int t = threads > parts ? (int)parts : threads;
     if (t < 1) t = 1;
-    for (long r0 = 0; r0 < R; r0 += 16) {
-        long rows = R - r0 < 16 ? R - r0 : 16;
-        memset(xv, 0, (size_t)K * 32);
+    for (long r0 = 0; r0 < R; r0 += group) {
+        long rows = R - r0 < group ? R - r0 : group, blocks = (rows + 15) / 16;
+        memset(xv, 0, (size_t)K * 32 * blocks);
         for (long r = 0; r < rows; r++)
             for (long kp = 0; kp < K / 2; kp++)
-                memcpy(xv + kp * 32 + 2 * r, x + (r0 + r) * K + 2 * kp, 4);
+                memcpy(xv + (r / 16) * K * 16 + kp * 32 + 2 * (r % 16), x + (r0 + r) * K + 2 * kp, 4);
 #pragma omp parallel num_threads(t)
         {
             tile_config cfg;
@@ -324,7 +375,10 @@ static int amx_linear(const uint16_t *x, long R, long K, const uint16_t *w, long
 #pragma omp for schedule(static)
             for (long p = 0; p < parts; p++) {
                 long n0 = p * per, n1 = n0 + per < whole ? n0 + per : whole;
-                amx_columns(xv, rows, K, w, n0, n1, bias, y + r0 * N, N);
+                if (blocks > 1)
+                    amx_row_blocks(xv, blocks, rows, K, w, n0, n1, bias, y + r0 * N, N);
+                else
+                    amx_columns(xv, rows, K, w, n0, n1, bias, y + r0 * N, N);
             }
             _tile_release();
         }

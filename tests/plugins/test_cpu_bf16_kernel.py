@@ -46,7 +46,7 @@ def build(request, monkeypatch):
     cpu_bf16._library.cache_clear()
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 13, 16, 17, 40])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 13, 16, 17, 40, 70])
 # a short column block and tail, K not a multiple of 8 (or 32), and K within one tail; AMX's tiles
 # (K a multiple of 32) for 3 blocks of 16 weight rows, and for 4 blocks, 1 more and a tail of 12
 @pytest.mark.parametrize("n, k", [(67, 37), (130, 64), (9, 5), (70, 100), (48, 32), (92, 96)])
@@ -68,11 +68,14 @@ def test_a_rows_result_depends_on_nothing_but_its_own_inputs(build):
     """Each output is one float32 dot product in a fixed order: the same bits whatever the other rows,
     their order, the rows that share a read of the weights or the threads (so a verification's rows
     equal one-token steps' in the linears)."""
-    x, w, b = _case(19, 200, 96, True)  # (AMX: 16 rows and 3 more; 192 weight rows in tiles, 8 not)
+    # (AMX: 64 rows in four blocks of 16 a weight tile, then 6 more; 192 weight rows in tiles, 8 not)
+    x, w, b = _case(70, 200, 96, True)
     whole = cpu_bf16.bf16_linear(x, w, b)
-    for i in range(19):
+    for i in range(70):
         assert torch.equal(cpu_bf16.bf16_linear(x[i:i + 1], w, b), whole[i:i + 1])
-    perm = torch.randperm(19, generator=torch.Generator().manual_seed(1))
+    for rows in (19, 33, 64):  # (two, three and four blocks of 16)
+        assert torch.equal(cpu_bf16.bf16_linear(x[:rows], w, b), whole[:rows])
+    perm = torch.randperm(70, generator=torch.Generator().manual_seed(1))
     assert torch.equal(cpu_bf16.bf16_linear(x[perm], w, b), whole[perm])
     for block in range(1, 7):  # however many rows share a read of the weights
         assert torch.equal(cpu_bf16.bf16_linear(x, w, b, row_block=block), whole)
