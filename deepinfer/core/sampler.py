@@ -283,7 +283,13 @@ def _search(cdf: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 
 
 def torch_argmax(logits: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """Row-wise argmax of logits [B, V], into ``out`` when given."""
+    """Row-wise argmax of logits [B, V], into ``out`` when given. On the CPU through ``torch.max``,
+    whose indices are argmax's (the first of tied maxima, a NaN first) and which took 9 against 31
+    us for a bfloat16 row of 8,192 logits, 17 against 120 for four rows and 210 against 962 for 64
+    (torch 2.13, session 50)."""
+    if logits.device.type == "cpu":
+        best = torch.max(logits, -1).indices
+        return best if out is None else out.copy_(best)
     return logits.argmax(-1) if out is None else torch.argmax(logits, -1, out=out)
 
 

@@ -17,6 +17,7 @@ from deepinfer.core.sampler import (
     sampling_rows,
     send_rows,
     top_logprobs,
+    torch_argmax,
 )
 from deepinfer.core.sampling_params import SamplingParams
 
@@ -315,3 +316,23 @@ def test_a_rows_distribution_and_draws_depend_on_its_own_parameters_only():
     plain, nucleus = SamplingParams(temperature=0.9, seed=7), SamplingParams(temperature=0.9, top_p=0.8, seed=7)
     assert tokens(plain, [SamplingParams(temperature=1.0, top_p=0.5)]) == tokens(plain, [])
     assert tokens(nucleus, [SamplingParams(temperature=1.0), SamplingParams(temperature=0)]) == tokens(nucleus, [])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float16])
+def test_the_argmax_is_torchs_first_of_tied_maxima_nan_and_infinities_included(dtype):
+    """The CPU's argmax (through torch.max) against torch.argmax: ties (the first wins), NaN (the
+    first NaN wins), rows of -inf, +inf; into ``out`` too."""
+    g = torch.Generator().manual_seed(0)
+    for trial in range(60):
+        rows, vocab = 1 + trial % 7 * 9, 1 + (trial * 997) % 5000
+        x = torch.randint(-3, 3, (rows, vocab), generator=g).to(dtype)  # many ties
+        if trial % 3 == 0:
+            x[torch.rand(rows, vocab, generator=g) < 0.01] = float("nan")
+        if trial % 4 == 0:
+            x[0] = float("-inf")
+        if trial % 5 == 0:
+            x[:, -1] = float("inf")
+        want = x.argmax(-1)
+        assert torch.equal(torch_argmax(x), want)
+        out = torch.full((rows,), -1, dtype=torch.long)
+        assert torch_argmax(x, out=out) is out and torch.equal(out, want)
