@@ -247,6 +247,19 @@ typedef struct {
     uint8_t rows[16];
 } tile_config;
 
+/* C tile ``tile``'s 16 x 16 sums (weight rows nb.., x's rows 0..R-1 of y) to y, with the bias,
+ * rounded (c, column, bias and N: the calling function's). */
+#define STORE_TILE(tile, nb, R, y)                                                                \
+    do {                                                                                          \
+        _tile_stored(tile, c, 64);                                                                \
+        __m512 add = bias ? _mm512_castsi512_ps(_mm512_slli_epi32(                                \
+                                _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(bias + (nb)))), 16)) \
+                          : _mm512_setzero_ps();                                                  \
+        for (long r = 0; r < (R); r++) /* C's column r: y's 16 outputs of row r */               \
+            _mm256_storeu_si256((__m256i *)((y) + r * N + (nb)),                                  \
+                                narrow16(_mm512_add_ps(_mm512_i32gather_ps(column, &c[0][r], 4), add))); \
+    } while (0)
+
 /* Weight rows [n0, n1) (whole blocks of 16) for rows of x in VNNI layout xv [K/2][16][2], R of
  * them real (the rest zeros). */
 static void amx_columns(const uint16_t *xv, long R, long K, const uint16_t *w, long n0, long n1,
@@ -278,35 +291,13 @@ static void amx_columns(const uint16_t *xv, long R, long K, const uint16_t *w, l
                 _tile_dpbf16ps(3, 5, 6);
             }
         }
-        for (long b = 0; b < blocks; b++) {
-            switch (b) { /* (a tile's number must be a constant) */
-            case 0: _tile_stored(0, c, 64); break;
-            case 1: _tile_stored(1, c, 64); break;
-            case 2: _tile_stored(2, c, 64); break;
-            default: _tile_stored(3, c, 64); break;
-            }
-            long nb = n + 16 * b;
-            __m512 add = bias ? _mm512_castsi512_ps(_mm512_slli_epi32(
-                                    _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(bias + nb))), 16))
-                              : _mm512_setzero_ps();
-            for (long r = 0; r < R; r++) /* C's column r: y's 16 outputs of row r, rounded as narrow() */
-                _mm256_storeu_si256((__m256i *)(y + r * N + nb),
-                                    narrow16(_mm512_add_ps(_mm512_i32gather_ps(column, &c[0][r], 4), add)));
-        }
+        STORE_TILE(0, n, R, y); /* (a tile's number must be a constant) */
+        if (blocks > 1) STORE_TILE(1, n + 16, R, y);
+        if (blocks > 2) STORE_TILE(2, n + 32, R, y);
+        if (blocks > 3) STORE_TILE(3, n + 48, R, y);
     }
 }
 
-/* C tile ``tile``'s 16 x 16 sums (weight rows nb.., x's rows 0..R-1 of y) to y, with the bias, rounded. */
-#define STORE_TILE(tile, nb, R, y)                                                                \
-    do {                                                                                          \
-        _tile_stored(tile, c, 64);                                                                \
-        __m512 add = bias ? _mm512_castsi512_ps(_mm512_slli_epi32(                                \
-                                _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(bias + (nb)))), 16)) \
-                          : _mm512_setzero_ps();                                                  \
-        for (long r = 0; r < (R); r++) /* C's column r: y's 16 outputs of row r */               \
-            _mm256_storeu_si256((__m256i *)((y) + r * N + (nb)),                                  \
-                                narrow16(_mm512_add_ps(_mm512_i32gather_ps(column, &c[0][r], 4), add))); \
-    } while (0)
 
 /* Weight rows [n0, n1) (whole blocks of 16), one block at a time, for 2-4 blocks of x's rows
  * (``blocks``; VNNI layouts of K * 16 values each, one after another; R rows in all): each weight
@@ -339,8 +330,8 @@ static void amx_row_blocks(const uint16_t *xv, long blocks, long R, long K, cons
             }
         }
         STORE_TILE(0, n, 16, y);
-        STORE_TILE(1, n, blocks > 2 || R == 32 ? 16 : R - 16, y + 16 * N);
-        if (blocks > 2) STORE_TILE(2, n, blocks > 3 || R == 48 ? 16 : R - 32, y + 32 * N);
+        STORE_TILE(1, n, R < 32 ? R - 16 : 16, y + 16 * N);
+        if (blocks > 2) STORE_TILE(2, n, R < 48 ? R - 32 : 16, y + 32 * N);
         if (blocks > 3) STORE_TILE(3, n, R - 48, y + 48 * N);
     }
 }
