@@ -2,6 +2,7 @@
 AMX-BF16 (``cpu_bf16.use_amx`` switches between them in one process).
 
     python benchmarks/cpu_amx_ab.py [--batch 1,64] [--repeats 3] [--drafters none,deepspark] [--kernel-only]
+        [--threads 1,2,8]
 
 First the kernel alone: the demo target's 33 weights (8 layers' qkv, o, gate_up and down, then the
 LM head) called in turn, as a decode step reads them (each mostly out of the cache by its next
@@ -53,10 +54,15 @@ def main() -> None:
     ap.add_argument("--drafters", default="none,deepspark")
     ap.add_argument("--output-len", type=int, default=256)
     ap.add_argument("--kernel-only", action="store_true", help="the kernel's part alone")
+    ap.add_argument("--threads", default="", help="the kernel's part at each of these torch thread counts "
+                    "(e.g. 1,2,8; default: torch's own)")
     a = ap.parse_args()
     if not cpu_bf16.use_amx():
         raise SystemExit(f"the kernel takes no AMX tiles here (its build: {cpu_bf16.kernel_kind()})")
-    kernel_steps([1, 6, 16, 32])
+    for threads in [int(t) for t in a.threads.split(",") if t] or [torch.get_num_threads()]:
+        torch.set_num_threads(threads)
+        print(f"{threads} threads")
+        kernel_steps([1, 6, 16, 32])
     if a.kernel_only:
         return
     llms = {d: LLM(None, progress=False, device="cpu", plugins=[] if d == "none" else [d])

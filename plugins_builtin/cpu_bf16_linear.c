@@ -209,6 +209,11 @@ static void all_columns(const columns_fn *columns, const char *x, size_t xsize, 
 #define XFEATURE_XTILEDATA 18
 /* weight blocks of 16 rows a thread takes at a time (C tiles 0-3; A tiles 4-5; B tile 6) */
 #define AMX_BLOCKS 4
+/* the most threads a call takes: a few already read the weights as fast as the memory gives them,
+ * and more cost more than they bring (session 50, a 16-core Xeon, the demo target's 33 weights in
+ * turn for one row: 2.0 ms on 1 thread, 1.6 on 2 or 4, 2.1 on 8 and 7.6 on 16; VDPBF16PS at best
+ * 2.5, on 8) */
+#define AMX_THREADS 4
 static int amx_granted = 0, amx_on = 0;
 static long amx_calls = 0; /* calls that took the tiles (deepinfer_bf16_amx_calls) */
 
@@ -346,6 +351,7 @@ static int amx_linear(const uint16_t *x, long R, long K, const uint16_t *w, long
     uint16_t *xv = aligned_alloc(64, (size_t)K * 32 * (group / 16));
     if (!xv) return 1;
     int t = threads > parts ? (int)parts : threads;
+    if (t > AMX_THREADS) t = AMX_THREADS;
     if (t < 1) t = 1;
     for (long r0 = 0; r0 < R; r0 += group) {
         long rows = R - r0 < group ? R - r0 : group, blocks = (rows + 15) / 16;
