@@ -207,8 +207,6 @@ static void all_columns(const columns_fn *columns, const char *x, size_t xsize, 
  * of 32; a weight's last N % 16 rows take the VDPBF16PS path (for any number of rows alike). */
 #define ARCH_REQ_XCOMP_PERM 0x1023
 #define XFEATURE_XTILEDATA 18
-/* weight blocks of 16 rows a thread takes at a time (C tiles 0-3; A tiles 4-5; B tile 6) */
-#define AMX_BLOCKS 4
 /* the most threads a call takes: a few already read the weights as fast as the memory gives them,
  * and more cost more than they bring (session 50, a 16-core Xeon, the demo target's 33 weights in
  * turn for one row: 2.0 ms on 1 thread, 1.6 on 2 or 4, 2.1 on 8 and 7.6 on 16; VDPBF16PS at best
@@ -265,49 +263,10 @@ typedef struct {
                                 narrow16(_mm512_add_ps(_mm512_i32gather_ps(column, &c[0][r], 4), add))); \
     } while (0)
 
-/* Weight rows [n0, n1) (whole blocks of 16) for rows of x in VNNI layout xv [K/2][16][2], R of
- * them real (the rest zeros). */
-static void amx_columns(const uint16_t *xv, long R, long K, const uint16_t *w, long n0, long n1,
-                        const uint16_t *bias, uint16_t *y, long N) {
-    float c[16][16];
-    const __m512i column = _mm512_setr_epi32(0, 16, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208,
-                                             224, 240); /* one column of c: every 16th float */
-    for (long n = n0; n < n1; n += 16 * AMX_BLOCKS) {
-        long blocks = (n1 - n) / 16 < AMX_BLOCKS ? (n1 - n) / 16 : AMX_BLOCKS;
-        _tile_zero(0);
-        _tile_zero(1);
-        _tile_zero(2);
-        _tile_zero(3);
-        for (long k = 0; k < K; k += 32) {
-            const uint16_t *a = w + n * K + k;
-            _tile_loadd(6, xv + k * 16, 64);
-            _tile_loadd(4, a, K * 2);
-            _tile_dpbf16ps(0, 4, 6);
-            if (blocks > 1) {
-                _tile_loadd(5, a + 16 * K, K * 2);
-                _tile_dpbf16ps(1, 5, 6);
-            }
-            if (blocks > 2) {
-                _tile_loadd(4, a + 32 * K, K * 2);
-                _tile_dpbf16ps(2, 4, 6);
-            }
-            if (blocks > 3) {
-                _tile_loadd(5, a + 48 * K, K * 2);
-                _tile_dpbf16ps(3, 5, 6);
-            }
-        }
-        STORE_TILE(0, n, R, y); /* (a tile's number must be a constant) */
-        if (blocks > 1) STORE_TILE(1, n + 16, R, y);
-        if (blocks > 2) STORE_TILE(2, n + 32, R, y);
-        if (blocks > 3) STORE_TILE(3, n + 48, R, y);
-    }
-}
-
-
-/* Weight rows [n0, n1) (whole blocks of 16), one block at a time, for 2-4 blocks of x's rows
- * (``blocks``; VNNI layouts of K * 16 values each, one after another; R rows in all): each weight
- * tile read once for them all (C tiles 0-3: x's blocks; A tile 4; B tiles 5-6 in turn). Each sum
- * runs over K in the same order as amx_columns' (same bits). */
+/* Weight rows [n0, n1) (whole blocks of 16), one block at a time, for 1-4 blocks of x's rows
+ * (``blocks``; VNNI layouts xv [K/2][16][2] one after another, R rows in all, a last block's
+ * missing rows zeros): each weight tile read once for them all (C tiles 0-3: x's blocks; A tile 4;
+ * B tiles 5-6 in turn). Each sum runs over K in the same order whatever the block (same bits). */
 static void amx_row_blocks(const uint16_t *xv, long blocks, long R, long K, const uint16_t *w, long n0,
                            long n1, const uint16_t *bias, uint16_t *y, long N) {
     float c[16][16];
@@ -323,8 +282,10 @@ static void amx_row_blocks(const uint16_t *xv, long blocks, long R, long K, cons
             _tile_loadd(4, w + n * K + k, K * 2);
             _tile_loadd(5, xv + k * 16, 64);
             _tile_dpbf16ps(0, 4, 5);
-            _tile_loadd(6, x1 + k * 16, 64);
-            _tile_dpbf16ps(1, 4, 6);
+            if (blocks > 1) {
+                _tile_loadd(6, x1 + k * 16, 64);
+                _tile_dpbf16ps(1, 4, 6);
+            }
             if (blocks > 2) {
                 _tile_loadd(5, x2 + k * 16, 64);
                 _tile_dpbf16ps(2, 4, 5);
@@ -334,20 +295,18 @@ static void amx_row_blocks(const uint16_t *xv, long blocks, long R, long K, cons
                 _tile_dpbf16ps(3, 4, 6);
             }
         }
-        STORE_TILE(0, n, 16, y);
-        STORE_TILE(1, n, R < 32 ? R - 16 : 16, y + 16 * N);
+        STORE_TILE(0, n, R < 16 ? R : 16, y);
+        if (blocks > 1) STORE_TILE(1, n, R < 32 ? R - 16 : 16, y + 16 * N);
         if (blocks > 2) STORE_TILE(2, n, R < 48 ? R - 32 : 16, y + 32 * N);
         if (blocks > 3) STORE_TILE(3, n, R - 48, y + 48 * N);
     }
 }
 
-/* Rows of x 16 at a time, or 64 at a time in blocks of 16 (amx_row_blocks) where there are more
- * than 16; the weight rows over the threads. Returns 1 when the VNNI copy of x could not be
- * allocated (y untouched). */
+/* Rows of x up to 64 at a time, in blocks of 16 (amx_row_blocks); the weight rows, 16 at a time,
+ * over the threads. Returns 1 when the VNNI copy of x could not be allocated (y untouched). */
 static int amx_linear(const uint16_t *x, long R, long K, const uint16_t *w, long N, const uint16_t *bias,
                       uint16_t *y, int threads) {
-    long whole = N / 16 * 16, group = R > 16 ? 64 : 16;
-    long per = R > 16 ? 16 : 16 * AMX_BLOCKS, parts = (whole + per - 1) / per;
+    long whole = N / 16 * 16, group = R < 64 ? (R + 15) / 16 * 16 : 64, parts = whole / 16;
     uint16_t *xv = aligned_alloc(64, (size_t)K * 32 * (group / 16));
     if (!xv) return 1;
     int t = threads > parts ? (int)parts : threads;
@@ -370,13 +329,8 @@ static int amx_linear(const uint16_t *x, long R, long K, const uint16_t *w, long
             }
             _tile_loadconfig(&cfg);
 #pragma omp for schedule(static)
-            for (long p = 0; p < parts; p++) {
-                long n0 = p * per, n1 = n0 + per < whole ? n0 + per : whole;
-                if (blocks > 1)
-                    amx_row_blocks(xv, blocks, rows, K, w, n0, n1, bias, y + r0 * N, N);
-                else
-                    amx_columns(xv, rows, K, w, n0, n1, bias, y + r0 * N, N);
-            }
+            for (long p = 0; p < parts; p++)
+                amx_row_blocks(xv, blocks, rows, K, w, 16 * p, 16 * p + 16, bias, y + r0 * N, N);
             _tile_release();
         }
     }
