@@ -87,7 +87,7 @@ def widened_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
 def bf16_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, kernel_rows: int,
                 from_rows: int, chunk: int = WIDEN_CHUNK) -> torch.Tensor:
     """The `cpu` device's linear for bfloat16 models: up to ``kernel_rows`` rows through deepinfer's
-    AVX2 kernel (``cpu_bf16.bf16_linear``; its operator under torch.compile), more through
+    AVX2 kernel (``cpu_bf16.bf16_linear``; its operator under torch.compile, ``cpu_bf16.compiled_op``), more through
     ``widened_linear`` (float32 from ``from_rows`` rows; F.linear under torch.compile). Other dtypes
     and products that need gradients take F.linear."""
     if (x.dtype != torch.bfloat16 or weight.dtype != torch.bfloat16
@@ -95,7 +95,7 @@ def bf16_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
         return F.linear(x, weight, bias)
     if kernel_rows and x.numel() <= kernel_rows * x.shape[-1]:
         if torch.compiler.is_compiling():
-            return torch.ops.deepinfer.cpu_bf16_linear(x, weight, bias)
+            return cpu_bf16.compiled_op()(x, weight, bias)
         return cpu_bf16.bf16_linear(x, weight, bias)
     if torch.compiler.is_compiling():
         return F.linear(x, weight, bias)

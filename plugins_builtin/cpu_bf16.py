@@ -10,6 +10,11 @@ ctypes. Built by gcc beside a torch that ships ``libgomp.so.1`` (its Linux wheel
 torch's OpenMP runtime and threads (one soname, loaded once). Where it cannot be built (not
 x86-64 with AVX2, no compiler, no writable cache), ``unavailable_reason()`` says why and callers
 keep torch's matmul.
+
+Calls reach it through ``cpu_bf16_op.cpp``, a torch operator written in C++ that checks the
+arguments and calls the kernel without Python (``native_op``), built beside it with the C++
+compiler (``$CXX``, else ``c++``) against this torch's headers. Where that cannot be built,
+``native_unavailable_reason()`` says why and calls go through Python and ctypes: the same bits.
 """
 from __future__ import annotations
 
@@ -31,6 +36,8 @@ import torch.nn.functional as F
 
 log = logging.getLogger("deepinfer")
 SOURCE = Path(__file__).with_name("cpu_bf16_linear.c")
+#: the kernel as a torch operator written in C++ (built beside it where torch's headers are at hand)
+NATIVE_SOURCE = Path(__file__).with_name("cpu_bf16_op.cpp")
 FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC"]
 #: added where the CPU has AVX512-BF16: the kernel's VDPBF16PS path (cpu_bf16_linear.c)
 AVX512_BF16_FLAGS = ["-mavx512f", "-mavx512bf16"]
@@ -80,47 +87,13 @@ def _build(flags: list[str] | None = None) -> tuple[ctypes.CDLL | None, str | No
         return None, f"the kernel is written for x86-64 (AVX2); this machine is {platform.machine()}"
     if not getattr(torch.cpu, "_is_avx2_supported", lambda: False)():
         return None, "this CPU has no AVX2"
-    compiler = shlex.split(os.environ.get("CC") or "cc")  # CC="ccache gcc" is one compiler
-    if not compiler or shutil.which(compiler[0]) is None:
-        return None, f"no C compiler: {os.environ.get('CC') or 'cc'!r} is not on PATH (set CC to one)"
-    try:
-        version = subprocess.run([*compiler, "--version"], capture_output=True, text=True, timeout=60,
-                                 check=False).stdout
-        source = SOURCE.read_text()
-    except (OSError, subprocess.SubprocessError) as e:
-        return None, f"cannot run the C compiler {compiler[0]!r} on {SOURCE.name}: {e}"
-    key = hashlib.sha256("\0".join([source, *flags, version]).encode()).hexdigest()[:16]
-    target = cache_dir() / "kernels" / f"cpu_bf16_linear-{key}.so"
-    if not target.exists():
-        try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
-            os.close(fd)
-        except OSError as e:
-            return None, f"cannot write the kernel cache {target.parent} (set DEEPINFER_CACHE_DIR): {e}"
-        try:
-            done = subprocess.run([*compiler, *flags, "-o", tmp, str(SOURCE)], capture_output=True, text=True,
-                                  timeout=300, check=False)
-            if done.returncode != 0:
-                return None, f"{compiler[0]} could not build {SOURCE.name}: {done.stderr.strip()[-500:]}"
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(tmp, 0o755 & ~umask)  # mkstemp's 0600 would keep a shared cache's other users out
-            os.replace(tmp, target)  # atomic: another process building the same key loses nothing
-            _remove_stale_builds(target)
-        except (OSError, subprocess.SubprocessError) as e:
-            return None, f"{compiler[0]} could not build {SOURCE.name}: {e}"
-        finally:
-            if os.path.exists(tmp):
-                os.remove(tmp)
+    target, why = _cached_build(SOURCE, "CC", "cc", flags, [])
+    if target is None:
+        return None, why
     try:
         lib = ctypes.CDLL(str(target))
     except OSError as e:
         return None, f"cannot load {target}: {e}"
-    try:
-        os.utime(target)  # in use: not stale to another version's build (_remove_stale_builds)
-    except OSError:
-        pass  # (a cache shared read-only)
     fn = lib.deepinfer_bf16_linear
     fn.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_long,
                    ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
@@ -132,6 +105,54 @@ def _build(flags: list[str] | None = None) -> tuple[ctypes.CDLL | None, str | No
     return lib, None
 
 
+def _cached_build(source: Path, compiler_var: str, default_compiler: str, flags: list[str],
+                  libs: list[str], key_extra: str = "") -> tuple[Path | None, str | None]:
+    """``source`` built into the cache as ``kernels/<its stem>-<key>.so`` (``compiler flags -o .so
+    source libs``, the compiler from ``$compiler_var``, else ``default_compiler``), unless a build of
+    the same key is there; the key hashes the source, the flags, the libraries, the compiler's
+    ``--version`` output and ``key_extra``. The library's path, or why it could not be built."""
+    name = os.environ.get(compiler_var) or default_compiler
+    compiler = shlex.split(name)  # CC="ccache gcc" is one compiler
+    kind = "C++" if source.suffix == ".cpp" else "C"
+    if not compiler or shutil.which(compiler[0]) is None:
+        return None, f"no {kind} compiler: {name!r} is not on PATH (set {compiler_var} to one)"
+    try:
+        version = subprocess.run([*compiler, "--version"], capture_output=True, text=True, timeout=60,
+                                 check=False).stdout
+        text = source.read_text()
+    except (OSError, subprocess.SubprocessError) as e:
+        return None, f"cannot run the {kind} compiler {compiler[0]!r} on {source.name}: {e}"
+    key = hashlib.sha256("\0".join([text, *flags, *libs, version, key_extra]).encode()).hexdigest()[:16]
+    target = cache_dir() / "kernels" / f"{source.stem}-{key}.so"
+    if not target.exists():
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+            os.close(fd)
+        except OSError as e:
+            return None, f"cannot write the kernel cache {target.parent} (set DEEPINFER_CACHE_DIR): {e}"
+        try:
+            done = subprocess.run([*compiler, *flags, "-o", tmp, str(source), *libs], capture_output=True, text=True,
+                                  timeout=300, check=False)
+            if done.returncode != 0:
+                return None, f"{compiler[0]} could not build {source.name}: {done.stderr.strip()[-500:]}"
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o755 & ~umask)  # mkstemp's 0600 would keep a shared cache's other users out
+            os.replace(tmp, target)  # atomic: another process building the same key loses nothing
+            _remove_stale_builds(target)
+        except (OSError, subprocess.SubprocessError) as e:
+            return None, f"{compiler[0]} could not build {source.name}: {e}"
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+    try:
+        os.utime(target)  # in use: not stale to another version's build (_remove_stale_builds)
+    except OSError:
+        pass  # (a cache shared read-only)
+    return target, None
+
+
 #: a build of another source, flags or compiler unused this long is deleted when one is built
 STALE_SECONDS = 7 * 24 * 3600
 
@@ -141,7 +162,7 @@ def _remove_stale_builds(keep: Path) -> None:
     that no process has loaded for ``STALE_SECONDS`` (loading one marks it), so that the cache does
     not grow with every change while checkouts of several versions can share it."""
     now = time.time()
-    for old in keep.parent.glob("cpu_bf16_linear-*.so"):
+    for old in keep.parent.glob(keep.name.rsplit("-", 1)[0] + "-*.so"):
         try:
             if old != keep and now - old.stat().st_mtime > STALE_SECONDS:
                 old.unlink()
@@ -151,7 +172,24 @@ def _remove_stale_builds(keep: Path) -> None:
 
 @functools.cache
 def _library() -> tuple[ctypes.CDLL | None, str | None, str | None]:
-    """(the library, why it is unavailable, its kind: "amx_bf16", "avx512_bf16" or "avx2")."""
+    """(the library, why it is unavailable, its kind: "amx_bf16", "avx512_bf16" or "avx2"); the C++
+    operator, where it builds here, is pointed at this library's kernel (``native_op``)."""
+    global _native_op
+    lib, why, kind = _kernel_library()
+    _native_op = None
+    if lib is not None:
+        native, native_why = _native_library()
+        if native is None:
+            log.warning("cpu: the bfloat16 kernel's C++ operator could not be built (%s); its calls go through "
+                        "Python, which costs about 5-10 us more a call", native_why)
+        else:
+            native.deepinfer_native_point_at(ctypes.cast(lib.deepinfer_bf16_linear, ctypes.c_void_p),
+                                             _row_block_for(kind))
+            _native_op = torch.ops.deepinfer_native.bf16_linear.default
+    return lib, why, kind
+
+
+def _kernel_library() -> tuple[ctypes.CDLL | None, str | None, str | None]:
     if avx512_bf16():
         if amx_bf16():
             lib, why = _build()
@@ -168,6 +206,81 @@ def _library() -> tuple[ctypes.CDLL | None, str | None, str | None]:
             return lib, None, "avx512_bf16"
     lib, why = _build(FLAGS)  # (or where the compiler lacks -mavx512bf16, say)
     return lib, why, None if lib is None else "avx2"
+
+
+#: the C++ operator (``cpu_bf16_op.cpp``), pointed at the loaded kernel; None where it did not build
+_native_op = None
+#: whether calls take it (``use_native``)
+_native_on = True
+
+
+@functools.cache
+def _native_library() -> tuple[ctypes.CDLL | None, str | None]:
+    """``cpu_bf16_op.cpp`` built against this torch (its headers, libraries and C++ ABI) with the
+    machine's C++ compiler (``$CXX``, else ``c++``) and loaded, its operator registered; or why not
+    (a torch without its headers, no C++ compiler)."""
+    root = Path(torch.__file__).parent
+    include, libs = root / "include", root / "lib"
+    if not (include / "torch" / "library.h").exists():
+        return None, f"this torch has no C++ headers ({include / 'torch' / 'library.h'} is missing)"
+    abi = int(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True))
+    flags = ["-O2", "-std=c++17", "-shared", "-fPIC", "-w", f"-D_GLIBCXX_USE_CXX11_ABI={abi}", f"-I{include}"]
+    link = [f"-L{libs}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{libs}"]
+    target, why = _cached_build(NATIVE_SOURCE, "CXX", "c++", flags, link, key_extra=f"{torch.__version__} {root}")
+    if target is None:
+        return None, why
+    try:
+        torch.ops.load_library(str(target))
+        lib = ctypes.CDLL(str(target))
+    except (OSError, RuntimeError) as e:
+        return None, f"cannot load {target}: {e}"
+    lib.deepinfer_native_point_at.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    lib.deepinfer_native_point_at.restype = None
+    lib.deepinfer_native_calls.restype = ctypes.c_long
+    if not torch._C._dispatch_has_kernel_for_dispatch_key("deepinfer_native::bf16_linear", "Meta"):
+        meta = torch.library.Library("deepinfer_native", "IMPL")  # (shapes, for torch.compile's tracing)
+        meta.impl("bf16_linear", lambda x, weight, bias=None, row_block=0: x.new_empty((*x.shape[:-1], weight.shape[0])),
+                  "Meta")
+        _LIBRARIES.append(meta)
+    return lib, None
+
+
+def native_op():
+    """``torch.ops.deepinfer_native.bf16_linear`` (x, weight, bias=None, row_block=0): the kernel
+    called from C++, for eager and compiled code alike, where it was built and ``use_native`` is on;
+    else None (then ``torch.ops.deepinfer.cpu_bf16_linear`` runs it through Python). Its results
+    are the kernel's bits, either way."""
+    _library()
+    return _native_op if _native_on else None
+
+
+def compiled_op():
+    """The operator that compiled code calls for the kernel: the C++ one where ``_library`` has
+    loaded it and ``use_native`` is on, else ``torch.ops.deepinfer.cpu_bf16_linear`` (reads of this
+    module's globals only, which torch.compile traces and guards on)."""
+    return _native_op if _native_op is not None and _native_on else torch.ops.deepinfer.cpu_bf16_linear
+
+
+def use_native(on: bool | None = None) -> bool:
+    """Whether calls take the C++ operator (``native_op``); ``on`` switches that for the whole
+    process (tests and benchmarks compare the two ways in)."""
+    global _native_on
+    if on is not None:
+        _native_on = bool(on)
+    return _native_on and native_op() is not None
+
+
+def native_unavailable_reason() -> str | None:
+    """None when the C++ operator is built and loaded here, else why not."""
+    if _library()[0] is None:
+        return "the kernel itself is unavailable: " + str(_library()[1])
+    return _native_library()[1]
+
+
+def native_calls() -> int:
+    """How many calls of the kernel came through the C++ operator in this process."""
+    lib = _native_library()[0] if _library()[0] is not None else None
+    return int(lib.deepinfer_native_calls()) if lib is not None else 0
 
 
 def kernel_kind() -> str | None:
@@ -205,7 +318,11 @@ def default_row_block() -> int:
     """The rows of x that share one read of the weights: 6 (the kernel's most), except for the AVX2
     build on a CPU with AVX-512, where blocks of 3 were faster from 5 rows on (cpu_bf16_linear.c).
     The results are the same bits either way."""
-    return 3 if _AVX512 and kernel_kind() == "avx2" else 6
+    return _row_block_for(kernel_kind())
+
+
+def _row_block_for(kind: str | None) -> int:
+    return 3 if _AVX512 and kind == "avx2" else 6
 
 
 def bf16_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
@@ -217,6 +334,8 @@ def bf16_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     lib, why, _ = _library()
     if lib is None:
         raise RuntimeError(f"deepinfer's bfloat16 CPU kernel is unavailable: {why}")
+    if _native_op is not None and _native_on:
+        return _native_op(x, weight, bias, row_block or 0)
     k, n = x.shape[-1], weight.shape[0]
     bf16 = torch.bfloat16
     if (x.dtype != bf16 or weight.dtype != bf16 or not x.is_cpu or not weight.is_cpu
@@ -248,7 +367,7 @@ def bf16_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 
 def _define_operator() -> None:
     """``torch.ops.deepinfer.cpu_bf16_linear(x, weight, bias)``: ``bf16_linear`` as an operator, for
-    code under torch.compile (which cannot trace a ctypes call). Declared with torch.library's schema
+    code under torch.compile (which cannot trace a ctypes call) where the C++ operator is not built. Declared with torch.library's schema
     API, not custom_op, whose Python wrapper costs tens of microseconds a call (torch_attn.py).
     Defined once a process, however this module was imported."""
     try:

@@ -1,5 +1,6 @@
 """deepinfer's bfloat16 linear kernel (plugins_builtin/cpu_bf16_linear.c) against a float64
-product, in each build (AVX2; AVX512-BF16 where the CPU has it; AMX where it has that too), and its
+product, in each build (AVX2; AVX512-BF16 where the CPU has it; AMX where it has that too), through
+both ways in (its C++ operator, plugins_builtin/cpu_bf16_op.cpp, and Python's ctypes call), and its
 build: cached, and a clear reason where it cannot be built."""
 from __future__ import annotations
 
@@ -44,6 +45,16 @@ def build(request, monkeypatch):
     yield request.param
     monkeypatch.undo()
     cpu_bf16._library.cache_clear()
+
+
+@pytest.fixture(params=["native", "python"])
+def way(request):
+    """Each way into the kernel: its C++ operator (where it builds here) and Python's ctypes call."""
+    if request.param == "native" and cpu_bf16.native_unavailable_reason():
+        pytest.skip(f"the C++ operator does not build here: {cpu_bf16.native_unavailable_reason()}")
+    cpu_bf16.use_native(request.param == "native")
+    yield request.param
+    cpu_bf16.use_native(True)
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 13, 16, 17, 40, 70])
@@ -124,7 +135,7 @@ def test_each_output_is_rounded_to_bfloat16_once_to_nearest_even():
         assert got.isinf().any() and got.isnan().any()  # the cases above were reached
 
 
-def test_shapes_strides_and_nan_are_handled_as_f_linear_does():
+def test_shapes_strides_and_nan_are_handled_as_f_linear_does(way):
     x, w, _ = _case(6, 40, 24, False)
     x3 = x.reshape(2, 3, 24)
     assert torch.equal(cpu_bf16.bf16_linear(x3, w), cpu_bf16.bf16_linear(x, w).reshape(2, 3, 40))
@@ -144,14 +155,41 @@ def test_shapes_strides_and_nan_are_handled_as_f_linear_does():
         assert out[2].isnan().all() and torch.equal(out[[0, 1, 3, 4, 5]], clean[[0, 1, 3, 4, 5]])
 
 
-def test_wrong_dtypes_and_shapes_are_refused_with_what_is_valid():
+def test_wrong_dtypes_and_shapes_are_refused_with_what_is_valid(way):
     x, w, b = _case(2, 8, 16, True)
     with pytest.raises(ValueError, match="bfloat16 CPU tensors, got torch.float32"):
         cpu_bf16.bf16_linear(x.float(), w, b)
     with pytest.raises(ValueError, match=r"do not match: weight must be \[N, 16\]"):
         cpu_bf16.bf16_linear(x, w[:, :8], b)
-    with pytest.raises(ValueError, match="do not match"):
+    with pytest.raises(ValueError, match=r"bias \(4,\) do not match"):
         cpu_bf16.bf16_linear(x, w, b[:4])
+
+
+def test_the_cpp_operator_gives_the_python_calls_bits_and_counts_its_calls(build):
+    """The C++ operator calls the kernel of the build loaded now (each build in turn), with the same
+    arguments as Python's ctypes call: the same bits, row blocks and threads included."""
+    if cpu_bf16.native_unavailable_reason():
+        pytest.skip(f"the C++ operator does not build here: {cpu_bf16.native_unavailable_reason()}")
+    for rows, n, k, bias in ((1, 67, 37, True), (6, 130, 64, False), (17, 48, 32, True), (40, 92, 96, True)):
+        x, w, b = _case(rows, n, k, bias, seed=rows)
+        x3 = x.reshape(1, rows, k)
+        calls = cpu_bf16.native_calls()
+        try:
+            assert cpu_bf16.use_native(False) is False
+            slow = [cpu_bf16.bf16_linear(x, w, b), cpu_bf16.bf16_linear(x3, w, b), cpu_bf16.bf16_linear(x, w, b, row_block=2)]
+            assert cpu_bf16.native_calls() == calls  # (none through the operator)
+            assert cpu_bf16.use_native(True) is True
+            fast = [cpu_bf16.bf16_linear(x, w, b), cpu_bf16.bf16_linear(x3, w, b), cpu_bf16.bf16_linear(x, w, b, row_block=2)]
+        finally:
+            cpu_bf16.use_native(True)
+        assert cpu_bf16.native_calls() - calls == 3
+        for got, want in zip(fast, slow):
+            assert got.shape == want.shape and torch.equal(got, want)
+    # the operator itself, as compiled code calls it
+    x, w, b = _case(5, 40, 24, True)
+    assert torch.equal(cpu_bf16.native_op()(x, w, b), cpu_bf16.bf16_linear(x, w, b))
+    with pytest.raises(ValueError, match="row_block must be 1-6"):
+        cpu_bf16.native_op()(x, w, b, 7)
 
 
 def test_the_operator_under_torch_compile_gives_the_kernels_bits():
@@ -162,7 +200,10 @@ def test_the_operator_under_torch_compile_gives_the_kernels_bits():
     # the device's linear calls it under torch.compile for the rows the kernel takes
     linear = torch.compile(lambda a: cpu.bf16_linear(a, w, b, kernel_rows=4, from_rows=4), backend="aot_eager",
                            fullgraph=True)
+    calls = cpu_bf16.native_calls()
     assert torch.equal(linear(x), cpu_bf16.bf16_linear(x, w, b))
+    # (the C++ operator, where it builds: once in the compiled code, once above)
+    assert cpu_bf16.native_calls() - calls == (2 if cpu_bf16.native_unavailable_reason() is None else 0)
     assert torch.equal(cpu.bf16_linear(x, w, b, kernel_rows=2, from_rows=sys.maxsize), F.linear(x, w, b))
 
 
@@ -190,13 +231,14 @@ def test_the_build_is_cached_by_source_and_compiler(fresh_build):
     assert not stale.exists() and recent.exists() and other.exists()
     recent.unlink()
     other.unlink()
-    built = list((fresh_build / "kernels").iterdir())
+    # (the C++ operator's library too, where this is the process's first build of it: its own key)
+    built = list((fresh_build / "kernels").glob("cpu_bf16_linear*"))
     assert len(built) == 1 and built[0].suffix == ".so"  # no temporary file left beside it
     file = built[0].stat()
     os.utime(built[0], (file.st_atime - 3600, file.st_mtime - 3600))
     lib, why = cpu_bf16._build()  # another process: loads the cached library, builds nothing
     assert why is None and lib is not None
-    assert list((fresh_build / "kernels").iterdir()) == built
+    assert list((fresh_build / "kernels").glob("cpu_bf16_linear*")) == built
     assert built[0].stat().st_ino == file.st_ino  # the same file (a build would have replaced it)
     assert built[0].stat().st_mtime > file.st_mtime - 60  # marked as in use by the load
 
@@ -222,3 +264,26 @@ def test_without_a_working_compiler_the_device_says_why_and_keeps_torchs_matmul(
     assert torch.equal(op(x[:0], w), F.linear(x[:0], w))  # no rows: not the kernel either
     assert cpu.CPUDevice(cpu.CPUOptions(bf16_float32_rows=0), None).linear_op(torch.bfloat16) is None
     assert device.draft_dtype(torch.bfloat16) == torch.float32  # a float32 draft, as without the kernel
+
+
+def test_without_a_cpp_compiler_the_kernel_is_called_through_python(monkeypatch, caplog):
+    """Where the C++ operator cannot be built (no C++ compiler, a torch without its headers), the
+    kernel's calls go through Python and the log says why."""
+    monkeypatch.setenv("CXX", "/nonexistent/c++")
+    target, why = cpu_bf16._cached_build(cpu_bf16.NATIVE_SOURCE, "CXX", "c++", [], [])
+    assert target is None and why == "no C++ compiler: '/nonexistent/c++' is not on PATH (set CXX to one)"
+    monkeypatch.setattr(cpu_bf16, "_native_library", lambda: (None, why))
+    cpu_bf16._library.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING, logger="deepinfer"):
+            assert cpu_bf16.unavailable_reason() is None  # the kernel itself
+        assert why in caplog.text and "calls go through Python" in caplog.text
+        assert cpu_bf16.native_unavailable_reason() == why and cpu_bf16.native_op() is None
+        assert cpu_bf16.compiled_op() is torch.ops.deepinfer.cpu_bf16_linear and not cpu_bf16.use_native()
+        x, w, b = _case(3, 40, 24, True)
+        exact = x.double() @ w.double().t() + b.double()
+        bound = exact.abs() * 2 ** -8 + 24 * 2 ** -24 * (x.double().abs() @ w.double().abs().t() + 1)
+        assert ((cpu_bf16.bf16_linear(x, w, b).double() - exact).abs() <= bound).all()
+    finally:
+        monkeypatch.undo()
+        cpu_bf16._library.cache_clear()
