@@ -224,7 +224,9 @@ def _native_library() -> tuple[ctypes.CDLL | None, str | None]:
     if not (include / "torch" / "library.h").exists():
         return None, f"this torch has no C++ headers ({include / 'torch' / 'library.h'} is missing)"
     abi = int(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True))
-    flags = ["-O2", "-std=c++17", "-shared", "-fPIC", "-w", f"-D_GLIBCXX_USE_CXX11_ABI={abi}", f"-I{include}"]
+    # (C++20, which torch's headers are written for; built as C++17 on torch 2.11's GPU host, an
+    # error message with a number crashed the process, session 51)
+    flags = ["-O2", "-std=c++20", "-shared", "-fPIC", "-w", f"-D_GLIBCXX_USE_CXX11_ABI={abi}", f"-I{include}"]
     link = [f"-L{libs}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{libs}"]
     target, why = _cached_build(NATIVE_SOURCE, "CXX", "c++", flags, link, key_extra=f"{torch.__version__} {root}")
     if target is None:

@@ -16,7 +16,6 @@
 
 #include <atomic>
 #include <cstdint>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -31,11 +30,9 @@ std::atomic<long> calls{0};
 
 // a shape as Python prints a tuple: (2, 16), (8,)
 std::string shape(const at::Tensor &t) {
-  std::ostringstream s;
-  s << "(";
-  for (int64_t i = 0; i < t.dim(); ++i) s << (i ? ", " : "") << t.size(i);
-  s << (t.dim() == 1 ? ",)" : ")");
-  return s.str();
+  std::string s = "(";
+  for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
+  return s + (t.dim() == 1 ? ",)" : ")");
 }
 
 std::string dtype_on_device(const at::Tensor &t) {
@@ -54,15 +51,20 @@ at::Tensor bf16_linear(const at::Tensor &x, const at::Tensor &weight, const std:
     if (has_bias) got += ", " + dtype_on_device(*bias_in);
     TORCH_CHECK_VALUE(false, "bf16_linear takes bfloat16 CPU tensors, got ", got);
   }
+  // (messages are whole strings: on torch 2.11's GPU host a build with -std=c++17 crashed where
+  // c10's message macros formatted a number, and formatted strings did not)
   TORCH_CHECK_VALUE(x.dim() >= 1, "bf16_linear: x must have at least one dimension, got a scalar");
-  const int64_t k = x.size(-1), n = weight.size(0);
+  const int64_t k = x.size(-1), n = weight.dim() ? weight.size(0) : 0;
   if (weight.dim() != 2 || weight.size(1) != k || (has_bias && (bias_in->dim() != 1 || bias_in->size(0) != n))) {
-    TORCH_CHECK_VALUE(false, "bf16_linear: x ", shape(x), ", weight ", shape(weight), " and bias ",
-                      has_bias ? shape(*bias_in) : std::string("None"), " do not match: weight must be [N, ", k,
-                      "] and bias [N]");
+    const std::string message = "bf16_linear: x " + shape(x) + ", weight " + shape(weight) + " and bias " +
+                                (has_bias ? shape(*bias_in) : std::string("None")) +
+                                " do not match: weight must be [N, " + std::to_string(k) + "] and bias [N]";
+    TORCH_CHECK_VALUE(false, message);
   }
-  TORCH_CHECK_VALUE(row_block >= 0 && row_block <= 6, "bf16_linear: row_block must be 1-6 (0: the default), got ",
-                    row_block);
+  if (row_block < 0 || row_block > 6) {
+    const std::string message = "bf16_linear: row_block must be 1-6 (0: the default), got " + std::to_string(row_block);
+    TORCH_CHECK_VALUE(false, message);
+  }
   if (k == 0) return at::linear(x, weight, bias_in);  // nothing to multiply: the bias, or zeros
   const at::Tensor flat = x.reshape({-1, k}).contiguous();
   const at::Tensor w = weight.contiguous();
@@ -74,11 +76,12 @@ at::Tensor bf16_linear(const at::Tensor &x, const at::Tensor &weight, const std:
   const int64_t rows = flat.size(0);
   if (rows && n) {
     const int block = row_block ? static_cast<int>(row_block) : default_block.load();
-    TORCH_CHECK_WITH(OutOfMemoryError,
-                     fn(flat.const_data_ptr(), rows, k, w.const_data_ptr(), n,
-                        has_bias ? bias.const_data_ptr() : nullptr, out.mutable_data_ptr(), at::get_num_threads(),
-                        block) == 0,
-                     "bf16_linear: no memory for a copy of x (", rows, " x ", k, ": float32, or AMX's layout)");
+    if (fn(flat.const_data_ptr(), rows, k, w.const_data_ptr(), n, has_bias ? bias.const_data_ptr() : nullptr,
+           out.mutable_data_ptr(), at::get_num_threads(), block) != 0) {
+      const std::string message = "bf16_linear: no memory for a copy of x (" + std::to_string(rows) + " x " +
+                                  std::to_string(k) + ": float32, or AMX's layout)";
+      TORCH_CHECK_WITH(OutOfMemoryError, false, message);
+    }
   }
   calls.fetch_add(1, std::memory_order_relaxed);
   return out;
