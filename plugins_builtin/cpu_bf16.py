@@ -181,7 +181,7 @@ def _library() -> tuple[ctypes.CDLL | None, str | None, str | None]:
         native, native_why = _native_library()
         if native is None:
             log.warning("cpu: the bfloat16 kernel's C++ operator could not be built (%s); its calls go through "
-                        "Python, which costs about 5-10 us more a call", native_why)
+                        "Python and ctypes (about 3 us more a call eagerly, 8 from compiled code here)", native_why)
         else:
             native.deepinfer_native_point_at(ctypes.cast(lib.deepinfer_bf16_linear, ctypes.c_void_p),
                                              _row_block_for(kind))
@@ -212,6 +212,8 @@ def _kernel_library() -> tuple[ctypes.CDLL | None, str | None, str | None]:
 _native_op = None
 #: whether calls take it (``use_native``)
 _native_on = True
+#: the operator's library by path, once loaded (a process loads one build of it)
+_NATIVE_LOADED: dict[str, ctypes.CDLL] = {}
 
 
 @functools.cache
@@ -224,18 +226,21 @@ def _native_library() -> tuple[ctypes.CDLL | None, str | None]:
     if not (include / "torch" / "library.h").exists():
         return None, f"this torch has no C++ headers ({include / 'torch' / 'library.h'} is missing)"
     abi = int(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True))
-    # (C++20, which torch's headers are written for; built as C++17 on torch 2.11's GPU host, an
-    # error message with a number crashed the process, session 51)
-    flags = ["-O2", "-std=c++20", "-shared", "-fPIC", "-w", f"-D_GLIBCXX_USE_CXX11_ABI={abi}", f"-I{include}"]
+    flags = ["-O2", f"-std={cxx_standard()}", "-shared", "-fPIC", "-w", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+             f"-I{include}"]
     link = [f"-L{libs}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{libs}"]
     target, why = _cached_build(NATIVE_SOURCE, "CXX", "c++", flags, link, key_extra=f"{torch.__version__} {root}")
     if target is None:
         return None, why
-    try:
-        torch.ops.load_library(str(target))
-        lib = ctypes.CDLL(str(target))
-    except (OSError, RuntimeError) as e:
-        return None, f"cannot load {target}: {e}"
+    lib = _NATIVE_LOADED.get(str(target))
+    if lib is None:
+        if hasattr(torch.ops.deepinfer_native, "bf16_linear"):  # (registering it again would end the process)
+            return None, "another build of the operator is loaded in this process already"
+        try:
+            torch.ops.load_library(str(target))
+            lib = _NATIVE_LOADED[str(target)] = ctypes.CDLL(str(target))
+        except (OSError, RuntimeError) as e:
+            return None, f"cannot load {target}: {e}"
     lib.deepinfer_native_point_at.argtypes = [ctypes.c_void_p, ctypes.c_int]
     lib.deepinfer_native_point_at.restype = None
     lib.deepinfer_native_calls.restype = ctypes.c_long
@@ -245,6 +250,14 @@ def _native_library() -> tuple[ctypes.CDLL | None, str | None]:
                   "Meta")
         _LIBRARIES.append(meta)
     return lib, None
+
+
+def cxx_standard() -> str:
+    """The C++ standard torch's headers are built with: C++20 from torch 2.11 on (built as C++17
+    against 2.11 on the GPU host, the operator crashed the process where an error message held a
+    number, session 51), C++17 before."""
+    major, minor = (int(part) for part in torch.__version__.split(".")[:2])
+    return "c++20" if (major, minor) >= (2, 11) else "c++17"
 
 
 def native_op():
@@ -331,13 +344,17 @@ def bf16_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
                 row_block: int | None = None) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` for bfloat16 CPU tensors through the kernel: each output in
     float32 over K, rounded to bfloat16 once. ``row_block`` (1-6): the rows of x that share one read
-    of the weights; default ``default_row_block()``, this CPU's. Raises if the kernel is unavailable
-    (``unavailable_reason``) or the arguments are not bfloat16 CPU tensors of matching shapes."""
+    of the weights; default ``default_row_block()``, this CPU's. Raises RuntimeError if the kernel is
+    unavailable (``unavailable_reason``), ValueError if the arguments are not bfloat16 CPU tensors of
+    matching shapes or ``row_block`` is out of range, and, without memory for the kernel's copy of
+    x, MemoryError (torch.OutOfMemoryError through the C++ operator)."""
     lib, why, _ = _library()
     if lib is None:
         raise RuntimeError(f"deepinfer's bfloat16 CPU kernel is unavailable: {why}")
     if _native_op is not None and _native_on:
         return _native_op(x, weight, bias, row_block or 0)
+    if row_block is not None and not 0 <= row_block <= 6:
+        raise ValueError(f"bf16_linear: row_block must be 1-6 (0: the default), got {row_block}")
     k, n = x.shape[-1], weight.shape[0]
     bf16 = torch.bfloat16
     if (x.dtype != bf16 or weight.dtype != bf16 or not x.is_cpu or not weight.is_cpu

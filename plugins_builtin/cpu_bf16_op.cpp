@@ -105,4 +105,6 @@ TORCH_LIBRARY(deepinfer_native, m) {
   m.def("bf16_linear(Tensor x, Tensor weight, Tensor? bias=None, int row_block=0) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(deepinfer_native, CPU, m) { m.impl("bf16_linear", &bf16_linear); }
+// (for every backend: a tensor elsewhere than on the CPU gets the checks' ValueError, not the
+// dispatcher's NotImplementedError; the Meta kernel, registered from Python, takes meta tensors)
+TORCH_LIBRARY_IMPL(deepinfer_native, CompositeExplicitAutograd, m) { m.impl("bf16_linear", &bf16_linear); }

@@ -13,6 +13,7 @@ by one on the host (``_sample_row``).
 from __future__ import annotations
 
 import inspect
+from collections import Counter
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -256,6 +257,9 @@ def _sorted_filter(order: torch.Tensor, probs: torch.Tensor, top_k: torch.Tensor
 #: how many of a row's largest logits ``_cpu_nucleus`` tries, in turn, before sorting them all
 #: (a count is skipped where it is more than a quarter of the vocabulary, or below the row's top-k)
 CANDIDATES = (64, 512, 2048)
+#: rows ``_cpu_nucleus`` has filtered in this process, by the candidates that sufficed (the
+#: vocabulary's size: sorted whole)
+nucleus_rows: Counter[int] = Counter()
 
 
 def _largest(x: torch.Tensor, count: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -288,11 +292,14 @@ def _cpu_nucleus(x: torch.Tensor, probs: torch.Tensor, top_k: torch.Tensor, top_
         order = tokens.gather(1, by_value)
         p, keep = _sorted_filter(order, probs[fits], top_k[fits], top_p[fits], min_p[fits], any_min_p, vocab)
         above = (values > values[:, -1:]).sum(-1, keepdim=True)  # the tokens surely in the sort's order
-        done = ~keep.gather(1, above)[:, 0] & ~values[:, 0].isnan()  # (NaN: sorted whole, as before)
+        # (a NaN or infinite largest logit makes the softmax NaN: such rows are sorted whole, as before)
+        done = ~keep.gather(1, above)[:, 0] & values[:, 0].isfinite()
         if done.any():
             out.index_copy_(0, fits[done], torch.zeros_like(probs[fits[done]]).scatter_(1, order[done], (p * keep)[done]))
             todo = todo[~torch.isin(todo, fits[done])]
+            nucleus_rows[count] += int(done.sum())
     if len(todo):
+        nucleus_rows[vocab] += len(todo)
         order = x[todo].sort(dim=-1, descending=True, stable=True).indices
         p, keep = _sorted_filter(order, probs[todo], top_k[todo], top_p[todo], min_p[todo], any_min_p, vocab)
         out.index_copy_(0, todo, torch.empty_like(probs[todo]).scatter_(1, order, p * keep))

@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -163,6 +164,9 @@ def test_wrong_dtypes_and_shapes_are_refused_with_what_is_valid(way):
         cpu_bf16.bf16_linear(x, w[:, :8], b)
     with pytest.raises(ValueError, match=r"bias \(4,\) do not match"):
         cpu_bf16.bf16_linear(x, w, b[:4])
+    for block in (7, -1):
+        with pytest.raises(ValueError, match=f"row_block must be 1-6 \\(0: the default\\), got {block}"):
+            cpu_bf16.bf16_linear(x, w, b, row_block=block)
 
 
 def test_the_cpp_operator_gives_the_python_calls_bits_and_counts_its_calls(build):
@@ -287,3 +291,18 @@ def test_without_a_cpp_compiler_the_kernel_is_called_through_python(monkeypatch,
     finally:
         monkeypatch.undo()
         cpu_bf16._library.cache_clear()
+
+
+def test_the_cpp_operator_is_loaded_once_a_process(monkeypatch, tmp_path):
+    """Asked again, the operator's library is the one loaded; another build of it (here: another
+    cache's) is refused with a reason rather than registered twice, which would end the process."""
+    if cpu_bf16.native_unavailable_reason():
+        pytest.skip(f"the C++ operator does not build here: {cpu_bf16.native_unavailable_reason()}")
+    loaded = cpu_bf16._native_library()[0]
+    path = next(Path(p) for p, lib in cpu_bf16._NATIVE_LOADED.items() if lib is loaded)
+    monkeypatch.setenv("DEEPINFER_CACHE_DIR", str(path.parent.parent))  # (the cache it was loaded from)
+    assert cpu_bf16._native_library.__wrapped__() == (loaded, None)
+    monkeypatch.setenv("DEEPINFER_CACHE_DIR", str(tmp_path))
+    lib, why = cpu_bf16._native_library.__wrapped__()  # (built anew there)
+    assert lib is None and why == "another build of the operator is loaded in this process already"
+    assert list((tmp_path / "kernels").glob("cpu_bf16_op-*.so"))
