@@ -12,3 +12,10 @@ case "${1:-a}" in
      timeout 40 python3 -m pytest -q -p no:cacheprovider tests/core/test_sampler.py -rs > "$OUT/sampler_tests.txt" 2>&1
      timeout 60 python3 -m pytest -q -p no:cacheprovider tests/plugins/test_cpu_bf16_kernel.py -rs > "$OUT/kernel_tests.txt" 2>&1 ;;
 esac
+# b: the CPU kernel's tests and its calls alone (cpu_native_op_ab.py --kernel-only) on the final code
+# (the C++ operator built as C++20 and registered for every backend), then the sampler's tests
+case "${1:-a}" in
+  b) timeout 100 python3 -m pytest -q -p no:cacheprovider tests/plugins/test_cpu_bf16_kernel.py -rs > "$OUT/kernel_tests.txt" 2>&1
+     timeout 40 python3 -m pytest -q -p no:cacheprovider tests/core/test_sampler.py -rs > "$OUT/sampler_tests.txt" 2>&1
+     timeout 90 python3 benchmarks/cpu_native_op_ab.py --kernel-only > "$OUT/native_op.txt" 2>&1 ;;
+esac
