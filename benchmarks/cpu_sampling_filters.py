@@ -1,5 +1,5 @@
 """Sampling with top-k and top-p on the CPU: each row's candidates among its largest logits
-(``sampler.CANDIDATES``) against a sort of the whole row (``CANDIDATES`` emptied), in one process.
+(``filters.CANDIDATES``) against a sort of the whole row (``CANDIDATES`` emptied), in one process.
 
     python benchmarks/cpu_sampling_filters.py [--requests 64] [--output-len 128] [--turns 2]
 
@@ -17,7 +17,7 @@ import time
 
 from deepinfer import LLM, SamplingParams
 from deepinfer.bench.spec import stdlib_prompts
-from deepinfer.core import sampler
+from deepinfer.core import filters
 
 FILTERS = {"temperature only": {}, "top-p 0.9": {"top_p": 0.9}, "top-p 0.95": {"top_p": 0.95},
            "top-k 50": {"top_k": 50}, "top-k 50, top-p 0.9": {"top_k": 50, "top_p": 0.9}}
@@ -32,9 +32,9 @@ def main() -> None:
     llm = LLM(progress=False, device="cpu", plugins=[])
     reqs = [{"prompt_token_ids": p} for p in stdlib_prompts(llm.get_tokenizer(), a.requests, 64)]
     llm.generate(reqs[:2], SamplingParams(max_tokens=4), use_tqdm=False)
-    stages = sampler.CANDIDATES
+    stages = filters.CANDIDATES
     captured = {}
-    real = sampler.filtered_weights
+    real = filters.filtered_weights
 
     def capture(logits, dev, sort, host=None):
         if sort and host is not None:
@@ -45,13 +45,13 @@ def main() -> None:
     for turn in range(a.turns):
         for name, kw in FILTERS.items():
             for candidates in (True, False) if turn % 2 == 0 else (False, True):
-                sampler.CANDIDATES = stages if candidates else ()
-                sampler.filtered_weights = capture if name == "top-p 0.9" and candidates else real
+                filters.CANDIDATES = stages if candidates else ()
+                filters.filtered_weights = capture if name == "top-p 0.9" and candidates else real
                 params = SamplingParams(temperature=0.8, seed=1, max_tokens=a.output_len, ignore_eos=True, **kw)
                 t = time.perf_counter()
                 llm.generate(reqs, params, use_tqdm=False)
                 rates.setdefault((name, candidates), []).append(a.requests * a.output_len / (time.perf_counter() - t))
-    sampler.filtered_weights = real
+    filters.filtered_weights = real
     print(f"{a.requests} requests x {a.output_len} tokens at temperature 0.8, tok/s by turn "
           "(candidates / whole sort)")
     for name in FILTERS:
@@ -60,15 +60,15 @@ def main() -> None:
               f"  ({statistics.median(on) / statistics.median(off):.2f}x)")
     logits, dev, sort, host = captured["args"]
     for candidates in (True, False):
-        sampler.CANDIDATES = stages if candidates else ()
+        filters.CANDIDATES = stages if candidates else ()
         times = []
         for _ in range(22):
             t = time.perf_counter()
-            sampler.filtered_weights(logits, dev, sort, host)
+            filters.filtered_weights(logits, dev, sort, host)
             times.append(time.perf_counter() - t)
         print(f"filtered_weights, {logits.shape[0]} rows of {logits.shape[1]} (top-p 0.9), "
               f"{'candidates' if candidates else 'whole sort'}: {1e3 * statistics.median(times[2:]):.2f} ms")
-    sampler.CANDIDATES = stages
+    filters.CANDIDATES = stages
 
 
 if __name__ == "__main__":

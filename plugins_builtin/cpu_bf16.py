@@ -20,19 +20,14 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import logging
-import os
 import platform
-import shlex
-import shutil
-import subprocess
-import tempfile
-import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+from deepinfer_builtin.native_build import cached_build
 
 log = logging.getLogger("deepinfer")
 SOURCE = Path(__file__).with_name("cpu_bf16_linear.c")
@@ -73,13 +68,6 @@ def build_flags() -> list[str]:
     return FLAGS + AVX512_BF16_FLAGS + (AMX_FLAGS if amx_bf16() else [])
 
 
-def cache_dir() -> Path:
-    if os.environ.get("DEEPINFER_CACHE_DIR"):
-        return Path(os.environ["DEEPINFER_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "deepinfer"
-
-
 def _build(flags: list[str] | None = None) -> tuple[ctypes.CDLL | None, str | None]:
     """The library built with ``flags`` (default: ``build_flags()``) and loaded, or why not."""
     flags = build_flags() if flags is None else flags
@@ -87,7 +75,7 @@ def _build(flags: list[str] | None = None) -> tuple[ctypes.CDLL | None, str | No
         return None, f"the kernel is written for x86-64 (AVX2); this machine is {platform.machine()}"
     if not getattr(torch.cpu, "_is_avx2_supported", lambda: False)():
         return None, "this CPU has no AVX2"
-    target, why = _cached_build(SOURCE, "CC", "cc", flags, [])
+    target, why = cached_build(SOURCE, "CC", "cc", flags, [])
     if target is None:
         return None, why
     try:
@@ -103,71 +91,6 @@ def _build(flags: list[str] | None = None) -> tuple[ctypes.CDLL | None, str | No
         lib.deepinfer_bf16_use_amx.argtypes = [ctypes.c_int]
         lib.deepinfer_bf16_amx_calls.restype = ctypes.c_long
     return lib, None
-
-
-def _cached_build(source: Path, compiler_var: str, default_compiler: str, flags: list[str],
-                  libs: list[str], key_extra: str = "") -> tuple[Path | None, str | None]:
-    """``source`` built into the cache as ``kernels/<its stem>-<key>.so`` (``compiler flags -o .so
-    source libs``, the compiler from ``$compiler_var``, else ``default_compiler``), unless a build of
-    the same key is there; the key hashes the source, the flags, the libraries, the compiler's
-    ``--version`` output and ``key_extra``. The library's path, or why it could not be built."""
-    name = os.environ.get(compiler_var) or default_compiler
-    compiler = shlex.split(name)  # CC="ccache gcc" is one compiler
-    kind = "C++" if source.suffix == ".cpp" else "C"
-    if not compiler or shutil.which(compiler[0]) is None:
-        return None, f"no {kind} compiler: {name!r} is not on PATH (set {compiler_var} to one)"
-    try:
-        version = subprocess.run([*compiler, "--version"], capture_output=True, text=True, timeout=60,
-                                 check=False).stdout
-        text = source.read_text()
-    except (OSError, subprocess.SubprocessError) as e:
-        return None, f"cannot run the {kind} compiler {compiler[0]!r} on {source.name}: {e}"
-    key = hashlib.sha256("\0".join([text, *flags, *libs, version, key_extra]).encode()).hexdigest()[:16]
-    target = cache_dir() / "kernels" / f"{source.stem}-{key}.so"
-    if not target.exists():
-        try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
-            os.close(fd)
-        except OSError as e:
-            return None, f"cannot write the kernel cache {target.parent} (set DEEPINFER_CACHE_DIR): {e}"
-        try:
-            done = subprocess.run([*compiler, *flags, "-o", tmp, str(source), *libs], capture_output=True, text=True,
-                                  timeout=300, check=False)
-            if done.returncode != 0:
-                return None, f"{compiler[0]} could not build {source.name}: {done.stderr.strip()[-500:]}"
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(tmp, 0o755 & ~umask)  # mkstemp's 0600 would keep a shared cache's other users out
-            os.replace(tmp, target)  # atomic: another process building the same key loses nothing
-            _remove_stale_builds(target)
-        except (OSError, subprocess.SubprocessError) as e:
-            return None, f"{compiler[0]} could not build {source.name}: {e}"
-        finally:
-            if os.path.exists(tmp):
-                os.remove(tmp)
-    try:
-        os.utime(target)  # in use: not stale to another version's build (_remove_stale_builds)
-    except OSError:
-        pass  # (a cache shared read-only)
-    return target, None
-
-
-#: a build of another source, flags or compiler unused this long is deleted when one is built
-STALE_SECONDS = 7 * 24 * 3600
-
-
-def _remove_stale_builds(keep: Path) -> None:
-    """Delete the cache's libraries of other sources, flags or compilers (an earlier deepinfer's)
-    that no process has loaded for ``STALE_SECONDS`` (loading one marks it), so that the cache does
-    not grow with every change while checkouts of several versions can share it."""
-    now = time.time()
-    for old in keep.parent.glob(keep.name.rsplit("-", 1)[0] + "-*.so"):
-        try:
-            if old != keep and now - old.stat().st_mtime > STALE_SECONDS:
-                old.unlink()
-        except OSError:
-            pass  # (another process removed it first, or the cache is read-only to us)
 
 
 @functools.cache
@@ -229,7 +152,7 @@ def _native_library() -> tuple[ctypes.CDLL | None, str | None]:
     flags = ["-O2", f"-std={cxx_standard()}", "-shared", "-fPIC", "-w", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
              f"-I{include}"]
     link = [f"-L{libs}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{libs}"]
-    target, why = _cached_build(NATIVE_SOURCE, "CXX", "c++", flags, link, key_extra=f"{torch.__version__} {root}")
+    target, why = cached_build(NATIVE_SOURCE, "CXX", "c++", flags, link, key_extra=f"{torch.__version__} {root}")
     if target is None:
         return None, why
     lib = _NATIVE_LOADED.get(str(target))

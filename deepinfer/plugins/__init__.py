@@ -5,6 +5,7 @@ it takes options, and is registered as an entry point in its slot's group (see `
 """
 from deepinfer.core.block_pool import Block, BlockPool, NoFreeBlocksError
 from deepinfer.core.context import EngineContext
+from deepinfer.core.filters import GREEDY, distributions, needs_sort, sampling_rows
 from deepinfer.core.graphs import DecodeGraphs
 from deepinfer.core.host_copy import HostCopy
 from deepinfer.core.interfaces import (
@@ -26,16 +27,7 @@ from deepinfer.core.interfaces import (
 from deepinfer.core.kv_manager import KVCacheManager, SlidingKV
 from deepinfer.core.metrics import Metrics
 from deepinfer.core.request import PLACEHOLDER_TOKEN, Request, RequestStatus
-from deepinfer.core.sampler import (
-    GREEDY,
-    distributions,
-    draw,
-    draw_rows,
-    filter_logits,
-    needs_sort,
-    sample_rows,
-    sampling_rows,
-)
+from deepinfer.core.sampler import draw, draw_rows, filter_logits, sample_rows
 from deepinfer.core.sampling_params import SamplingParams
 from deepinfer.core.spec import accept_greedy
 from deepinfer.core.step import KVGroupBatch, StepBatch

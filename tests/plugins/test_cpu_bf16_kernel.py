@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from deepinfer_builtin import cpu, cpu_bf16
+from deepinfer_builtin import cpu, cpu_bf16, native_build
 
 pytestmark = pytest.mark.skipif(not getattr(torch.cpu, "_is_avx2_supported", lambda: False)(),
                                 reason="the kernel needs an x86-64 CPU with AVX2")
@@ -228,7 +228,7 @@ def test_the_build_is_cached_by_source_and_compiler(fresh_build):
                             kernels / "cpu_bf16_linear-fedcba9876543210.so", kernels / "notes.txt")
     for path in (stale, recent, other):
         path.write_bytes(b"")
-    week_ago = time.time() - cpu_bf16.STALE_SECONDS - 60
+    week_ago = time.time() - native_build.STALE_SECONDS - 60
     os.utime(stale, (week_ago, week_ago))
     assert cpu_bf16.unavailable_reason() is None
     # a new build deletes builds unused for a week only (another version may be using the recent one)
@@ -274,7 +274,7 @@ def test_without_a_cpp_compiler_the_kernel_is_called_through_python(monkeypatch,
     """Where the C++ operator cannot be built (no C++ compiler, a torch without its headers), the
     kernel's calls go through Python and the log says why."""
     monkeypatch.setenv("CXX", "/nonexistent/c++")
-    target, why = cpu_bf16._cached_build(cpu_bf16.NATIVE_SOURCE, "CXX", "c++", [], [])
+    target, why = native_build.cached_build(cpu_bf16.NATIVE_SOURCE, "CXX", "c++", [], [])
     assert target is None and why == "no C++ compiler: '/nonexistent/c++' is not on PATH (set CXX to one)"
     monkeypatch.setattr(cpu_bf16, "_native_library", lambda: (None, why))
     cpu_bf16._library.cache_clear()
