@@ -60,5 +60,5 @@ deepinfer_builtin.draft_runner.DraftRunner._sample = staticmethod(draft_per_row)
 deepinfer.core.spec.verify_batch = verify_per_request  # (the runner imports it at each verification)
 if before == 43:
     deepinfer.core.sampler.draw = race
-    deepinfer.core.sampler.batchable = lambda req: False  # (the sampler looks the name up at each step)
+    deepinfer.core.sampler.batch_device = lambda logits: False  # (looked up at each step: rows one by one)
 sys.exit(main(sys.argv[sys.argv.index("--") + 1:]))

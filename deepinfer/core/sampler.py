@@ -3,16 +3,18 @@
 Every row is processed on its own (no reduction across rows), and a request with a seed draws
 from its own generator, so its tokens do not depend on what it is batched with.
 
-Rows without penalties or a held-back EOS are sampled together on the logits' device, the CPU or
-a CUDA GPU (``sample_batch``): the host draws one uniform number a sampled row from the request's generator
-and sends them with the rows' temperatures and filters in one copy; temperature, top-k, top-p,
-min-p and the inverse-CDF draw then run as a few batched ops, and the tokens stay on the device
-(so a step of sampled requests keeps overlap scheduling, as a greedy one does). Other rows run one
-by one on the host (``_sample_row``).
+On the CPU and CUDA GPUs every row is sampled with the others on the logits' device
+(``sample_batch``): a request's penalties and held-back EOS first change its row of a copy of the
+logits (``adjusted``), then the host draws one uniform number a sampled row from the request's
+generator and sends them with the rows' temperatures and filters in one copy; temperature, top-k,
+top-p, min-p and the inverse-CDF draw run as a few batched ops, and the tokens stay on the device
+(so a step of sampled requests keeps overlap scheduling, as a greedy one does). On other devices
+(an NPU) rows run one by one on the host (``_sample_row``).
 """
 from __future__ import annotations
 
 import inspect
+from collections import Counter
 from collections.abc import Callable, Sequence
 
 import torch
@@ -29,18 +31,68 @@ from deepinfer.core.request import Request
 
 
 def apply_penalties(logits: torch.Tensor, req: Request) -> torch.Tensor:
-    p = req.params
-    if p.repetition_penalty != 1.0:
-        seen = torch.tensor(sorted(set(req.all_token_ids)), dtype=torch.long, device=logits.device)
-        vals = logits[seen]
-        logits[seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
-    if p.presence_penalty or p.frequency_penalty:
-        out = req.output_token_ids
-        if out:
-            ids = torch.tensor(out, dtype=torch.long, device=logits.device)
-            counts = torch.zeros_like(logits).index_add_(0, ids, torch.ones_like(ids, dtype=logits.dtype))
-            logits -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(logits.dtype)
+    """One row of logits [V] with the request's penalties applied, in place: a repetition penalty
+    divides the positive logits of the tokens in its prompt and output (multiplies the negative
+    ones); presence and frequency penalties subtract ``presence + frequency * count`` from the
+    logit of each token its output holds (``count`` times)."""
+    _adjust(logits[None], [(0, req)], stops=False)
     return logits
+
+
+def adjust_row(row: torch.Tensor, req: Request) -> torch.Tensor:
+    """One row of logits [V] with the request's penalties applied and, while its EOS is held
+    back (``min_tokens``), its stop tokens masked with -inf: in place."""
+    _adjust(row[None], [(0, req)])
+    return row
+
+
+def adjusted(logits: torch.Tensor, requests: Sequence[Request]) -> torch.Tensor:
+    """The logits [B, V] with each row adjusted for its request (as ``adjust_row``): a copy where
+    some request has penalties or its EOS held back, else these logits themselves. Every row's
+    changes go in at once, by kind (a few copies to the device a step, not a few a row)."""
+    rows = [(i, r) for i, r in enumerate(requests) if not batchable(r)]
+    if not rows:
+        return logits
+    logits = logits.clone()
+    _adjust(logits, rows)
+    return logits
+
+
+def _adjust(logits: torch.Tensor, rows: Sequence[tuple[int, Request]], stops: bool = True) -> None:
+    """Rows ``rows`` (index, request) of ``logits`` [B, V] adjusted in place: repetition penalties,
+    then presence and frequency penalties, then (with ``stops``) the stop tokens of requests whose
+    EOS is held back masked with -inf. Each kind is one indexed update over every row's (row,
+    token) pairs, each pair listed once."""
+    rep, pen, stop = ([], [], []), ([], [], [], []), ([], [])
+    vocab = logits.shape[-1]
+    for i, req in rows:
+        p = req.params
+        if p.repetition_penalty != 1.0:
+            seen = set(req.all_token_ids)
+            rep[0].extend([i] * len(seen))
+            rep[1].extend(seen)
+            rep[2].extend([p.repetition_penalty] * len(seen))
+        if p.presence_penalty or p.frequency_penalty:
+            counts = Counter(req.output_token_ids)
+            pen[0].extend([i] * len(counts))
+            pen[1].extend(counts)
+            pen[2].extend(counts.values())
+            pen[3].extend([(p.frequency_penalty, p.presence_penalty)] * len(counts))
+        if stops and _suppress_eos(req):
+            ids = {t for t in (*req.eos_token_ids, *p.stop_token_ids) if t < vocab}
+            stop[0].extend([i] * len(ids))
+            stop[1].extend(ids)
+    dev, dt = logits.device, logits.dtype
+    if rep[0]:
+        at = tuple(torch.tensor(rep[:2], dtype=torch.long, device=dev))
+        vals, by = logits[at], torch.tensor(rep[2], dtype=dt, device=dev)
+        logits[at] = torch.where(vals > 0, vals / by, vals * by)
+    if pen[0]:
+        at = tuple(torch.tensor(pen[:3], dtype=torch.long, device=dev))
+        freq, presence = torch.tensor(pen[3], dtype=dt, device=dev).unbind(1)
+        logits[at[:2]] -= freq * at[2].to(dt) + presence
+    if stop[0]:
+        logits[tuple(torch.tensor(stop, dtype=torch.long, device=dev))] = float("-inf")
 
 
 def filter_logits(logits: torch.Tensor, top_k: int, top_p: float, min_p: float) -> torch.Tensor:
@@ -76,17 +128,10 @@ class Sampler:
         raw_logprobs = logits.log_softmax(-1) if want_logprobs else None
         if plain_greedy(requests):
             tokens = self.argmax(logits).tolist()
+        elif batch_device(logits):
+            tokens = self.sample_batch(adjusted(logits, requests), requests).tolist()
         else:
-            on_batch = batch_device(logits)
-            together = [i for i, r in enumerate(requests) if on_batch and batchable(r)]
-            tokens = [0] * len(requests)
-            if together:
-                rows = logits if len(together) == len(requests) else logits[together]
-                drawn = self.sample_batch(rows, [requests[i] for i in together]).tolist()
-                for i, t in zip(together, drawn, strict=True):
-                    tokens[i] = t
-            for i in sorted(set(range(len(requests))) - set(together)):
-                tokens[i] = self._sample_row(logits[i].clone(), requests[i])
+            tokens = [self._sample_row(logits[i].clone(), r) for i, r in enumerate(requests)]
         logprobs: list[TokenLogprobs | None] = [None] * len(requests)
         if raw_logprobs is not None:
             for i, r in enumerate(requests):
@@ -97,12 +142,13 @@ class Sampler:
     def sample_on_device(self, logits: torch.Tensor, requests: Sequence[Request],
                          out: torch.Tensor | None = None) -> torch.Tensor:
         """The same tokens as ``__call__`` (requests without logprobs), as an int64 tensor on the
-        logits' device. When every request is plain greedy, or every one can be sampled in the
-        batch (``batchable``), they never leave it, and are written into ``out`` if it is given
-        (an int64 tensor [B] on that device); otherwise they come back in a new tensor."""
+        logits' device. When every request is plain greedy, or the logits are on a device that
+        samples in the batch (``batch_device``), they never leave it, and are written into ``out``
+        if it is given (an int64 tensor [B] on that device); otherwise they come back in a new
+        tensor."""
         if not plain_greedy(requests):
-            if batch_device(logits) and all(batchable(r) for r in requests):
-                tokens = self.sample_batch(logits.float(), requests)
+            if batch_device(logits):
+                tokens = self.sample_batch(adjusted(logits.float(), requests), requests)
                 return tokens if out is None else out.copy_(tokens)
             tokens = self(logits, requests)[0]
             return torch.tensor(tokens, dtype=torch.long, device=logits.device)
@@ -123,10 +169,10 @@ class Sampler:
         return self._out_known[1]
 
     def sample_batch(self, logits: torch.Tensor, requests: Sequence[Request]) -> torch.Tensor:
-        """Every row's token [B] (int64, on the logits' device) for requests without penalties or
-        a held-back EOS: greedy rows their argmax; sampled rows a draw from softmax(logits / T)
-        after top-k, top-p (over the top-k's renormalised mass) and min-p (``distributions``), by
-        the inverse CDF in vocabulary order of one uniform number from the request's generator
+        """Every row's token [B] (int64, on the logits' device), from logits already ``adjusted``
+        for penalties and a held-back EOS: greedy rows their argmax; sampled rows a draw from
+        softmax(logits / T) after top-k, top-p (over the top-k's renormalised mass) and min-p
+        (``distributions``), by the inverse CDF in vocabulary order of one uniform number from the request's generator
         (greedy rows draw none), as ``draw``: a row's token depends on its own parameters and
         number only, not on what it is batched with."""
         vocab = logits.shape[-1]
@@ -146,11 +192,7 @@ class Sampler:
 
     def _sample_row(self, row: torch.Tensor, req: Request) -> int:
         p = req.params
-        if p.needs_penalties:
-            row = apply_penalties(row, req)
-        if _suppress_eos(req):
-            stop_ids = [t for t in (*req.eos_token_ids, *p.stop_token_ids) if t < row.shape[-1]]
-            row[stop_ids] = float("-inf")
+        row = adjust_row(row, req)
         if p.greedy:
             return int(row.argmax())
         row = filter_logits(row / p.temperature, p.effective_top_k, p.top_p, p.min_p)
@@ -220,7 +262,8 @@ def batch_device(logits: torch.Tensor) -> bool:
 
 
 def batchable(req: Request) -> bool:
-    """Whether ``Sampler.sample_batch`` samples this request's row: no penalties, no EOS held back."""
+    """Whether this request's row is sampled from the logits as they come: no penalties, no EOS
+    held back (otherwise ``adjusted`` changes a copy first)."""
     return not req.params.needs_penalties and not _suppress_eos(req)
 
 

@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import pickle
+from collections import Counter
 
 import pytest
 import torch
 
+from deepinfer.core import filters
 from deepinfer.core.filters import distributions, needs_sort, sampling_rows, send_rows
 from deepinfer.core.request import Request
 from deepinfer.core.sampler import (
@@ -132,9 +134,10 @@ def test_samples_on_the_device_go_into_a_given_tensor_whatever_the_argmax_takes(
         # sampled in the batch: there too
         both = s.sample_on_device(logits, sampled, out=buf[:2])
         assert both.data_ptr() == buf.data_ptr() and buf[1:].tolist() == [0, -5, -5] and buf[0].item() in (0, 1, 2)
+        buf[:2] = torch.tensor([1, -1])
+        other = s.sample_on_device(logits, penalised, out=buf[:2])  # a penalised row: in the batch too
+        assert other.data_ptr() == buf.data_ptr() and buf[1:].tolist() == [0, -5, -5] and buf[0].item() in (0, 1, 2)
         buf[:2] = torch.tensor([1, 0])
-        other = s.sample_on_device(logits, penalised, out=buf[:2])  # a row sampled on its own: a new tensor
-        assert other.data_ptr() != buf.data_ptr() and other[1].item() == 0 and buf.tolist() == [1, 0, -5, -5]
         # logits on a device the batched path has not been tested on (an NPU's): rows one by one, on the host
         monkeypatch.setattr(sampler_module, "batch_device", lambda logits: False)
         rows = s.sample_on_device(logits, sampled, out=buf[:2])
@@ -210,8 +213,8 @@ def test_batched_sampling_follows_each_rows_filtered_distribution(device):
 
 def test_batched_sampling_keeps_a_seeded_request_independent_of_its_batch():
     """A seeded request draws one number from its own generator a step (greedy rows draw none), so
-    its tokens are the same alone and among other rows, sampled and greedy, on CPU steps of either
-    path (``__call__`` with a penalised row beside, which samples that one on its own)."""
+    its tokens are the same alone and among other rows, sampled and greedy, with and without a
+    penalised row beside it (whose row ``__call__`` changes in a copy of the logits first)."""
     logits = torch.randn(6, 50, generator=torch.Generator().manual_seed(0))
 
     def run(batch_of: int, penalised: bool) -> list[int]:
@@ -229,6 +232,60 @@ def test_batched_sampling_keeps_a_seeded_request_independent_of_its_batch():
 
     alone = run(1, False)
     assert run(5, False) == alone and run(3, True) == alone
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_penalised_and_eos_held_rows_are_sampled_in_the_batch(device, monkeypatch):
+    """Rows with penalties or a held-back EOS are sampled with the others: each row's token is the
+    draw, by its request's first uniform number, from the one-row path's distribution of its
+    logits after its penalties (by their definitions) and with its stop tokens masked; greedy ones
+    their argmax after the same. The caller's logits are left as they were, the tokens stay on the
+    device (in ``out`` when given), and on the CPU the rows with top-k or top-p go through the
+    batched filters (``filters.nucleus_rows`` counts them)."""
+    vocab = 64
+    logits = torch.randn(7, vocab, generator=torch.Generator().manual_seed(5)) * 2
+    kinds = [  # sampling parameters, output tokens so far
+        ({"temperature": 0.8, "top_p": 0.9, "repetition_penalty": 1.3}, [3, 7, 7]),
+        ({"temperature": 1.1, "top_k": 6, "presence_penalty": 0.5, "frequency_penalty": 0.4}, [7, 9, 9, 9]),
+        ({"temperature": 1.0, "min_tokens": 4, "stop_token_ids": [11]}, [5]),  # EOS (2) and 11 held back
+        ({"temperature": 0, "repetition_penalty": 2.0}, [int(logits[3].argmax())]),  # its argmax penalised
+        ({"temperature": 0.7, "top_p": 0.8}, [1]),  # neither: beside the others
+        ({"temperature": 0.9, "top_k": 5, "min_p": 0.1, "repetition_penalty": 0.8}, [4, 6]),
+        ({"temperature": 1.0, "presence_penalty": -1.5}, [8]),
+    ]
+    requests = []
+    for i, (kw, out) in enumerate(kinds):
+        req = Request(f"r{i}", [1, 2], SamplingParams(seed=40 + i, **kw), eos_token_ids=frozenset({2}))
+        req.all_token_ids += out
+        requests.append(req)
+    want = []
+    for i, (_, out) in enumerate(kinds):
+        p = requests[i].params
+        row = logits[i].clone()
+        seen = sorted({1, 2, *out})
+        row[seen] = torch.where(row[seen] > 0, row[seen] / p.repetition_penalty, row[seen] * p.repetition_penalty)
+        counts = torch.bincount(torch.tensor(out), minlength=vocab).float()
+        row -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).float()
+        if requests[i].num_output_tokens < p.min_tokens:
+            row[[2, *p.stop_token_ids]] = float("-inf")
+        if p.greedy:
+            want.append(int(row.argmax()))
+            continue
+        dist = _reference(row, (p.temperature, p.effective_top_k, p.top_p, p.min_p)).double()
+        u = float(torch.rand(1, generator=torch.Generator().manual_seed(p.seed), dtype=torch.float64))
+        want.append(int((dist.cumsum(0) <= u * dist.sum()).sum()))
+    assert want[3] != int(logits[3].argmax())  # (the penalty changed the greedy row's token)
+    monkeypatch.setattr(filters, "nucleus_rows", Counter())
+    dev_logits = logits.to(device)
+    assert Sampler()(dev_logits, requests)[0] == want
+    for i, req in enumerate(requests):  # the same draws again, from fresh generators
+        req.generator = torch.Generator().manual_seed(40 + i)
+    buf = torch.zeros(len(requests), dtype=torch.long, device=device)
+    assert Sampler().sample_on_device(dev_logits, requests, out=buf) is buf
+    assert buf.cpu().tolist() == want
+    assert torch.equal(dev_logits.cpu(), logits)
+    if device == "cpu":  # rows 0, 1, 4 and 5 filter, in both calls
+        assert sum(filters.nucleus_rows.values()) == 8
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
