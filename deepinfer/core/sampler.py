@@ -8,7 +8,8 @@ On the CPU and CUDA GPUs every row is sampled with the others on the logits' dev
 logits (``adjusted``), then the host draws one uniform number a sampled row from the request's
 generator and sends them with the rows' temperatures and filters in one copy; temperature, top-k,
 top-p, min-p and the inverse-CDF draw run as a few batched ops, and the tokens stay on the device
-(so a step of sampled requests keeps overlap scheduling, as a greedy one does). On other devices
+(so a step of sampled requests without penalties keeps overlap scheduling, as a greedy one does;
+penalties read the tokens of the step before from the host). On other devices
 (an NPU) rows run one by one on the host (``_sample_row``).
 """
 from __future__ import annotations
@@ -17,6 +18,7 @@ import inspect
 from collections import Counter
 from collections.abc import Callable, Sequence
 
+import numpy as np
 import torch
 
 from deepinfer.core.filters import (
@@ -46,14 +48,15 @@ def adjust_row(row: torch.Tensor, req: Request) -> torch.Tensor:
     return row
 
 
-def adjusted(logits: torch.Tensor, requests: Sequence[Request]) -> torch.Tensor:
-    """The logits [B, V] with each row adjusted for its request (as ``adjust_row``): a copy where
-    some request has penalties or its EOS held back, else these logits themselves. Every row's
-    changes go in at once, by kind (a few copies to the device a step, not a few a row)."""
+def adjusted(logits: torch.Tensor, requests: Sequence[Request], own: bool = False) -> torch.Tensor:
+    """The logits [B, V] with each row adjusted for its request (as ``adjust_row``) where some
+    request has penalties or its EOS held back: in a copy, or in place where the logits are
+    ``own`` (a copy the caller made); otherwise these logits themselves. Every row's changes go
+    in at once, by kind, from one copy to the device that waits for no work queued there."""
     rows = [(i, r) for i, r in enumerate(requests) if not batchable(r)]
     if not rows:
         return logits
-    logits = logits.clone()
+    logits = logits if own else logits.clone()
     _adjust(logits, rows)
     return logits
 
@@ -62,37 +65,48 @@ def _adjust(logits: torch.Tensor, rows: Sequence[tuple[int, Request]], stops: bo
     """Rows ``rows`` (index, request) of ``logits`` [B, V] adjusted in place: repetition penalties,
     then presence and frequency penalties, then (with ``stops``) the stop tokens of requests whose
     EOS is held back masked with -inf. Each kind is one indexed update over every row's (row,
-    token) pairs, each pair listed once."""
-    rep, pen, stop = ([], [], []), ([], [], [], []), ([], [])
+    token) pairs, each pair listed once, its factors and terms in float32 (as a float32 row's
+    arithmetic with the penalties as numbers); negative ids (placeholders for tokens a step in
+    flight has yet to give) are no tokens and are left out. The pairs and factors of every kind
+    travel in one float64 array (``filters.send_rows``: pinned, not waiting, on a CUDA device)."""
+    rep: tuple[list, ...] = ([], [], [])          # row, token, penalty
+    pen: tuple[list, ...] = ([], [], [], [], [])  # row, token, count, frequency, presence
+    stop: tuple[list, ...] = ([], [])             # row, token
     vocab = logits.shape[-1]
     for i, req in rows:
         p = req.params
         if p.repetition_penalty != 1.0:
-            seen = set(req.all_token_ids)
+            seen = [t for t in set(req.all_token_ids) if t >= 0]
             rep[0].extend([i] * len(seen))
             rep[1].extend(seen)
             rep[2].extend([p.repetition_penalty] * len(seen))
         if p.presence_penalty or p.frequency_penalty:
-            counts = Counter(req.output_token_ids)
+            counts = Counter(t for t in req.output_token_ids if t >= 0)
             pen[0].extend([i] * len(counts))
             pen[1].extend(counts)
             pen[2].extend(counts.values())
-            pen[3].extend([(p.frequency_penalty, p.presence_penalty)] * len(counts))
+            pen[3].extend([p.frequency_penalty] * len(counts))
+            pen[4].extend([p.presence_penalty] * len(counts))
         if stops and _suppress_eos(req):
-            ids = {t for t in (*req.eos_token_ids, *p.stop_token_ids) if t < vocab}
+            ids = {t for t in (*req.eos_token_ids, *p.stop_token_ids) if 0 <= t < vocab}
             stop[0].extend([i] * len(ids))
             stop[1].extend(ids)
-    dev, dt = logits.device, logits.dtype
+    if not (rep[0] or pen[0] or stop[0]):
+        return
+    flat = send_rows(np.concatenate([np.asarray(part, dtype=np.float64) for part in (*rep, *pen, *stop)]),
+                     logits.device)
+    rep_r, rep_t, rep_v, pen_r, pen_t, pen_c, pen_f, pen_p, stop_r, stop_t = flat.split(
+        [len(part) for part in (*rep, *pen, *stop)])
     if rep[0]:
-        at = tuple(torch.tensor(rep[:2], dtype=torch.long, device=dev))
-        vals, by = logits[at], torch.tensor(rep[2], dtype=dt, device=dev)
-        logits[at] = torch.where(vals > 0, vals / by, vals * by)
+        where = (rep_r.long(), rep_t.long())
+        vals, by = logits[where], rep_v.float()
+        logits[where] = torch.where(vals > 0, vals / by, vals * by).to(logits.dtype)
     if pen[0]:
-        at = tuple(torch.tensor(pen[:3], dtype=torch.long, device=dev))
-        freq, presence = torch.tensor(pen[3], dtype=dt, device=dev).unbind(1)
-        logits[at[:2]] -= freq * at[2].to(dt) + presence
+        where = (pen_r.long(), pen_t.long())
+        logits[where] = (logits[where] - (pen_f.float() * pen_c.float() + pen_p.float())).to(logits.dtype)
     if stop[0]:
-        logits[tuple(torch.tensor(stop, dtype=torch.long, device=dev))] = float("-inf")
+        # (a value on the device: a Python number would be copied there by a copy that waits)
+        logits.index_put_((stop_r.long(), stop_t.long()), logits.new_full((), float("-inf")))
 
 
 def filter_logits(logits: torch.Tensor, top_k: int, top_p: float, min_p: float) -> torch.Tensor:
@@ -123,13 +137,14 @@ class Sampler:
         self._out_known: tuple[Callable[..., torch.Tensor], bool] | None = None  # (argmax, takes out=)
 
     def __call__(self, logits: torch.Tensor, requests: Sequence[Request]) -> tuple[list[int], list[TokenLogprobs | None]]:
+        own = logits.dtype != torch.float32  # (.float() copies: adjusted may change that copy)
         logits = logits.float()
         want_logprobs = any(r.params.logprobs is not None for r in requests)
         raw_logprobs = logits.log_softmax(-1) if want_logprobs else None
         if plain_greedy(requests):
             tokens = self.argmax(logits).tolist()
         elif batch_device(logits):
-            tokens = self.sample_batch(adjusted(logits, requests), requests).tolist()
+            tokens = self.sample_batch(adjusted(logits, requests, own), requests).tolist()
         else:
             tokens = [self._sample_row(logits[i].clone(), r) for i, r in enumerate(requests)]
         logprobs: list[TokenLogprobs | None] = [None] * len(requests)
@@ -148,7 +163,8 @@ class Sampler:
         tensor."""
         if not plain_greedy(requests):
             if batch_device(logits):
-                tokens = self.sample_batch(adjusted(logits.float(), requests), requests)
+                own = logits.dtype != torch.float32
+                tokens = self.sample_batch(adjusted(logits.float(), requests, own), requests)
                 return tokens if out is None else out.copy_(tokens)
             tokens = self(logits, requests)[0]
             return torch.tensor(tokens, dtype=torch.long, device=logits.device)

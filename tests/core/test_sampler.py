@@ -44,7 +44,7 @@ def test_min_p_drops_tokens_below_fraction_of_the_best():
 def test_penalties_follow_their_definitions():
     params = SamplingParams(repetition_penalty=2.0, presence_penalty=0.5, frequency_penalty=0.25)
     req = Request("r", [1], params)
-    req.all_token_ids += [2, 2, 3]
+    req.all_token_ids += [2, 2, 3, -1]  # (-1: a placeholder, no token: the last logit stays)
     logits = torch.tensor([1.0, 2.0, -2.0, 4.0, 1.0])
     out = apply_penalties(logits.clone(), req)
     expected = torch.tensor([1.0, 1.0, -4.0 - 0.5 - 0.5, 2.0 - 0.5 - 0.25, 1.0])
@@ -240,9 +240,10 @@ def test_penalised_and_eos_held_rows_are_sampled_in_the_batch(device, monkeypatc
     draw, by its request's first uniform number, from the one-row path's distribution of its
     logits after its penalties (by their definitions) and with its stop tokens masked; greedy ones
     their argmax after the same. The caller's logits are left as they were, the tokens stay on the
-    device (in ``out`` when given), and on the CPU the rows with top-k or top-p go through the
-    batched filters (``filters.nucleus_rows`` counts them)."""
-    vocab = 64
+    device (in ``out`` when given) and, on a GPU, nothing waits for the device (so such steps can
+    overlap the next one's planning); on the CPU the rows with top-k or top-p go through the
+    batched filters (``filters.nucleus_rows`` counts them), top-k's among 64 candidates."""
+    vocab = 512
     logits = torch.randn(7, vocab, generator=torch.Generator().manual_seed(5)) * 2
     kinds = [  # sampling parameters, output tokens so far
         ({"temperature": 0.8, "top_p": 0.9, "repetition_penalty": 1.3}, [3, 7, 7]),
@@ -281,11 +282,19 @@ def test_penalised_and_eos_held_rows_are_sampled_in_the_batch(device, monkeypatc
     for i, req in enumerate(requests):  # the same draws again, from fresh generators
         req.generator = torch.Generator().manual_seed(40 + i)
     buf = torch.zeros(len(requests), dtype=torch.long, device=device)
-    assert Sampler().sample_on_device(dev_logits, requests, out=buf) is buf
+    sampler = Sampler()
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")  # (a copy or read that waits for the GPU raises)
+    try:
+        assert sampler.sample_on_device(dev_logits, requests, out=buf) is buf
+    finally:
+        if device == "cuda":
+            torch.cuda.set_sync_debug_mode("default")
     assert buf.cpu().tolist() == want
     assert torch.equal(dev_logits.cpu(), logits)
-    if device == "cpu":  # rows 0, 1, 4 and 5 filter, in both calls
-        assert sum(filters.nucleus_rows.values()) == 8
+    if device == "cpu":  # rows 0, 1, 4 and 5 filter, in both calls; top-k's rows (1 and 5) among 64
+        assert sum(filters.nucleus_rows.values()) == 8 and filters.nucleus_rows[64] >= 4
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
