@@ -110,12 +110,16 @@ def _adjust(logits: torch.Tensor, rows: Sequence[tuple[int, Request]], stops: bo
 
 
 def filter_logits(logits: torch.Tensor, top_k: int, top_p: float, min_p: float) -> torch.Tensor:
-    """Mask tokens outside top-k, the top-p nucleus and the min-p floor with -inf (one row)."""
+    """Mask tokens outside top-k, the top-p nucleus and the min-p floor with -inf (one row). Top-k
+    keeps exactly k tokens: of those tied with the k-th largest logit, the lowest ids, as the
+    batched path's stable sort does."""
     if top_k and top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k).values[-1]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
+        tied = logits == kth
+        keep = (logits > kth) | (tied & (tied.cumsum(0) <= top_k - (logits > kth).sum()))
+        logits = logits.masked_fill(~keep, float("-inf"))
     if top_p < 1.0:
-        sorted_logits, idx = torch.sort(logits, descending=True)
+        sorted_logits, idx = torch.sort(logits, descending=True, stable=True)  # (ties by token id)
         probs = sorted_logits.softmax(-1)
         # drop a token when the tokens strictly before it already reach top_p
         drop = (probs.cumsum(-1) - probs) >= top_p

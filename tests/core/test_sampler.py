@@ -27,6 +27,19 @@ def test_top_k_keeps_exactly_the_k_largest():
     assert kept.tolist() == [False, True, False, True, False]
 
 
+def test_top_k_keeps_the_lowest_ids_of_logits_tied_with_the_kth():
+    """As the batched path (a stable sort, ties by token id): exactly k tokens, whatever the ties."""
+    logits = torch.tensor([1.0, 3.0, 1.0, 2.0, 1.0, 0.0])
+    assert filter_logits(logits.clone(), 3, 1.0, 0.0).isfinite().tolist() == [True, True, False, True, False, False]
+    assert filter_logits(logits.clone(), 4, 1.0, 0.0).isfinite().tolist() == [True, True, True, True, False, False]
+    assert filter_logits(logits.clone(), 5, 1.0, 0.0).isfinite().tolist() == [True] * 5 + [False]
+    flat = torch.zeros(6)
+    assert filter_logits(flat, 2, 1.0, 0.0).isfinite().tolist() == [True, True] + [False] * 4
+    dev = send_rows(sampling_rows([Request("r", [1], SamplingParams(temperature=1.0, top_k=3))], 6), logits.device)
+    batched = distributions(logits[None], dev, True) > 0
+    assert batched[0].tolist() == filter_logits(logits.clone(), 3, 1.0, 0.0).isfinite().tolist()
+
+
 def test_top_p_keeps_the_smallest_nucleus_reaching_p():
     probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
     kept = filter_logits(probs.log(), 0, 0.8, 0.0).isfinite()
