@@ -21,3 +21,8 @@ case "${1:-a}" in
   c) timeout 60 python3 -m pytest -q -p no:cacheprovider tests/core/test_sampler.py -rs > "$OUT/sampler_tests.txt" 2>&1
      timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/core > "$OUT/gpu_core_tests.txt" 2>&1 ;;
 esac
+# d: after the penalties' tests moved from test_sampler.py into tests/core/test_penalties.py (calls a-c
+# ran them in test_sampler.py): both files, their CUDA cases included
+case "${1:-a}" in
+  d) timeout 90 python3 -m pytest -q -p no:cacheprovider tests/core/test_sampler.py tests/core/test_penalties.py -rs > "$OUT/sampler_tests.txt" 2>&1 ;;
+esac
