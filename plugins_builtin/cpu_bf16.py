@@ -169,10 +169,21 @@ def _native_library() -> tuple[ctypes.CDLL | None, str | None]:
     lib.deepinfer_native_calls.restype = ctypes.c_long
     if not torch._C._dispatch_has_kernel_for_dispatch_key("deepinfer_native::bf16_linear", "Meta"):
         meta = torch.library.Library("deepinfer_native", "IMPL")  # (shapes, for torch.compile's tracing)
-        meta.impl("bf16_linear", lambda x, weight, bias=None, row_block=0: x.new_empty((*x.shape[:-1], weight.shape[0])),
-                  "Meta")
+        meta.impl("bf16_linear", _linear_meta, "Meta")
         _LIBRARIES.append(meta)
     return lib, None
+
+
+def _linear_meta(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                 row_block: int = 0) -> torch.Tensor:
+    """Either operator's output without its values (the Meta implementation: shapes for
+    torch.compile's tracing)."""
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+def _active_native():
+    """The C++ operator where it is loaded and ``use_native`` is on, else None."""
+    return _native_op if _native_on else None
 
 
 def cxx_standard() -> str:
@@ -189,14 +200,15 @@ def native_op():
     else None (then ``torch.ops.deepinfer.cpu_bf16_linear`` runs it through Python). Its results
     are the kernel's bits, either way."""
     _library()
-    return _native_op if _native_on else None
+    return _active_native()
 
 
 def compiled_op():
     """The operator that compiled code calls for the kernel: the C++ one where ``_library`` has
     loaded it and ``use_native`` is on, else ``torch.ops.deepinfer.cpu_bf16_linear`` (reads of this
     module's globals only, which torch.compile traces and guards on)."""
-    return _native_op if _native_op is not None and _native_on else torch.ops.deepinfer.cpu_bf16_linear
+    op = _active_native()
+    return torch.ops.deepinfer.cpu_bf16_linear if op is None else op
 
 
 def use_native(on: bool | None = None) -> bool:
@@ -205,7 +217,7 @@ def use_native(on: bool | None = None) -> bool:
     global _native_on
     if on is not None:
         _native_on = bool(on)
-    return _native_on and native_op() is not None
+    return native_op() is not None
 
 
 def native_unavailable_reason() -> str | None:
@@ -271,11 +283,12 @@ def bf16_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     unavailable (``unavailable_reason``), ValueError if the arguments are not bfloat16 CPU tensors of
     matching shapes or ``row_block`` is out of range, and, without memory for the kernel's copy of
     x, MemoryError (torch.OutOfMemoryError through the C++ operator)."""
-    lib, why, _ = _library()
+    lib, why, kind = _library()  # (first: it points the C++ operator at the kernel it loads)
     if lib is None:
         raise RuntimeError(f"deepinfer's bfloat16 CPU kernel is unavailable: {why}")
-    if _native_op is not None and _native_on:
-        return _native_op(x, weight, bias, row_block or 0)
+    op = _active_native()
+    if op is not None:
+        return op(x, weight, bias, row_block or 0)
     if row_block is not None and not 0 <= row_block <= 6:
         raise ValueError(f"bf16_linear: row_block must be 1-6 (0: the default), got {row_block}")
     k, n = x.shape[-1], weight.shape[0]
@@ -302,7 +315,7 @@ def bf16_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     out = torch.empty(rows, n, dtype=bf16)
     if rows and n and lib.deepinfer_bf16_linear(flat.data_ptr(), rows, k, weight.data_ptr(), n,
                                                 None if bias is None else bias.data_ptr(), out.data_ptr(),
-                                                torch.get_num_threads(), row_block or default_row_block()):
+                                                torch.get_num_threads(), row_block or _row_block_for(kind)):
         raise MemoryError(f"bf16_linear: no memory for a copy of x ({rows} x {k}: float32, or AMX's layout)")
     return out if x.dim() == 2 else out.reshape(*x.shape[:-1], n)
 
@@ -320,7 +333,7 @@ def _define_operator() -> None:
     lib = torch.library.Library("deepinfer", "FRAGMENT")
     lib.define("cpu_bf16_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor")
     lib.impl("cpu_bf16_linear", bf16_linear, "CPU")
-    lib.impl("cpu_bf16_linear", lambda x, weight, bias: x.new_empty((*x.shape[:-1], weight.shape[0])), "Meta")
+    lib.impl("cpu_bf16_linear", _linear_meta, "Meta")
     _LIBRARIES.append(lib)  # a Library's definitions last as long as the object
 
 

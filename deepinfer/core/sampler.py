@@ -41,18 +41,12 @@ def apply_penalties(logits: torch.Tensor, req: Request) -> torch.Tensor:
     return logits
 
 
-def adjust_row(row: torch.Tensor, req: Request) -> torch.Tensor:
-    """One row of logits [V] with the request's penalties applied and, while its EOS is held
-    back (``min_tokens``), its stop tokens masked with -inf: in place."""
-    _adjust(row[None], [(0, req)])
-    return row
-
-
 def adjusted(logits: torch.Tensor, requests: Sequence[Request], own: bool = False) -> torch.Tensor:
-    """The logits [B, V] with each row adjusted for its request (as ``adjust_row``) where some
-    request has penalties or its EOS held back: in a copy, or in place where the logits are
-    ``own`` (a copy the caller made); otherwise these logits themselves. Every row's changes go
-    in at once, by kind, from one copy to the device that waits for no work queued there."""
+    """The logits [B, V] with each row's penalties applied and, while its EOS is held back
+    (``min_tokens``), its stop tokens masked with -inf (``_adjust``), where some request has
+    either: in a copy, or in place where the logits are ``own`` (a copy the caller made);
+    otherwise these logits themselves. Every row's changes go in at once, by kind, from one copy
+    to the device that waits for no work queued there."""
     rows = [(i, r) for i, r in enumerate(requests) if not batchable(r)]
     if not rows:
         return logits
@@ -192,9 +186,9 @@ class Sampler:
         """Every row's token [B] (int64, on the logits' device), from logits already ``adjusted``
         for penalties and a held-back EOS: greedy rows their argmax; sampled rows a draw from
         softmax(logits / T) after top-k, top-p (over the top-k's renormalised mass) and min-p
-        (``distributions``), by the inverse CDF in vocabulary order of one uniform number from the request's generator
-        (greedy rows draw none), as ``draw``: a row's token depends on its own parameters and
-        number only, not on what it is batched with."""
+        (``distributions``), by the inverse CDF in vocabulary order of one uniform number from the
+        request's generator (greedy rows draw none), as ``draw``: a row's token depends on its own
+        parameters and number only, not on what it is batched with."""
         vocab = logits.shape[-1]
         host = sampling_rows(requests, vocab)
         unseeded = []  # sampled rows without a generator of their own: their numbers in one call
@@ -212,7 +206,7 @@ class Sampler:
 
     def _sample_row(self, row: torch.Tensor, req: Request) -> int:
         p = req.params
-        row = adjust_row(row, req)
+        _adjust(row[None], [(0, req)])  # (a view: in place)
         if p.greedy:
             return int(row.argmax())
         row = filter_logits(row / p.temperature, p.effective_top_k, p.top_p, p.min_p)
