@@ -56,6 +56,26 @@ def test_transformers_greedy_equals_deepinfer(pair_member):
         assert out.outputs[0].text == tok.decode(ref)
 
 
+def test_train_demo_defaults_build_the_shipped_architectures():
+    """`train-demo`'s default recipe reproduces the shipped pair's shapes (so that its log and
+    cards describe the files), and bad sizes are refused before anything is trained."""
+    from deepinfer.tools import demo_models, train_demo
+
+    args = train_demo.parse_args([])
+    built = {"target": demo_models.target_config(),
+             "draft": demo_models.draft_config(args.draft_layers, args.draft_mlp)}
+    log = json.loads((Path(deepinfer.DEMO_MODEL).parent / "train_log.json").read_text())
+    for role, path in (("target", deepinfer.DEMO_MODEL), ("draft", deepinfer.DEMO_DRAFT_MODEL)):
+        shipped = json.loads((Path(path) / "config.json").read_text())
+        keys = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
+                "num_key_value_heads", "vocab_size", "layer_types")
+        assert {k: getattr(built[role], k) for k in keys} == {k: shipped[k] for k in keys}, role
+    assert log["training"]["draft"]["self_distillation"]["new_tokens"] == args.self_distill_new
+    assert (log["settings"]["draft_steps"], log["settings"]["self_distill"]) == (args.draft_steps, args.self_distill)
+    for flag in ("--draft-layers", "--draft-mlp", "--self-distill-new"):
+        with pytest.raises(SystemExit):
+            train_demo.parse_args([flag, "0"])
+
 def test_llm_without_model_uses_the_demo_model():
     llm = LLM(progress=False)
     assert llm.engine.ctx.model_path == deepinfer.DEMO_MODEL

@@ -119,8 +119,9 @@ def model_card(role: str, log: dict) -> str:
         purpose = ("the *target* model of deepinfer's demo pair; its draft for speculative decoding "
                    "is `demo-draft`")
     else:
-        arch = ("Qwen3 decoder, 2 full-attention layers, hidden 256, 4 query heads / 2 KV heads of "
-                "dim 64, MLP 768, tied embeddings, RoPE theta 10000, context 2048")
+        layers, mlp = log["settings"].get("draft_layers", 2), log["settings"].get("draft_mlp", 768)
+        arch = (f"Qwen3 decoder, {layers} full-attention layers, hidden 256, 4 query heads / 2 KV heads of "
+                f"dim 64, MLP {mlp}, tied embeddings, RoPE theta 10000, context 2048")
         purpose = ("the *draft* model of deepinfer's demo pair, for speculative decoding of "
                    "`demo-target` (same tokenizer and vocabulary)")
     spec = tr[role]["spec"]

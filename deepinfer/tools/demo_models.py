@@ -1,5 +1,5 @@
 """The demo pair's architectures (see train_demo.py): a Qwen3 target with 3:1 sliding/full hybrid
-attention and a 2-layer Qwen3 draft, both on the corpus's tokenizer."""
+attention and a small full-attention Qwen3 draft (2 layers, MLP 768 unless told), both on the corpus's tokenizer."""
 
 from __future__ import annotations
 
@@ -26,15 +26,15 @@ def target_config():
     )
 
 
-def draft_config():
+def draft_config(layers: int = 2, intermediate: int = 768):
     from transformers import Qwen3Config
 
     return Qwen3Config(
-        vocab_size=demo_data.VOCAB_SIZE, hidden_size=256, intermediate_size=768,
-        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+        vocab_size=demo_data.VOCAB_SIZE, hidden_size=256, intermediate_size=intermediate,
+        num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
         max_position_embeddings=demo_data.MAX_POSITIONS, rope_theta=10000.0, rms_norm_eps=1e-6,
         tie_word_embeddings=True, use_sliding_window=False,
-        layer_types=["full_attention", "full_attention"],
+        layer_types=["full_attention"] * layers,
         bos_token_id=demo_data.BOS_ID, eos_token_id=demo_data.EOS_ID, pad_token_id=demo_data.PAD_ID,
     )
 

@@ -7,7 +7,7 @@ with no download:
 * corpus     -- the stdlib's ``.py``/``.txt``/``.rst`` files, split ~95/5;
 * tokenizer  -- byte-level BPE, 8192 tokens, chat role specials;
 * target     -- Qwen3, 8 layers, 3:1 sliding/full hybrid attention;
-* draft      -- Qwen3, 2 full-attention layers, distilled from the target on the
+* draft      -- Qwen3, a few full-attention layers (--draft-layers), distilled from the target on the
                 corpus and on the target's own greedy continuations.
 
 Both are written as ordinary Hugging Face model directories (bf16
@@ -71,14 +71,16 @@ DEFAULT_OUT = Path(__file__).resolve().parents[1] / "assets"
 # bounded by the data, not the time: the ~2.3M-token corpus is seen ~5.7 times; at 2000 steps the
 # target's held-out loss rose from 2.94 (step 1000) to 3.64 (overfitting). Its draft learns the
 # target's distribution only (alpha 0), on the corpus and on ~6M tokens the target wrote, for
-# 6000 steps (a few minutes): draft recipes are compared in docs/benchmarks.md (issue 8, session
-# 7). QUICK is a CPU smoke run.
+# 6000 steps (a few minutes): draft recipes are compared in docs/benchmarks.md (issue 8, sessions
+# 7 and 53: a 3-layer draft and longer continuations gained little). QUICK is a CPU smoke run.
 FULL = {"steps": 800, "batch_size": 32, "seq_len": 512, "draft_steps": 6000, "warmup": 100,
-        "eval_windows": 64, "eval_every": 500, "log_every": 250, "self_distill": 24576}
+        "eval_windows": 64, "eval_every": 500, "log_every": 250, "self_distill": 24576,
+        "self_distill_new": 192, "draft_layers": 2, "draft_mlp": 768}
 QUICK = {"steps": 80, "batch_size": 4, "seq_len": 256, "draft_steps": 24, "warmup": 8,
-         "eval_windows": 16, "eval_every": 0, "log_every": 10, "self_distill": 0}
-# Self-distillation: prompts of the benchmark's length, continued as far as a draft usually reads.
-SELF_DISTILL_PROMPT, SELF_DISTILL_NEW, SELF_DISTILL_BATCH = 64, 192, 512
+         "eval_windows": 16, "eval_every": 0, "log_every": 10, "self_distill": 0,
+         "self_distill_new": 192, "draft_layers": 2, "draft_mlp": 768}
+# Self-distillation: prompts of the benchmark's length, continued by --self-distill-new tokens.
+SELF_DISTILL_PROMPT, SELF_DISTILL_BATCH = 64, 512
 # The speculative replay of the evaluation: held-out prompts as `deepinfer bench spec` takes them.
 SPEC_PROMPTS, SPEC_PROMPT_LEN, SPEC_NEW_TOKENS, SPEC_K = 64, 64, 128, 5
 
@@ -137,6 +139,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--self-distill", type=int,
                    help="also distil the draft on the target's greedy continuations of this many "
                         f"training-set prompts (default {FULL['self_distill']}, quick {QUICK['self_distill']})")
+    p.add_argument("--self-distill-new", type=int,
+                   help=f"tokens the target writes after each such prompt (default {FULL['self_distill_new']})")
+    p.add_argument("--draft-layers", type=int,
+                   help=f"the draft's decoder layers (default {FULL['draft_layers']})")
+    p.add_argument("--draft-mlp", type=int,
+                   help=f"the draft's MLP width (default {FULL['draft_mlp']}; both models' weights must stay "
+                        f"under {TOTAL_SIZE_LIMIT / 1e6:.0f} MB)")
     p.add_argument("--evaluate-only", action="store_true",
                    help="evaluate the pair in --out again and rewrite its log's metrics and cards")
     p.add_argument("--draft-only", action="store_true",
@@ -153,6 +162,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for key, value in preset.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
+    for key in ("self_distill_new", "draft_layers", "draft_mlp"):
+        if getattr(args, key) < 1:
+            p.error(f"--{key.replace('_', '-')} must be at least 1, got {getattr(args, key)}")
     return args
 
 
@@ -228,7 +240,7 @@ def run_training(args: argparse.Namespace) -> dict:
 
     if not args.draft_only:
         target = build_model(target_config(), args.seed)
-    draft = build_model(draft_config(), args.seed + 1)
+    draft = build_model(draft_config(args.draft_layers, args.draft_mlp), args.seed + 1)
     params = {"target": count_params(target), "draft": count_params(draft)}
     log(f"params: target {params['target']:,}, draft {params['draft']:,}")
     bf16_bytes = 2 * (params["target"] + params["draft"])
@@ -244,13 +256,13 @@ def run_training(args: argparse.Namespace) -> dict:
     if args.self_distill:
         t = time.perf_counter()
         stream, starts = demo_distill.self_generated_stream(
-            target, train_ids, train_starts, args.self_distill, SELF_DISTILL_PROMPT, SELF_DISTILL_NEW,
+            target, train_ids, train_starts, args.self_distill, SELF_DISTILL_PROMPT, args.self_distill_new,
             SELF_DISTILL_BATCH, device, args.seed + 2, demo_data.EOS_ID)
         draft_data = torch.cat([data, stream.to(device)])
         draft_starts = torch.cat([train_starts, starts + train_ids.numel()])
         timings["self_distill_s"] = time.perf_counter() - t
         self_record = {"sequences": args.self_distill, "prompt_tokens": SELF_DISTILL_PROMPT,
-                       "new_tokens": SELF_DISTILL_NEW, "tokens": stream.numel(),
+                       "new_tokens": args.self_distill_new, "tokens": stream.numel(),
                        "generate_s": timings["self_distill_s"]}
         log(f"self-distillation: {stream.numel():,} tokens of the target's greedy continuations "
             f"({timings['self_distill_s']:.1f}s)")
