@@ -60,12 +60,13 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--input-len", type=int, default=64)
     ap.add_argument("--output-len", type=int, default=256)
+    ap.add_argument("--stdlib", help="the prompts' standard library (bench spec's --stdlib)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--kv-gb", type=float, default=None, help="each engine's KV pool (bench spec: 2 on a GPU)")
     a = ap.parse_args()
     built = [build(s, a.device, a.kv_gb) for s in a.configs]
     llms = {label: llm for label, llm, *_ in built}
-    work = {"prompts": a.prompts, "input_len": a.input_len, "output_len": a.output_len}
+    work = {"prompts": a.prompts, "input_len": a.input_len, "output_len": a.output_len, "stdlib": a.stdlib}
     for batch in (int(b) for b in a.batch.split(",")):
         wl = Workload(next(iter(llms.values())), batch, work)
         m0 = {label: wl.warm_up(llm) for label, llm in llms.items()}

@@ -21,6 +21,10 @@ def add_spec_parser(bsub, add_engine_args, engine_overrides) -> None:
     b.add_argument("--temperature", type=float, default=0.0,
                    help="0: greedy (the default); above 0: sampled, each prompt with a seed of its own (its "
                         "index), so that every drafter and every run draws from the same seeds")
+    b.add_argument("--stdlib", metavar="DIR",
+                   help="take the prompts from the held-out files of this standard-library directory (default: "
+                        "this interpreter's; another Python version's files give other prompts: the demo pair "
+                        "trained on Python 3.12's, see its card)")
     b.add_argument("--prompts", type=int, default=8,
                    help="distinct prompts a run decodes, in batches of --batch one after another "
                         "(at least one batch): at batch 1 the figures are not one prompt's")
@@ -32,14 +36,25 @@ def add_spec_parser(bsub, add_engine_args, engine_overrides) -> None:
     b.set_defaults(func=lambda a, _ov=engine_overrides: run_spec(a, _ov(a)))
 
 
-def stdlib_prompts(tokenizer, n: int, length: int) -> list[list[int]]:
-    """n prompts of `length` tokens from standard-library files the demo models did not train on."""
+def check_stdlib(stdlib: str | None) -> None:
+    from pathlib import Path
+
+    if stdlib is not None and not Path(stdlib).is_dir():
+        raise ValueError(f"--stdlib {stdlib!r} is not a directory: give a Python standard library's directory "
+                         "(such as /usr/lib/python3.12), or leave it out for this interpreter's")
+
+
+def stdlib_prompts(tokenizer, n: int, length: int, stdlib: str | None = None) -> list[list[int]]:
+    """n prompts of `length` tokens from standard-library files the demo models did not train on:
+    the held-out files of `stdlib` (a directory; by default this interpreter's)."""
     from deepinfer.tools.demo_data import collect_corpus, heldout_prompt_ids
 
-    prompts = heldout_prompt_ids(collect_corpus().heldout_texts, n, length,
+    check_stdlib(stdlib)
+    prompts = heldout_prompt_ids(collect_corpus(stdlib).heldout_texts, n, length,
                                  lambda text: tokenizer.encode(text, add_special_tokens=False))
     if len(prompts) < n:
-        raise ValueError(f"this interpreter's held-out standard-library files give {len(prompts)} prompts of "
+        where = f"{stdlib}'s" if stdlib else "this interpreter's"
+        raise ValueError(f"{where} held-out standard-library files give {len(prompts)} prompts of "
                          f"{length} tokens, fewer than the {n} asked for: ask for fewer or shorter prompts")
     return prompts
 
@@ -57,9 +72,10 @@ def run_spec(args, overrides: dict) -> int:
     work = {"model": model, "config_file": args.config_file, "overrides": overrides,
             "batches": [int(b) for b in args.batch.split(",")], "prompts": args.prompts,
             "input_len": args.input_len, "output_len": args.output_len, "repeats": args.repeats,
-            "temperature": args.temperature}
+            "temperature": args.temperature, "stdlib": args.stdlib}
     if not 0 <= args.temperature <= 100:
         raise ValueError(f"--temperature must be 0 (greedy) or positive up to 100, got {args.temperature}")
+    check_stdlib(args.stdlib)
     names = args.drafters.split(",")
     twice = next((d for i, d in enumerate(names) if d in names[:i]), None)
     if twice is not None:
@@ -97,7 +113,7 @@ class Workload:
     def __init__(self, llm, batch: int, work: dict) -> None:
         self.batch, self.groups = batch, max(1, -(-work["prompts"] // batch))
         self.tokens = self.groups * batch * work["output_len"]
-        self.prompts = stdlib_prompts(llm.get_tokenizer(), self.groups * batch, work["input_len"])
+        self.prompts = stdlib_prompts(llm.get_tokenizer(), self.groups * batch, work["input_len"], work.get("stdlib"))
         temp = work.get("temperature", 0.0)
         self.params = [SamplingParams(temperature=temp, seed=i if temp > 0 else None, max_tokens=work["output_len"],
                                       ignore_eos=True) for i in range(len(self.prompts))]

@@ -114,6 +114,29 @@ def test_spec_sampled_runs_seed_each_prompt():
     assert res.returncode == 2 and "--temperature must be 0 (greedy) or positive up to 100, got -1.0" in res.stderr
 
 
+def test_spec_prompts_come_from_the_held_out_files_of_the_stdlib_given(tmp_path):
+    """`bench spec --stdlib DIR`: the prompts are the beginnings of DIR's held-out files (by the
+    corpus's rule), none from its training files; a directory that does not exist is refused
+    before any engine is built."""
+    from deepinfer import LLM
+    from deepinfer.bench.spec import Workload
+    from deepinfer.tools.demo_data import is_heldout
+
+    names = [f"mod{i}.py" for i in range(400)]
+    held, trained = [n for n in names if is_heldout(n)][:2], [n for n in names if not is_heldout(n)][:2]
+    assert len(held) == 2
+    texts = {n: "".join(f"def {n[:-3]}_{j}(x):\n    return x * {j}\n" for j in range(40)) for n in held + trained}
+    for name, text in texts.items():
+        (tmp_path / name).write_text(text)
+    llm = LLM(progress=False)
+    tok = llm.get_tokenizer()
+    wl = Workload(llm, 2, {"prompts": 2, "input_len": 16, "output_len": 4, "stdlib": str(tmp_path)})
+    assert wl.prompts == [tok.encode(texts[n], add_special_tokens=False)[:16] for n in sorted(held)]
+    res = subprocess.run([sys.executable, "-m", "deepinfer.cli", "bench", "spec", "--stdlib", str(tmp_path / "no")],
+                         capture_output=True, text=True, timeout=600, check=False)
+    assert res.returncode == 2 and "is not a directory: give a Python standard library's directory" in res.stderr
+    assert res.stdout == ""
+
 def test_spec_refuses_a_drafter_named_twice():
     res = subprocess.run([sys.executable, "-m", "deepinfer.cli", "bench", "spec", "--drafters", "none,ngram,none"],
                          capture_output=True, text=True, timeout=600, check=False)
