@@ -76,6 +76,19 @@ def test_train_demo_defaults_build_the_shipped_architectures():
         with pytest.raises(SystemExit):
             train_demo.parse_args([flag, "0"])
 
+
+def test_train_demo_refuses_a_draft_too_large_for_the_pair_before_training(tmp_path):
+    import shutil
+
+    from deepinfer.tools import train_demo
+
+    out = tmp_path / "pair"
+    shutil.copytree(Path(deepinfer.DEMO_MODEL).parent, out)
+    before = sorted((p.name, p.stat().st_size) for p in (out / "demo-draft").iterdir())
+    with pytest.raises(SystemExit, match="over the 40 MB the pair may take: ask for a smaller draft"):
+        train_demo.main(["--draft-only", "--device", "cpu", "--out", str(out), "--draft-layers", "4"])
+    assert sorted((p.name, p.stat().st_size) for p in (out / "demo-draft").iterdir()) == before
+
 def test_llm_without_model_uses_the_demo_model():
     llm = LLM(progress=False)
     assert llm.engine.ctx.model_path == deepinfer.DEMO_MODEL

@@ -244,7 +244,10 @@ def run_training(args: argparse.Namespace) -> dict:
     params = {"target": count_params(target), "draft": count_params(draft)}
     log(f"params: target {params['target']:,}, draft {params['draft']:,}")
     bf16_bytes = 2 * (params["target"] + params["draft"])
-    assert bf16_bytes <= TOTAL_SIZE_LIMIT, f"models too large: {bf16_bytes} bytes"
+    if bf16_bytes > TOTAL_SIZE_LIMIT:
+        raise SystemExit(f"the two models' weights would take {bf16_bytes / 1e6:.2f} MB in bfloat16, over the "
+                         f"{TOTAL_SIZE_LIMIT / 1e6:.0f} MB the pair may take: ask for a smaller draft "
+                         f"(--draft-layers {args.draft_layers}, --draft-mlp {args.draft_mlp} now)")
 
     if args.draft_only:
         target_stats = prior["training"]["target"]
