@@ -119,6 +119,7 @@ def model_card(role: str, log: dict) -> str:
         purpose = ("the *target* model of deepinfer's demo pair; its draft for speculative decoding "
                    "is `demo-draft`")
     else:
+        # (logs from before train-demo had these options: the 2-layer draft of then)
         layers, mlp = log["settings"].get("draft_layers", 2), log["settings"].get("draft_mlp", 768)
         arch = (f"Qwen3 decoder, {layers} full-attention layers, hidden 256, 4 query heads / 2 KV heads of "
                 f"dim 64, MLP {mlp}, tied embeddings, RoPE theta 10000, context 2048")

@@ -26,7 +26,11 @@ def target_config():
     )
 
 
-def draft_config(layers: int = 2, intermediate: int = 768):
+#: the shipped draft's depth and MLP width (train-demo's defaults: --draft-layers, --draft-mlp)
+DRAFT_LAYERS, DRAFT_MLP = 2, 768
+
+
+def draft_config(layers: int = DRAFT_LAYERS, intermediate: int = DRAFT_MLP):
     from transformers import Qwen3Config
 
     return Qwen3Config(

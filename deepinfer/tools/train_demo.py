@@ -73,12 +73,11 @@ DEFAULT_OUT = Path(__file__).resolve().parents[1] / "assets"
 # target's distribution only (alpha 0), on the corpus and on ~6M tokens the target wrote, for
 # 6000 steps (a few minutes): draft recipes are compared in docs/benchmarks.md (issue 8, sessions
 # 7 and 53: a 3-layer draft and longer continuations gained little). QUICK is a CPU smoke run.
+DRAFT_SHAPE = {"self_distill_new": 192, "draft_layers": demo_models.DRAFT_LAYERS, "draft_mlp": demo_models.DRAFT_MLP}
 FULL = {"steps": 800, "batch_size": 32, "seq_len": 512, "draft_steps": 6000, "warmup": 100,
-        "eval_windows": 64, "eval_every": 500, "log_every": 250, "self_distill": 24576,
-        "self_distill_new": 192, "draft_layers": 2, "draft_mlp": 768}
+        "eval_windows": 64, "eval_every": 500, "log_every": 250, "self_distill": 24576, **DRAFT_SHAPE}
 QUICK = {"steps": 80, "batch_size": 4, "seq_len": 256, "draft_steps": 24, "warmup": 8,
-         "eval_windows": 16, "eval_every": 0, "log_every": 10, "self_distill": 0,
-         "self_distill_new": 192, "draft_layers": 2, "draft_mlp": 768}
+         "eval_windows": 16, "eval_every": 0, "log_every": 10, "self_distill": 0, **DRAFT_SHAPE}
 # Self-distillation: prompts of the benchmark's length, continued by --self-distill-new tokens.
 SELF_DISTILL_PROMPT, SELF_DISTILL_BATCH = 64, 512
 # The speculative replay of the evaluation: held-out prompts as `deepinfer bench spec` takes them.

@@ -137,6 +137,7 @@ def test_spec_prompts_come_from_the_held_out_files_of_the_stdlib_given(tmp_path)
     assert res.returncode == 2 and "is not a directory: give a Python standard library's directory" in res.stderr
     assert res.stdout == ""
 
+
 def test_spec_refuses_a_drafter_named_twice():
     res = subprocess.run([sys.executable, "-m", "deepinfer.cli", "bench", "spec", "--drafters", "none,ngram,none"],
                          capture_output=True, text=True, timeout=600, check=False)
