@@ -138,6 +138,22 @@ def test_spec_prompts_come_from_the_held_out_files_of_the_stdlib_given(tmp_path)
     assert res.stdout == ""
 
 
+def test_spec_decodes_the_same_prompts_at_every_batch_size_by_default():
+    """By default bench spec's batch 1 decodes, one after another, the prompts that its batch of 64
+    decodes at once (before, batch 1 decoded the first 8 of them: a figure of a few files)."""
+    from deepinfer import LLM
+    from deepinfer.bench.spec import Workload
+    from deepinfer.cli import build_parser
+
+    args = build_parser().parse_args(["bench", "spec"])
+    work = {"prompts": args.prompts, "input_len": args.input_len, "output_len": 4, "stdlib": args.stdlib}
+    llm = LLM(progress=False)
+    one, many = Workload(llm, 1, work), Workload(llm, 64, work)
+    assert (one.groups, many.groups) == (64, 1)
+    assert one.prompts == many.prompts and len(one.prompts) == 64
+    assert one.tokens == many.tokens == 64 * 4
+
+
 def test_spec_refuses_a_drafter_named_twice():
     res = subprocess.run([sys.executable, "-m", "deepinfer.cli", "bench", "spec", "--drafters", "none,ngram,none"],
                          capture_output=True, text=True, timeout=600, check=False)
