@@ -177,8 +177,8 @@ class RoundRates:
         compared by the time until the batch is done (``drain``) instead of by their rates at this
         size: speculation's rate is scaled by the ratio of the two, taken anew every
         ``drain_every`` rounds of the class and when a request ``joined`` (kept from the last
-        batch while None). Plain steps chosen for such a batch of two or more requests run to its
-        end, at every size class, without looks, unless a request joins it or requests wait."""
+        batch while None). Plain steps chosen for such a batch run to its end, at every size
+        class, without looks, unless a request joins it or requests wait."""
         size = self.size_class(batch)
         plan = self._plan.setdefault(size, [])
         kind, run = self._runs.get(size, (None, 0))
@@ -228,9 +228,7 @@ class RoundRates:
                 gap = min(max(2 * gap, 2 * run), self.max_gap)
             self._best[size] = (not choice if plan else choice, gap)
         if not sticky:
-            # (not for one request: no spread to grow, and held to its end, its plain steps measure
-            # no speculative round of it, nor of any later one: each would take them from its start)
-            self.plain_to_end = chosen and closed is not None and not choice and not plan and batch > 1
+            self.plain_to_end = chosen and closed is not None and not choice and not plan
         if starts_look and (kind != choice or size not in self._extra):
             self._extra[size] = 2 * self.look  # (a first measurement begun again keeps what it had left)
         elif chosen:

@@ -112,31 +112,6 @@ def test_a_batch_that_nothing_joins_speculates_only_if_it_is_done_sooner(uneven)
     assert fresh._closed[4][0] == 1.0
 
 
-
-def test_plain_steps_chosen_for_a_single_request_keep_their_looks():
-    """At batch 1 every request is a batch that nothing joins. Plain steps chosen there are not
-    held to its end: held, they measured no speculative round of it, and every later request took
-    them from its start (benchmarks.md, session 54: a CPU stand-in with skip_min_batch 1 ran at
-    1.00x no drafter where speculating every round gave 1.85x). They keep the looks at speculating
-    that per-round rates get; a batch of two is still held."""
-    def measured(size):
-        r = RoundRates(16)
-        for _ in range(4):  # speculating slower: 3 s for 2 tokens a request against 1 s for 1
-            r.record(True, size, 3.0, 2 * size)
-            r.record(False, size, 1.0, size)
-        return r
-
-    def closed(gain):
-        return None  # (too little known of the requests: the rates decide)
-
-    one = measured(1)
-    assert one.speculate(1, closed, True)[0] is False and not one.plain_to_end
-    kinds = [one.speculate(1, closed)[0] for _ in range(16)]
-    assert kinds == [False] * 11 + [True] * 4 + [False]  # a look after the gap, inside the request
-    two = measured(2)
-    assert two.speculate(2, closed, True)[0] is False and two.plain_to_end
-    assert [two.speculate(2, closed)[0] for _ in range(40)] == [False] * 40
-
 def test_deepspark_passes_whether_the_batch_is_closed_and_whether_a_request_joined():
     """The drains only where no request waits and every request has max_tokens (its end); a
     request whose drafts all fall below min_value still counts a speculative round of one token."""
