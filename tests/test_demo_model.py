@@ -89,6 +89,7 @@ def test_train_demo_refuses_a_draft_too_large_for_the_pair_before_training(tmp_p
         train_demo.main(["--draft-only", "--device", "cpu", "--out", str(out), "--draft-layers", "4"])
     assert sorted((p.name, p.stat().st_size) for p in (out / "demo-draft").iterdir()) == before
 
+
 def test_llm_without_model_uses_the_demo_model():
     llm = LLM(progress=False)
     assert llm.engine.ctx.model_path == deepinfer.DEMO_MODEL
