@@ -47,6 +47,9 @@ its last request is, so they compare by the time until then (RoundRates.drain: e
 tokens left, over its own tokens a speculative round so far where speculating, rounds priced at the
 requests still running): requests that accept unevenly thin the batch early, which per-round rates
 do not see. Plain steps chosen there run to the batch's end without looks, unless a request joins.
+A request alone (batch 1, none waiting) takes one kind from its first round to its end, the whole
+request timed as a sample of its kind (``whole_request_rates``): at batch 1 a few rounds' rates
+follow the prompt and the place in it more than the kind (plugins.md).
 Where rounds chain, the next round's kind is chosen at the verification (``on_verified``). This
 is vLLM's disabling of speculation by batch size, measured instead of set.
 
@@ -58,7 +61,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from deepinfer.plugins import DraftProposal, Request, hookimpl
+from deepinfer.plugins import DraftProposal, Request, RequestStatus, hookimpl
 from deepinfer_builtin.deepspark_options import DeepSparkOptions
 from deepinfer_builtin.draft_model import DraftModelDrafter
 from deepinfer_builtin.draft_seq import Draft
@@ -105,6 +108,9 @@ class DeepSparkDrafter(DraftModelDrafter):
         self.lookup = o.lookup
         self.costs = RoundCosts(names=("rest", "first", "step"))
         self.rates = RoundRates(options.explore_every, margin=options.skip_margin)
+        self.alone_rates = self.whole_request_rates(options)
+        #: the request alone: (its id, whether it speculates, when its kind was chosen, its output tokens then)
+        self._alone: tuple[str, bool, float, int] | None = None
         #: the round under way, if it is to be a sample (closed by the next proposal)
         self._round: _Round | None = None
         self._last_kind: bool | None = None  # whether the last round speculated (any batch size)
@@ -120,6 +126,19 @@ class DeepSparkDrafter(DraftModelDrafter):
         self._chained_plan: tuple[bool, bool, int, set[str]] | None = None  # on_verified's (and its requests)
         self.free_verification = False  # (verification graphs compute k + 1 rows a request anyway)
         self.in_graphs = False  # the engine verifies in device graphs (enable_graphs)
+
+    #: a request alone that generated fewer tokens is no sample: its time is mostly its first round's
+    #: (where the draft computes its prompt) and what ran there for the first time (a warm-up's)
+    ALONE_MIN_TOKENS = 16
+
+    @staticmethod
+    def whole_request_rates(options: DeepSparkOptions) -> RoundRates:
+        """The rates a request alone (batch 1, none waiting) chooses by: its kind holds from its first
+        choice to its end and the whole request is the sample (module docstring); each kind is
+        measured first, then a request of the slower kind comes after 7 of the faster in a row, the
+        gap doubling up to 64 requests; the last 32 requests of each kind, all of them, count (a
+        request's rate follows its prompt, so the speculative one takes many)."""
+        return RoundRates(8, window=32, max_gap=64, look=1, margin=options.skip_margin, trim=False)
 
     @property
     def verify_threshold(self) -> float:
@@ -184,6 +203,9 @@ class DeepSparkDrafter(DraftModelDrafter):
         if not self.may_skip(batch := len(requests)):
             self.rates.plain_to_end = False  # (RoundRates sees no such round: a request may join unseen)
             return True, False
+        if self._closed and batch == 1:
+            return self._choose_alone(requests[0])
+        self._alone = None  # (a request alone that another joined, or one waits beside it: no sample)
         if not self._closed:
             return self.rates.speculate(batch)
         ids = ids if ids is not None else {r.request_id for r in requests}
@@ -193,6 +215,16 @@ class DeepSparkDrafter(DraftModelDrafter):
             self._known_end = ids
         return self.rates.speculate(batch, lambda gain: rounds_left(requests, self._gained, gain),
                                     not ids <= self._last_ids)  # (joined)
+
+    def _choose_alone(self, request: Request) -> tuple[bool, bool]:
+        """A request alone keeps the kind chosen at its first round here to its end (plain steps
+        held: the engine rests); no round of it is a sample of ``rates``: ``release`` times it whole."""
+        alone = self._alone
+        if alone is None or alone[0] != request.request_id:
+            alone = self._alone = (request.request_id, self.alone_rates.speculate(1)[0], self.clock(),
+                                   request.num_output_tokens)
+        self.rates.plain_to_end = not alone[1]
+        return alone[1], False
 
     def value_chain(self, confidence: list[float]) -> tuple[list[int], list[float]]:
         """Buckets and P_j (chance drafts 1..j all pass) for one request's drafts."""
@@ -364,6 +396,13 @@ class DeepSparkDrafter(DraftModelDrafter):
             self.table.record_tested(buckets[:tested], num_accepted)
 
     def release(self, request: Request) -> None:
+        alone = self._alone
+        if alone is not None and alone[0] == request.request_id:  # a request alone to its end: a sample
+            self._alone = None
+            tokens = request.num_output_tokens - alone[3]
+            if (tokens >= self.ALONE_MIN_TOKENS and request.status.finished
+                    and request.status is not RequestStatus.FINISHED_ABORTED):
+                self.alone_rates.record(alone[1], 1, self.clock() - alone[2], tokens)
         self._buckets.pop(request.request_id, None)
         self._gained.pop(request.request_id, None)
         self._known_end.discard(request.request_id)  # (an id may come back with other parameters)

@@ -94,12 +94,13 @@ class RoundRates:
     is scaled by how the time until the batch is done compares (``speculate``'s ``closed``)."""
 
     def __init__(self, explore_every: int, window: int = 12, max_gap: int = 1024, look: int = 4,
-                 margin: float = 0.15, drain_every: int = 8) -> None:
+                 margin: float = 0.15, drain_every: int = 8, trim: bool = True) -> None:
         self.explore_every = max(explore_every, 2)
         self.max_gap = max(max_gap, explore_every)
         self.look = min(look, self.explore_every)
         self.margin = margin
         self.window = window
+        self.trim = trim  # (False: every sample of the window counts, the slowest quarter too)
         self.drain_every = drain_every
         #: (speculative, size class) -> the last rounds' (seconds, tokens a request)
         self.rounds: dict[tuple[bool, int], deque[tuple[float, float]]] = {}
@@ -125,10 +126,9 @@ class RoundRates:
         kept = self._kept(rounds)
         return sum(sec for sec, _ in kept) / sum(tok for _, tok in kept)
 
-    @staticmethod
-    def _kept(rounds: deque[tuple[float, float]]) -> list[tuple[float, float]]:
-        """The rounds a rate counts: all but the slowest quarter (of three or more)."""
-        cut = (len(rounds) + 3) // 4 if len(rounds) >= 3 else 0
+    def _kept(self, rounds: deque[tuple[float, float]]) -> list[tuple[float, float]]:
+        """The rounds a rate counts: all but the slowest quarter (of three or more; all without ``trim``)."""
+        cut = (len(rounds) + 3) // 4 if len(rounds) >= 3 and self.trim else 0
         return sorted(rounds, key=lambda r: r[0])[:len(rounds) - cut]
 
     def round_seconds(self, speculative: bool, size: int) -> float | None:
