@@ -92,7 +92,7 @@ def main() -> None:
                 print("      us a token (speculative, class): " + " ".join(
                     f"{'S' if k[0] else 'P'}{k[1]}={1e6 * v:.1f}" for k, v in sorted(rates.seconds.items())))
             alone = getattr(llm.engine.drafter, "alone_rates", None)
-            if alone is not None and alone.rounds:  # (a request alone, timed whole: the last 8 of each kind)
+            if alone is not None and alone.rounds:  # (a request alone, timed whole: the last 32 of each kind)
                 print("      requests alone, us a token: " + " ".join(
                     f"{'S' if k[0] else 'P'}={1e6 * v:.1f}" for k, v in sorted(alone.seconds.items()))
                       + " (" + " ".join(f"{'S' if k[0] else 'P'}:{len(v)}" for k, v in sorted(alone.rounds.items())) + ")")

@@ -47,9 +47,9 @@ its last request is, so they compare by the time until then (RoundRates.drain: e
 tokens left, over its own tokens a speculative round so far where speculating, rounds priced at the
 requests still running): requests that accept unevenly thin the batch early, which per-round rates
 do not see. Plain steps chosen there run to the batch's end without looks, unless a request joins.
-A request alone (batch 1, none waiting) takes one kind from its first round to its end, the whole
-request timed as a sample of its kind (``whole_request_rates``): at batch 1 a few rounds' rates
-follow the prompt and the place in it more than the kind (plugins.md).
+A request alone (the only one running, none waiting) takes one kind to its end, the whole request
+timed as a sample of its kind if it was alone from its first round (``whole_request_rates``): at
+batch 1 a few rounds' rates follow the prompt and the place in it more than the kind (plugins.md).
 Where rounds chain, the next round's kind is chosen at the verification (``on_verified``). This
 is vLLM's disabling of speculation by batch size, measured instead of set.
 
@@ -109,8 +109,10 @@ class DeepSparkDrafter(DraftModelDrafter):
         self.costs = RoundCosts(names=("rest", "first", "step"))
         self.rates = RoundRates(options.explore_every, margin=options.skip_margin)
         self.alone_rates = self.whole_request_rates(options)
-        #: the request alone: (its id, whether it speculates, when its kind was chosen, its output tokens then)
-        self._alone: tuple[str, bool, float, int] | None = None
+        #: the request alone: (its id, whether it speculates, when its kind was chosen, its output
+        #: tokens then, whether it was alone from its first round: only then is it a sample)
+        self._alone: tuple[str, bool, float, int, bool] | None = None
+        self._running = 0  # requests running at the last step's end (a request alone: no other runs)
         #: the round under way, if it is to be a sample (closed by the next proposal)
         self._round: _Round | None = None
         self._last_kind: bool | None = None  # whether the last round speculated (any batch size)
@@ -203,9 +205,9 @@ class DeepSparkDrafter(DraftModelDrafter):
         if not self.may_skip(batch := len(requests)):
             self.rates.plain_to_end = False  # (RoundRates sees no such round: a request may join unseen)
             return True, False
-        if self._closed and batch == 1:
+        if self._closed and batch == 1 and self._running == 1:
             return self._choose_alone(requests[0])
-        self._alone = None  # (a request alone that another joined, or one waits beside it: no sample)
+        self._alone = None  # (a request alone that another joined, or one waits or runs beside it: no sample)
         if not self._closed:
             return self.rates.speculate(batch)
         ids = ids if ids is not None else {r.request_id for r in requests}
@@ -218,11 +220,14 @@ class DeepSparkDrafter(DraftModelDrafter):
 
     def _choose_alone(self, request: Request) -> tuple[bool, bool]:
         """A request alone keeps the kind chosen at its first round here to its end (plain steps
-        held: the engine rests); no round of it is a sample of ``rates``: ``release`` times it whole."""
+        held: the engine rests); no round of it is a sample of ``rates``: ``release`` times it whole
+        if it was alone from its first round (not in the last round's requests: one left alone as
+        the others of its batch finished is past its first rounds, which accept the fewest drafts)."""
         alone = self._alone
-        if alone is None or alone[0] != request.request_id:
-            alone = self._alone = (request.request_id, self.alone_rates.speculate(1)[0], self.clock(),
-                                   request.num_output_tokens)
+        rid = request.request_id
+        if alone is None or alone[0] != rid:
+            alone = self._alone = (rid, self.alone_rates.speculate(1)[0], self.clock(), request.num_output_tokens,
+                                   rid not in self._last_ids)
         self.rates.plain_to_end = not alone[1]
         return alone[1], False
 
@@ -301,8 +306,8 @@ class DeepSparkDrafter(DraftModelDrafter):
         tokens: a speculative round of theirs is then no sample of RoundRates. A request's first
         rounds accept the fewest drafts (H200, demo pair, every round speculating from the start:
         0.25-1.75 accepted in rounds 1-5, 3.00-4.00 in rounds 6-10; after 8 plain steps 3.21 from
-        the first: benchmarks.md, session 49), and at batch 1 the looks at speculating come at a
-        request's start, so they took speculation for slower than it is."""
+        the first: benchmarks.md, session 49), and in a batch that nothing joins the looks at
+        speculating come at its start, so they took speculation for slower than it is."""
         warm = self.options.warmup_tokens
         return 4 * sum(1 for r in requests if r.num_output_tokens < warm) > len(requests)
 
@@ -310,6 +315,7 @@ class DeepSparkDrafter(DraftModelDrafter):
     def deepinfer_step_end(self, engine, num_tokens: int) -> None:
         """A round is a sample only if its step computed just its tokens and drafts (no prompt)."""
         self._closed = engine is not None and engine.scheduler.num_waiting == 0
+        self._running = engine.scheduler.num_running if engine is not None else 0
         self._plan = None  # (a plan no proposal took: every request finished meanwhile)
         r = self._round
         if r is not None:
@@ -400,7 +406,7 @@ class DeepSparkDrafter(DraftModelDrafter):
         if alone is not None and alone[0] == request.request_id:  # a request alone to its end: a sample
             self._alone = None
             tokens = request.num_output_tokens - alone[3]
-            if (tokens >= self.ALONE_MIN_TOKENS and request.status.finished
+            if (alone[4] and tokens >= self.ALONE_MIN_TOKENS and request.status.finished
                     and request.status is not RequestStatus.FINISHED_ABORTED):
                 self.alone_rates.record(alone[1], 1, self.clock() - alone[2], tokens)
         self._buckets.pop(request.request_id, None)

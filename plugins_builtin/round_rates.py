@@ -77,7 +77,8 @@ class RoundCosts:
 class RoundRates:
     """Seconds per generated token (a request) of speculative rounds and of plain steps (rounds
     that draft nothing), per batch size class (powers of two), from each kind's last ``window``
-    rounds: the slowest quarter of them left out (warm-up, an idle engine between rounds), the
+    rounds: the slowest quarter of them left out (warm-up, an idle engine between rounds; unless
+    ``trim`` is off), the
     rest's seconds over their tokens (a speculative round's tokens vary, so averaging each round's
     own rate would overstate its cost); and which kind the next round is.
 
@@ -226,7 +227,7 @@ class RoundRates:
                 # (at least twice the run it ends: plain steps held to a batch's end run past the
                 # gap, and the next batch's look should not come sooner than one run after)
                 gap = min(max(2 * gap, 2 * run), self.max_gap)
-            self._best[size] = (not choice if plan else choice, gap)
+            self._best[size] = (not choice if starts_look else choice, gap)  # (a look: the faster is the other)
         if not sticky:
             self.plain_to_end = chosen and closed is not None and not choice and not plan
         if starts_look and (kind != choice or size not in self._extra):

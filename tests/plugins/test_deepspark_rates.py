@@ -240,55 +240,60 @@ def test_deepspark_measures_no_speculation_at_a_requests_start(warmup, asked_fir
     assert list(d.rates.rounds[(T, 1)]) == [(3.0, 2.0)] * 3
 
 
-@pytest.mark.parametrize("spec_faster", [True, False])
-def test_a_request_alone_keeps_one_kind_to_its_end_and_is_timed_whole(spec_faster):
-    """A request alone (batch 1, none waiting) keeps the kind chosen at its first round to its end
-    (plain steps held: the engine rests) and asks the per-round rates nothing; finished, it is a
-    sample of the whole-request rates: its seconds over the tokens it generated since its kind was
-    chosen. Each kind is measured first (speculating, then plain), then the faster one runs, with a
-    request of the slower after 7 of the faster in a row. A request that another joined, one
-    aborted, and one that generated fewer than 16 tokens alone are no sample."""
+@pytest.mark.parametrize("spec_seconds", [0.5, 2.0, 0.9])
+def test_a_request_alone_keeps_one_kind_to_its_end_and_is_timed_whole(spec_seconds):
+    """A request alone (the only one running, none waiting) keeps the kind chosen at its first round
+    to its end (plain steps held: the engine rests) and asks the per-round rates nothing; finished,
+    it is a sample of the whole-request rates: its seconds over the tokens it generated since. Each
+    kind is measured first (speculating, then plain), then the faster runs (speculating only if
+    faster by the margin), with a request of the slower after 7, then 15, then 31 of the faster in
+    a row. No sample: a request another joined, one aborted or preempted, one that generated fewer
+    than 16 tokens, and one that was in the last round beside others (past its first rounds)."""
     from deepinfer.plugins import RequestStatus
 
     d = _timed_deepspark(step_seconds=0.001, rest_seconds=0.010)
     d.options = d.options.model_copy(update={"skip_when_slower": "always", "skip_min_batch": 1})
-    d._closed, d._buckets, d.runner = True, {}, SimpleNamespace(release=lambda rid: None)
+    d._closed, d._running, d._buckets, d.runner = True, 1, {}, SimpleNamespace(release=lambda rid: None)
     now = [0.0]
     d.clock = lambda: now[0]
     asked = []
     d.rates.speculate = lambda *a, **kw: asked.append(a) or (T, T)
-    spec_seconds = 0.5 if spec_faster else 2.0  # a token; plain steps 1 s a token
     made = iter(range(10**6))
 
-    def request(tokens=100, joined=False, status=RequestStatus.FINISHED_LENGTH, start=0):
-        r = SimpleNamespace(request_id=str(next(made)), num_output_tokens=start, status=RequestStatus.RUNNING,
+    def request(tokens=100, joined=False, status=RequestStatus.FINISHED_LENGTH, shared=False):
+        r = SimpleNamespace(request_id=str(next(made)), num_output_tokens=1, status=RequestStatus.RUNNING,
                             params=SimpleNamespace(max_tokens=None))
+        if shared:  # (it decoded beside another in the last round, which has finished)
+            d._last_ids = {r.request_id, "other"}
         kinds = {d._choose([r]) for _ in range(3)}
         assert len(kinds) == 1 and not asked  # one kind, whole: no per-round choice, no sample
         (kind, sample), = kinds
         assert not sample and d.rests_above() == (None if kind else 1)
         if joined:
             d._choose([r, SimpleNamespace(request_id="joined", params=r.params)])
-        now[0] += tokens * (spec_seconds if kind else 1.0)
-        r.num_output_tokens, r.status = start + tokens, status
+        now[0] += tokens * (spec_seconds if kind else 1.0)  # plain steps: 1 s a token
+        r.num_output_tokens, r.status = 1 + tokens, status
         d.release(r)
+        d._last_ids = {r.request_id}
         return kind
 
-    kinds = [request() for _ in range(12)]
-    fast, slow = (T, F) if spec_faster else (F, T)
-    # (7 of the faster in a row: plain steps' first measurement is the first of theirs)
-    first = [T, F] if spec_faster else [T]
-    assert kinds == first + [fast] * 7 + [slow] + [fast] * (12 - len(first) - 8)
-    rates = {(T, 1): spec_seconds, (F, 1): 1.0}
-    assert d.alone_rates.seconds == rates
-    # a request chosen alone midway (its first tokens were another kind's) counts its tokens since
-    request(tokens=50, start=40)
-    assert d.alone_rates.rounds[fast, 1][-1] == (50 * (spec_seconds if fast else 1.0), 50)
+    kinds = [request() for _ in range(60)]
+    fast, slow = (T, F) if spec_seconds < 0.85 else (F, T)  # (0.9: faster, but not by the margin)
+    first = [T, F] if fast else [T]  # (plain steps' first measurement is the first of their run)
+    assert kinds == first + [fast] * 7 + [slow] + [fast] * 15 + [slow] + [fast] * 31 + [slow] + [fast] * (
+        60 - len(first) - 56)
+    assert d.alone_rates.seconds == {(T, 1): spec_seconds, (F, 1): 1.0}
     before = {k: list(v) for k, v in d.alone_rates.rounds.items()}
     request(tokens=15)  # (too short to tell: its first round and a warm-up's first runs)
+    assert request(shared=True) == fast  # (chosen as any, but past its first rounds)
     asked.clear()
     kind = request(joined=True)  # (a request joined it: the per-round rates chose that round)
     assert asked == [(2,)] and kind == fast
     asked.clear()
     request(status=RequestStatus.FINISHED_ABORTED)
+    request(status=RequestStatus.PREEMPTED)  # (let go of, to come back later)
     assert {k: list(v) for k, v in d.alone_rates.rounds.items()} == before
+    # a request decoding on its own while another runs (its prompt still computing) is not alone
+    d._running = 2
+    assert d._choose([SimpleNamespace(request_id="x", params=SimpleNamespace(max_tokens=None))]) == (T, T)
+    assert asked == [(1,)] and d._alone is None

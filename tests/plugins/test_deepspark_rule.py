@@ -37,7 +37,7 @@ def _timed_deepspark(step_seconds: float, rest_seconds: float, tick: float | Non
     d.rates, d._round, d.in_graphs = RoundRates(d.options.explore_every), None, False
     d._last_kind, d._last_ids, d._after_plain, d._plan, d._chained_plan = None, set(), False, None, None
     d._closed, d._gained, d._known_end = False, {}, set()
-    d.alone_rates, d._alone = DeepSparkDrafter.whole_request_rates(d.options), None
+    d.alone_rates, d._alone, d._running = DeepSparkDrafter.whole_request_rates(d.options), None, 0
     d.table = AcceptanceTable(1, 5, 1.0)
     for pos in range(5):
         for i in range(999):
