@@ -91,7 +91,7 @@ def main() -> None:
             if rates is not None and rates.rounds:  # (RoundRates' last estimates: us a token a request)
                 print("      us a token (speculative, class): " + " ".join(
                     f"{'S' if k[0] else 'P'}{k[1]}={1e6 * v:.1f}" for k, v in sorted(rates.seconds.items())))
-            alone = getattr(llm.engine.drafter, "alone_rates", None)
+            alone = getattr(getattr(llm.engine.drafter, "alone", None), "rates", None)
             if alone is not None and alone.rounds:  # (a request alone, timed whole: the last 32 of each kind)
                 print("      requests alone, us a token: " + " ".join(
                     f"{'S' if k[0] else 'P'}={1e6 * v:.1f}" for k, v in sorted(alone.seconds.items()))

@@ -48,7 +48,7 @@ tokens left, over its own tokens a speculative round so far where speculating, r
 requests still running): requests that accept unevenly thin the batch early, which per-round rates
 do not see. Plain steps chosen there run to the batch's end without looks, unless a request joins.
 A request alone (the only one running, none waiting) takes one kind to its end, the whole request
-timed as a sample of its kind if it was alone from its first round (``whole_request_rates``): at
+timed as a sample of its kind if it was alone from its first round (round_rates.RequestAlone): at
 batch 1 a few rounds' rates follow the prompt and the place in it more than the kind (plugins.md).
 Where rounds chain, the next round's kind is chosen at the verification (``on_verified``). This
 is vLLM's disabling of speculation by batch size, measured instead of set.
@@ -61,12 +61,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from deepinfer.plugins import DraftProposal, Request, RequestStatus, hookimpl
+from deepinfer.plugins import DraftProposal, Request, hookimpl
 from deepinfer_builtin.deepspark_options import DeepSparkOptions
 from deepinfer_builtin.draft_model import DraftModelDrafter
 from deepinfer_builtin.draft_seq import Draft
 from deepinfer_builtin.lookup import LookupDrafts
-from deepinfer_builtin.round_rates import AcceptanceTable, RoundCosts, RoundRates, rounds_left
+from deepinfer_builtin.round_rates import AcceptanceTable, RequestAlone, RoundCosts, RoundRates, rounds_left
 
 
 @dataclass(slots=True)
@@ -108,10 +108,7 @@ class DeepSparkDrafter(DraftModelDrafter):
         self.lookup = o.lookup
         self.costs = RoundCosts(names=("rest", "first", "step"))
         self.rates = RoundRates(options.explore_every, margin=options.skip_margin)
-        self.alone_rates = self.whole_request_rates(options)
-        #: the request alone: (its id, whether it speculates, when its kind was chosen, its output
-        #: tokens then, whether it was alone from its first round: only then is it a sample)
-        self._alone: tuple[str, bool, float, int, bool] | None = None
+        self.alone = RequestAlone(options.skip_margin)
         self._running = 0  # requests running at the last step's end (a request alone: no other runs)
         #: the round under way, if it is to be a sample (closed by the next proposal)
         self._round: _Round | None = None
@@ -128,19 +125,6 @@ class DeepSparkDrafter(DraftModelDrafter):
         self._chained_plan: tuple[bool, bool, int, set[str]] | None = None  # on_verified's (and its requests)
         self.free_verification = False  # (verification graphs compute k + 1 rows a request anyway)
         self.in_graphs = False  # the engine verifies in device graphs (enable_graphs)
-
-    #: a request alone that generated fewer tokens is no sample: its time is mostly its first round's
-    #: (where the draft computes its prompt) and what ran there for the first time (a warm-up's)
-    ALONE_MIN_TOKENS = 16
-
-    @staticmethod
-    def whole_request_rates(options: DeepSparkOptions) -> RoundRates:
-        """The rates a request alone (batch 1, none waiting) chooses by: its kind holds from its first
-        choice to its end and the whole request is the sample (module docstring); each kind is
-        measured first, then a request of the slower kind comes after 7 of the faster in a row, the
-        gap doubling up to 64 requests; the last 32 requests of each kind, all of them, count (a
-        request's rate follows its prompt, so the speculative one takes many)."""
-        return RoundRates(8, window=32, max_gap=64, look=1, margin=options.skip_margin, trim=False)
 
     @property
     def verify_threshold(self) -> float:
@@ -205,9 +189,11 @@ class DeepSparkDrafter(DraftModelDrafter):
         if not self.may_skip(batch := len(requests)):
             self.rates.plain_to_end = False  # (RoundRates sees no such round: a request may join unseen)
             return True, False
-        if self._closed and batch == 1 and self._running == 1:
-            return self._choose_alone(requests[0])
-        self._alone = None  # (a request alone that another joined, or one waits or runs beside it: no sample)
+        if self._closed and batch == 1 and self._running == 1:  # a request alone: its kind to its end
+            speculate = self.alone.speculate(r := requests[0], r.request_id not in self._last_ids, self.clock())
+            self.rates.plain_to_end = not speculate  # (plain steps held: the engine rests)
+            return speculate, False
+        self.alone.current = None  # (a request alone that another joined, or one waits or runs beside it: no sample)
         if not self._closed:
             return self.rates.speculate(batch)
         ids = ids if ids is not None else {r.request_id for r in requests}
@@ -217,19 +203,6 @@ class DeepSparkDrafter(DraftModelDrafter):
             self._known_end = ids
         return self.rates.speculate(batch, lambda gain: rounds_left(requests, self._gained, gain),
                                     not ids <= self._last_ids)  # (joined)
-
-    def _choose_alone(self, request: Request) -> tuple[bool, bool]:
-        """A request alone keeps the kind chosen at its first round here to its end (plain steps
-        held: the engine rests); no round of it is a sample of ``rates``: ``release`` times it whole
-        if it was alone from its first round (not in the last round's requests: one left alone as
-        the others of its batch finished is past its first rounds, which accept the fewest drafts)."""
-        alone = self._alone
-        rid = request.request_id
-        if alone is None or alone[0] != rid:
-            alone = self._alone = (rid, self.alone_rates.speculate(1)[0], self.clock(), request.num_output_tokens,
-                                   rid not in self._last_ids)
-        self.rates.plain_to_end = not alone[1]
-        return alone[1], False
 
     def value_chain(self, confidence: list[float]) -> tuple[list[int], list[float]]:
         """Buckets and P_j (chance drafts 1..j all pass) for one request's drafts."""
@@ -402,13 +375,7 @@ class DeepSparkDrafter(DraftModelDrafter):
             self.table.record_tested(buckets[:tested], num_accepted)
 
     def release(self, request: Request) -> None:
-        alone = self._alone
-        if alone is not None and alone[0] == request.request_id:  # a request alone to its end: a sample
-            self._alone = None
-            tokens = request.num_output_tokens - alone[3]
-            if (alone[4] and tokens >= self.ALONE_MIN_TOKENS and request.status.finished
-                    and request.status is not RequestStatus.FINISHED_ABORTED):
-                self.alone_rates.record(alone[1], 1, self.clock() - alone[2], tokens)
+        self.alone.release(request, self.clock)
         self._buckets.pop(request.request_id, None)
         self._gained.pop(request.request_id, None)
         self._known_end.discard(request.request_id)  # (an id may come back with other parameters)

@@ -1,11 +1,14 @@
 """What deepspark measures as it runs: how often drafts are accepted (AcceptanceTable, for what
-to verify), a round's parts (RoundCosts, for the round depth) and the seconds a generated token of
-speculative rounds and of plain steps (RoundRates, for rounds that draft nothing). See
+to verify), a round's parts (RoundCosts, for the round depth), the seconds a generated token of
+speculative rounds and of plain steps (RoundRates, for rounds that draft nothing) and of whole
+requests alone (RequestAlone). See
 deepspark.py's docstring."""
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
+
+from deepinfer.plugins import Request, RequestStatus
 
 
 class AcceptanceTable:
@@ -253,6 +256,45 @@ class RoundRates:
         self._extra[size] = left - 1
         self._plan.setdefault(size, []).insert(0, self._runs[size][0])
         return True
+
+
+class RequestAlone:
+    """The kind of a request alone (the only one running, none waiting), chosen by whole requests:
+    it keeps the kind chosen at its first round alone to its end, and if it was alone from its first
+    round and generated at least ``MIN_TOKENS`` since, its seconds over those tokens are a sample of
+    that kind (plugins.md, "A request alone"). ``rates``: each kind measured first, then a request
+    of the slower kind after 7 of the faster in a row, the gap doubling up to 64 requests; the last
+    32 requests of each kind, all of them, count (a request's rate follows its prompt, so the
+    speculative one takes many)."""
+
+    #: a request that generated fewer is no sample: its time is mostly its first round's (where the
+    #: draft computes its prompt) and what ran there for the first time (a warm-up's)
+    MIN_TOKENS = 16
+
+    def __init__(self, margin: float) -> None:
+        self.rates = RoundRates(8, window=32, max_gap=64, look=1, margin=margin, trim=False)
+        #: the request alone: (its id, whether it speculates, when its kind was chosen, its output
+        #: tokens then, whether it was alone from its first round); None when none is (no sample)
+        self.current: tuple[str, bool, float, int, bool] | None = None
+
+    def speculate(self, request: Request, fresh: bool, now: float) -> bool:
+        """Whether this request alone speculates; ``fresh``: it ran in no round before (not left
+        alone midway, past its first rounds, which accept the fewest drafts)."""
+        cur = self.current
+        if cur is None or cur[0] != request.request_id:
+            cur = self.current = (request.request_id, self.rates.speculate(1)[0], now, request.num_output_tokens, fresh)
+        return cur[1]
+
+    def release(self, request: Request, clock: Callable[[], float]) -> None:
+        """A request let go: the sample, if it is the request alone and finished as one should."""
+        cur = self.current
+        if cur is None or cur[0] != request.request_id:
+            return
+        self.current = None
+        tokens = request.num_output_tokens - cur[3]
+        if (cur[4] and tokens >= self.MIN_TOKENS and request.status.finished
+                and request.status is not RequestStatus.FINISHED_ABORTED):
+            self.rates.record(cur[1], 1, clock() - cur[2], tokens)
 
 
 def rounds_left(requests, gained: dict[str, list[int]], gain: float, prior: float = 4.0

@@ -282,8 +282,8 @@ def test_a_request_alone_keeps_one_kind_to_its_end_and_is_timed_whole(spec_secon
     first = [T, F] if fast else [T]  # (plain steps' first measurement is the first of their run)
     assert kinds == first + [fast] * 7 + [slow] + [fast] * 15 + [slow] + [fast] * 31 + [slow] + [fast] * (
         60 - len(first) - 56)
-    assert d.alone_rates.seconds == {(T, 1): spec_seconds, (F, 1): 1.0}
-    before = {k: list(v) for k, v in d.alone_rates.rounds.items()}
+    assert d.alone.rates.seconds == {(T, 1): spec_seconds, (F, 1): 1.0}
+    before = {k: list(v) for k, v in d.alone.rates.rounds.items()}
     request(tokens=15)  # (too short to tell: its first round and a warm-up's first runs)
     assert request(shared=True) == fast  # (chosen as any, but past its first rounds)
     asked.clear()
@@ -292,8 +292,8 @@ def test_a_request_alone_keeps_one_kind_to_its_end_and_is_timed_whole(spec_secon
     asked.clear()
     request(status=RequestStatus.FINISHED_ABORTED)
     request(status=RequestStatus.PREEMPTED)  # (let go of, to come back later)
-    assert {k: list(v) for k, v in d.alone_rates.rounds.items()} == before
+    assert {k: list(v) for k, v in d.alone.rates.rounds.items()} == before
     # a request decoding on its own while another runs (its prompt still computing) is not alone
     d._running = 2
     assert d._choose([SimpleNamespace(request_id="x", params=SimpleNamespace(max_tokens=None))]) == (T, T)
-    assert asked == [(1,)] and d._alone is None
+    assert asked == [(1,)] and d.alone.current is None

@@ -30,6 +30,7 @@ def _timed_deepspark(step_seconds: float, rest_seconds: float, tick: float | Non
     import itertools
 
     from deepinfer_builtin.deepspark import DeepSparkDrafter, DeepSparkOptions, RoundCosts, RoundRates
+    from deepinfer_builtin.round_rates import RequestAlone
 
     d = DeepSparkDrafter.__new__(DeepSparkDrafter)
     # (rounds skipped only in graphs, which these drafters are not in unless a test says so)
@@ -37,7 +38,7 @@ def _timed_deepspark(step_seconds: float, rest_seconds: float, tick: float | Non
     d.rates, d._round, d.in_graphs = RoundRates(d.options.explore_every), None, False
     d._last_kind, d._last_ids, d._after_plain, d._plan, d._chained_plan = None, set(), False, None, None
     d._closed, d._gained, d._known_end = False, {}, set()
-    d.alone_rates, d._alone, d._running = DeepSparkDrafter.whole_request_rates(d.options), None, 0
+    d.alone, d._running = RequestAlone(d.options.skip_margin), 0
     d.table = AcceptanceTable(1, 5, 1.0)
     for pos in range(5):
         for i in range(999):
