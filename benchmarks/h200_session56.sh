@@ -5,15 +5,22 @@
 #    deepspark, deepspark speculating every round, in turns ($OUT/variants.txt).
 # b: the gpu-marked tests of the models, plugins and core ($OUT/gpu_tests.txt), and the CUDA spec
 #    tests, each file in its own process ($OUT/cuda_spec_tests.txt).
+# all: b's gpu-marked tests, a's recorded command, b's CUDA spec tests (one call, for when machines are scarce).
 . benchmarks/h200_common.sh
 EVERY='ds-every=deepspark:{"deepspark": {"skip_when_slower": "never"}}'
+spec() { timeout 250 python3 -m deepinfer.cli bench spec --device sm90 --batch 1,64 --output-len 256 \
+  --repeats 5 2>&1 | filter > "$OUT/spec.txt"; }
+variants() { timeout "$1" python3 benchmarks/spark_variants.py --device sm90 --kv-gb 2 --batch 1 --prompts 16 \
+  --repeats 3 none= dm=draft-model ds=deepspark "$EVERY" 2>&1 | filter > "$OUT/variants.txt"; }
+gpu_tests() { timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/models tests/plugins tests/core \
+  > "$OUT/gpu_tests.txt" 2>&1; }
+spec_tests() {
+  for t in tests/plugins/test_spec_distribution.py tests/plugins/test_spec_context_end.py; do
+    timeout 80 python3 -m pytest -q -p no:cacheprovider "$t" >> "$OUT/cuda_spec_tests.txt" 2>&1
+  done
+}
 case "${1:-a}" in
-  a) timeout 300 python3 -m deepinfer.cli bench spec --device sm90 --batch 1,64 --output-len 256 \
-       --repeats 5 2>&1 | filter > "$OUT/spec.txt"
-     timeout 200 python3 benchmarks/spark_variants.py --device sm90 --kv-gb 2 --batch 1 --prompts 16 --repeats 3 \
-       none= dm=draft-model ds=deepspark "$EVERY" 2>&1 | filter > "$OUT/variants.txt" ;;
-  b) timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/models tests/plugins tests/core > "$OUT/gpu_tests.txt" 2>&1
-     for t in tests/plugins/test_spec_distribution.py tests/plugins/test_spec_context_end.py; do
-       timeout 120 python3 -m pytest -q -p no:cacheprovider "$t" >> "$OUT/cuda_spec_tests.txt" 2>&1
-     done ;;
+  all) gpu_tests; spec; spec_tests ;;
+  a) spec; variants 200 ;;
+  b) gpu_tests; spec_tests ;;
 esac
