@@ -5,7 +5,7 @@
 #    deepspark, deepspark speculating every round, in turns ($OUT/variants.txt).
 # b: the gpu-marked tests of the models, plugins and core ($OUT/gpu_tests.txt), and the CUDA spec
 #    tests, each file in its own process ($OUT/cuda_spec_tests.txt).
-# all: b's gpu-marked tests, a's recorded command, b's CUDA spec tests (one call, for when machines are scarce).
+# all: b's gpu-marked tests, then a's recorded command (one call, for when machines are scarce).
 . benchmarks/h200_common.sh
 EVERY='ds-every=deepspark:{"deepspark": {"skip_when_slower": "never"}}'
 spec() { timeout 250 python3 -m deepinfer.cli bench spec --device sm90 --batch 1,64 --output-len 256 \
@@ -20,7 +20,7 @@ spec_tests() {
   done
 }
 case "${1:-a}" in
-  all) gpu_tests; spec; spec_tests ;;
+  all) gpu_tests; spec ;;
   a) spec; variants 200 ;;
   b) gpu_tests; spec_tests ;;
 esac
