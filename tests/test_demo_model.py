@@ -14,6 +14,8 @@ import torch
 import deepinfer
 from deepinfer import LLM, SamplingParams
 
+pytestmark = pytest.mark.slow  # the embedded demo model, whole
+
 PROMPTS = ["import os\n", "def read_config(path):\n", "class Stack:\n    def __init__(self):\n"]
 ROOT = Path(__file__).resolve().parents[1]
 # Drafts accepted a round of 5 in the replay below (8 held-out prompts, 48 new tokens): the shipped

@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.slow  # each test runs deepinfer bench in a process of its own
+
 
 def _bench(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "deepinfer.cli", "bench", *args, "--random-model", "llama-tiny",

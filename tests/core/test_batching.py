@@ -21,6 +21,7 @@ def _prompts(n: int, seed: int = 0) -> list[list[int]]:
     return [[rng.randrange(6, 320) for _ in range(rng.randrange(3, 60))] for _ in range(n)]
 
 
+@pytest.mark.slow
 def test_batched_with_chunked_prefill_and_preemption_equals_one_at_a_time(model_dir):
     prompts = _prompts(12)
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
@@ -42,6 +43,7 @@ def test_batched_with_chunked_prefill_and_preemption_equals_one_at_a_time(model_
 
 
 
+@pytest.mark.slow
 def test_prompt_logprobs_under_chunked_prefill_and_preemption_equal_one_at_a_time(model_dir):
     """A request preempted (during or after its prefill) computes its prompt again: its prompt
     logprobs are still one entry a prompt token (None for the first), as alone."""

@@ -13,6 +13,8 @@ from deepinfer import LLM, SamplingParams
 from deepinfer.core.request import PLACEHOLDER_TOKEN
 from tests.tiny_models import hybrid, make_model
 
+pytestmark = pytest.mark.slow  # engines compared step by step with overlap on and off
+
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):

@@ -14,6 +14,7 @@ from tests.kernels.conftest import IN_PROCESS
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 @pytest.mark.subprocess
 @pytest.mark.skipif(IN_PROCESS, reason="the kernel tests run in this process")
 def test_kernel_tests_pass_in_a_fresh_interpreter_process():

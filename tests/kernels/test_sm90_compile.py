@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # compiles every kernel for sm90 in a subprocess
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

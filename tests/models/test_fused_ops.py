@@ -15,6 +15,8 @@ import pytest
 
 from tests.tiny_models import hybrid, make_model
 
+pytestmark = pytest.mark.slow  # whole engines in the Triton interpreter, in subprocesses
+
 ROOT = Path(__file__).resolve().parents[2]
 
 CHILD = """

@@ -13,6 +13,7 @@ from deepinfer_builtin import draft_compile
 from deepinfer_builtin.torch_attn import TorchAttention
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("draft", "dtype"), [("demo", "float32"), ("demo", "bfloat16"), ("sliding", "float32")])
 def test_compiled_draft_step_matches_the_eager_step(draft, dtype, tmp_path):
     """In bfloat16 the compiled step keeps float32 between fused ops where the eager one rounds to

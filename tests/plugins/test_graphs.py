@@ -85,6 +85,7 @@ def run_both(model_dir: str, prompts, max_tokens: list[int], graphs_factory, siz
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fused", [False, True])
 def test_graph_steps_give_the_eager_tokens_in_the_interpreter(tmp_path, fused):
     from tests.tiny_models import hybrid, make_model

@@ -149,6 +149,7 @@ def check(got: dict, sizes: list[int], tol: float) -> None:
     assert graphs["replayed"] == {"8": 1, "16": 2, "32": 1}
 
 
+@pytest.mark.slow
 def test_prefill_steps_from_graphs_give_the_eager_tokens_in_the_interpreter(tmp_path):
     from tests.tiny_models import hybrid, make_model
 

@@ -33,6 +33,7 @@ def demo_reference():
     return [o.outputs[0].token_ids for o in base.generate(DEMO_PROMPTS, params, use_tqdm=False)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("drafter", DRAFTERS)
 def test_greedy_outputs_identical_on_the_demo_pair(drafter, demo_reference):
     # deepspark looks up at every batch size here (by default only at batch 1), so that its rounds
@@ -202,6 +203,7 @@ def test_suffix_index_matches_the_scan_as_a_sequence_grows(max_n, min_n):
     assert index.lookup([1, 2, 5, 1, 2], 5) == ([5, 1, 2], 2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("overlap", [False, True])
 def test_deepspark_mixing_plain_and_speculative_rounds_is_lossless(demo_reference, overlap):
     """Skipping in eager steps too, with explore_every 2, deepspark alternates plain steps and
@@ -239,6 +241,7 @@ def test_deepspark_mixing_plain_and_speculative_rounds_is_lossless(demo_referenc
     _assert_pools_free(llm)
 
 
+@pytest.mark.slow
 def test_deepspark_stops_drafting_what_it_would_not_verify(demo_reference):
     """Early stop spares the draft steps of drafts below min_value and changes nothing else: the
     same greedy tokens, the same drafts verified and accepted (every round the draft model's: no
@@ -263,6 +266,7 @@ def test_deepspark_stops_drafting_what_it_would_not_verify(demo_reference):
     assert early_m["deepinfer:spec_decode_num_draft_tokens"] < full_m["deepinfer:spec_decode_num_draft_tokens"]
 
 
+@pytest.mark.slow
 def test_drafts_with_the_prefix_cache_stay_lossless(demo_reference):
     """Rejected drafts' KV must never reach a cached block: repeat the prompts to hit the cache."""
     llm = LLM(progress=False, dtype="float32", plugins=["prefix-cache", "deepspark"], block_size=4)

@@ -10,6 +10,8 @@ from deepinfer import LLM, SamplingParams
 from tests.core.test_spec_verify import _chi2
 from tests.tiny_models import constant_model
 
+pytestmark = pytest.mark.slow  # 2,000 seeded requests end to end
+
 P = [0.6, 0.1, 0.1, 0.2]  # the target's distribution over its first four tokens
 Q = [0.1, 0.5, 0.2, 0.2]  # the draft's: far from p, and its tokens of unequal probability
 #: chi-square at p = 0.001 by degrees of freedom

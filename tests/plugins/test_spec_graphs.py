@@ -19,6 +19,8 @@ import torch
 
 from tests.plugins.test_graphs import ROOT, EagerGraphs, _prompts
 
+pytestmark = pytest.mark.slow  # whole engines in the Triton interpreter, in subprocesses
+
 
 @pytest.mark.parametrize(("drafter", "loop"), [("draft-model", True), ("draft-model", False), ("deepspark", True),
                                                ("deepspark", False), ("deepspark+lookup", True),

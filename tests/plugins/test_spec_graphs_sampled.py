@@ -20,6 +20,8 @@ import torch
 from tests.plugins.test_graphs import ROOT, EagerGraphs, _prompts
 from tests.plugins.test_spec_graphs import near_draft
 
+pytestmark = pytest.mark.slow  # whole engines in the Triton interpreter, in subprocesses
+
 
 def test_sampled_rounds_in_loop_graphs_give_the_eager_tokens_in_the_interpreter(tmp_path):
     from tests.tiny_models import hybrid, make_model

@@ -144,6 +144,7 @@ def test_without_surviving_checkpoints_hits_replay_from_the_start(hybrid_dir):
     assert_pools_exact(llm)
 
 
+@pytest.mark.slow
 def test_live_sliding_blocks_stay_within_the_window_on_a_16k_prompt(tmp_path):
     window, bs = 64, 16
     make_model(tmp_path, "qwen3", with_tokenizer=False, max_position_embeddings=16512,
@@ -169,6 +170,7 @@ def test_live_sliding_blocks_stay_within_the_window_on_a_16k_prompt(tmp_path):
     assert_pools_exact(llm)
 
 
+@pytest.mark.slow
 def test_demo_model_outputs_equal_no_cache_with_eviction():
     """The demo target (window 256, 3 sliding : 1 full layers) with R = 128 and block size 16."""
     rng = random.Random(5)
@@ -243,6 +245,7 @@ def test_attention_without_kv_groups_is_refused(hybrid_dir, monkeypatch):
 
 
 # ------------------------------------------------------------------------------ triton interpreter
+@pytest.mark.slow
 def test_triton_interpreter_with_replay_gives_the_no_cache_tokens(hybrid_dir):
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     res = subprocess.run([sys.executable, "-m", "tests.plugins.test_swa_replay", hybrid_dir], cwd=ROOT, env=env,

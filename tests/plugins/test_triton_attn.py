@@ -74,6 +74,7 @@ def _child(args: list[str], interpret: bool) -> subprocess.CompletedProcess:
                           check=False)
 
 
+@pytest.mark.slow
 def test_interpreter_engine_gives_the_torch_backends_greedy_tokens(model_dir):
     res = _child(["-m", "tests.plugins.test_triton_attn", model_dir], interpret=True)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
