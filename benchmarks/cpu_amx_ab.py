@@ -23,7 +23,7 @@ import torch
 
 from deepinfer.bench.spec import Workload
 from deepinfer.llm import LLM
-from deepinfer_builtin import cpu_bf16
+from deepinfer_builtin.devices import cpu_bf16
 
 SHAPES = [(640, 384), (384, 384), (2048, 384), (384, 1024)] * 8 + [(8192, 384)]
 

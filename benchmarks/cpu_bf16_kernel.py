@@ -16,8 +16,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from deepinfer_builtin import cpu_bf16
-from deepinfer_builtin.cpu import widened_linear
+from deepinfer_builtin.devices import cpu_bf16
+from deepinfer_builtin.devices.cpu import widened_linear
 
 #: (N, K) of the demo target's qkv, o, gate_up, down and LM head, and the demo draft's LM head
 SHAPES = [(640, 384), (384, 384), (2048, 384), (384, 1024), (8192, 384), (8192, 256)]

@@ -26,8 +26,8 @@ from torch._inductor.output_code import CompiledFxGraph
 
 from deepinfer import LLM, SamplingParams
 from deepinfer.bench.spec import stdlib_prompts
-from deepinfer_builtin.draft_compile import CompiledDraftStep
-from deepinfer_builtin.draft_runner import DraftRunner
+from deepinfer_builtin.drafters.draft_model.compile import CompiledDraftStep
+from deepinfer_builtin.drafters.draft_model.runner import DraftRunner
 
 times: dict[str, list[float]] = defaultdict(list)
 

@@ -61,7 +61,7 @@ def calls_alone(turns: int = 2, calls: int = 20) -> None:
 
 def child(native: bool, argv: list[str]) -> int:
     from deepinfer.cli import main as cli
-    from deepinfer_builtin import cpu_bf16
+    from deepinfer_builtin.devices import cpu_bf16
     cpu_bf16.use_native(native)
     if native and not cpu_bf16.use_native():
         raise SystemExit(f"the C++ operator does not build here: {cpu_bf16.native_unavailable_reason()}")

@@ -23,7 +23,7 @@ import torch
 
 from deepinfer import LLM, SamplingParams
 from deepinfer.bench.spec import stdlib_prompts
-from deepinfer_builtin.draft_compile import CompiledDraftStep
+from deepinfer_builtin.drafters.draft_model.compile import CompiledDraftStep
 
 
 def main() -> None:

@@ -36,7 +36,7 @@ from deepinfer.core.graphs import DecodeGraphs
 
 def main() -> None:
     a, llm, prompts, params = demo_batch1(__doc__)
-    from deepinfer_builtin.draft_loop import DraftLoopGraphs
+    from deepinfer_builtin.drafters.draft_model.loop import DraftLoopGraphs
 
     marks: list[tuple[str, float]] = []
     clock = time.perf_counter

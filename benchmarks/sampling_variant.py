@@ -19,7 +19,7 @@ import torch
 
 import deepinfer.core.sampler
 import deepinfer.core.spec
-import deepinfer_builtin.draft_runner
+import deepinfer_builtin.drafters.draft_model.runner
 from deepinfer.cli import main
 from deepinfer.core.sampler import draw, filter_logits
 
@@ -56,7 +56,7 @@ def verify_per_request(logits, items, generator):
     return out
 
 
-deepinfer_builtin.draft_runner.DraftRunner._sample = staticmethod(draft_per_row)
+deepinfer_builtin.drafters.draft_model.runner.DraftRunner._sample = staticmethod(draft_per_row)
 deepinfer.core.spec.verify_batch = verify_per_request  # (the runner imports it at each verification)
 if before == 43:
     deepinfer.core.sampler.draw = race

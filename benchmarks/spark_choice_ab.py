@@ -1,7 +1,7 @@
 """spark_variants.py with deepspark's choice of round kinds as an older commit made it, in the same
 process and in turns with the current code: a configuration labelled ``<name>-old`` gets the
 ``_choose`` of the deepspark.py given by ``--old FILE`` (saved beforehand, e.g. ``git show
-a696c11:plugins_builtin/deepspark.py > benchmarks/old_deepspark.py``), bound to its built drafter;
+a696c11:plugins_builtin/drafters/deepspark/drafter.py > benchmarks/old_deepspark.py``), bound to its built drafter;
 the rest of the drafter is the current code's. Session 55 compared its choice for a request alone
 with session 54's this way (benchmarks.md):
 

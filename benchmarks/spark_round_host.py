@@ -17,7 +17,7 @@ import time
 
 from deepinfer.core.sampling_params import SamplingParams
 from deepinfer.llm import LLM
-from deepinfer_builtin.draft_runner import Draft
+from deepinfer_builtin.drafters.draft_model.runner import Draft
 
 
 def stubbed(drafter_name: str):

@@ -89,7 +89,7 @@ def lookup_cost_us(num_cached: int, block_size: int = 16, probe_blocks: int = 51
     from deepinfer.core.metrics import Metrics
     from deepinfer.core.request import Request
     from deepinfer.plugins import PrefixMatch
-    from deepinfer_builtin.prefix_cache import PrefixCache, PrefixCacheOptions
+    from deepinfer_builtin.cache.prefix_cache import PrefixCache, PrefixCacheOptions
 
     ctx = EngineContext(config=EngineConfig(block_size=block_size), metrics=Metrics())
     policy = PrefixCache(PrefixCacheOptions(), ctx)

@@ -60,7 +60,7 @@ def test_placeholders_become_the_device_tokens_they_stand_for(placeholders):
 @pytest.mark.gpu
 @torch.inference_mode()
 def test_cuda_graphs_resolve_placeholders_in_the_replay():
-    from deepinfer_builtin.cuda import CUDAGraphs
+    from deepinfer_builtin.devices.cuda import CUDAGraphs
 
     dev = torch.device("cuda")
     g = DecodeGraphs(_ids_model, _Attention(), [], CUDAGraphs(dev), dev, 4, [1, 2, 4], 16)
@@ -193,7 +193,7 @@ def test_cuda_graph_replays_read_their_inputs_from_pinned_memory_one_step_ahead(
     """Real CUDA graphs and the compiled staging kernel; the host fills the next step while the one
     before is still queued (the engine's overlap: only the step before that is waited for): the
     device sleeps before each replay, so it stays behind the host."""
-    from deepinfer_builtin.cuda import CUDAGraphs
+    from deepinfer_builtin.devices.cuda import CUDAGraphs
     from deepinfer_kernels import FusedOps
 
     dev = torch.device("cuda")

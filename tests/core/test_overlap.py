@@ -134,7 +134,7 @@ def test_abort_while_a_step_is_in_flight_frees_everything(model_dir):
 
 
 def test_overlap_follows_the_scheduler_option_and_the_device(model_dir):
-    from deepinfer_builtin.cpu import CPUDevice
+    from deepinfer_builtin.devices.cpu import CPUDevice
 
     assert LLM(model_dir, progress=False).engine.overlap is False  # synchronous CPU
     try:

@@ -8,7 +8,7 @@ import torch
 
 from deepinfer.core.step import StepBatch
 from deepinfer.plugins import AttentionLayerSpec
-from deepinfer_builtin.triton_attn import TritonAttention, TritonAttentionOptions
+from deepinfer_builtin.attention.triton_attn import TritonAttention, TritonAttentionOptions
 from tests.kernels.paged import i32, randn, random_paged_kv
 
 HEADS, KV_HEADS, DIM, BS, SPLIT = 4, 2, 16, 4, 16

@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from deepinfer_builtin import cpu, cpu_bf16, native_build
+from deepinfer_builtin.devices import cpu, cpu_bf16, native_build
 
 pytestmark = pytest.mark.skipif(not getattr(torch.cpu, "_is_avx2_supported", lambda: False)(),
                                 reason="the kernel needs an x86-64 CPU with AVX2")

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from deepinfer import LLM, SamplingParams
-from deepinfer_builtin import cpu
+from deepinfer_builtin.devices import cpu
 from tests.tiny_models import make_model
 
 

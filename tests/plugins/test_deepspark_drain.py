@@ -9,7 +9,7 @@ import pytest
 
 from deepinfer import LLM, SamplingParams
 from deepinfer.plugins import DraftProposal
-from deepinfer_builtin.round_rates import RoundRates, rounds_left
+from deepinfer_builtin.drafters.deepspark.round_rates import RoundRates, rounds_left
 
 
 def test_drain_prices_each_round_at_the_requests_still_running():
@@ -115,7 +115,7 @@ def test_a_batch_that_nothing_joins_speculates_only_if_it_is_done_sooner(uneven)
 def test_deepspark_passes_whether_the_batch_is_closed_and_whether_a_request_joined():
     """The drains only where no request waits and every request has max_tokens (its end); a
     request whose drafts all fall below min_value still counts a speculative round of one token."""
-    from deepinfer_builtin.draft_runner import Draft
+    from deepinfer_builtin.drafters.draft_model.runner import Draft
     from tests.plugins.test_deepspark_rule import _timed_deepspark
 
     d = _timed_deepspark(step_seconds=0.001, rest_seconds=0.010)

@@ -15,8 +15,8 @@ def test_deepspark_in_graphs_feeds_the_lookups_requests_to_the_loop_graph(loop_t
     from them goes to the lookup's table. Where the loop would not take the round, they stay out."""
     from types import SimpleNamespace
 
-    from deepinfer_builtin.deepspark import _Lookup
-    from deepinfer_builtin.draft_runner import Draft
+    from deepinfer_builtin.drafters.deepspark.drafter import _Lookup
+    from deepinfer_builtin.drafters.draft_model.runner import Draft
 
     d = _timed_deepspark(step_seconds=0.001, rest_seconds=0.010)
     d.k, d._buckets, d._ended, d.lookup, d.in_graphs = 5, {}, None, True, True

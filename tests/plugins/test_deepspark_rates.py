@@ -18,7 +18,7 @@ def test_round_rates_run_the_faster_kind_and_look_at_the_other_ever_less_often(s
     at the other after gap - 4 rounds of it, the gap doubling from explore_every with each look
     that finds the same kind faster, and starting over when the other turns out faster. Batch
     sizes of one power-of-two class share their measurements."""
-    from deepinfer_builtin.deepspark import RoundRates
+    from deepinfer_builtin.drafters.deepspark.drafter import RoundRates
 
     r = RoundRates(explore_every=6)
     kinds, samples, bests = [], [], []
@@ -89,12 +89,12 @@ def test_deepspark_drafts_nothing_while_plain_steps_are_faster():
     (1 s a token): after measuring both it proposes nothing, but for a look at speculating now and
     then. A round is a sample only if its step computed just its own tokens and no request joined
     after it; one that a request left still is."""
-    from deepinfer_builtin.deepspark import RoundRates
-    from deepinfer_builtin.draft_runner import Draft
+    from deepinfer_builtin.drafters.deepspark.drafter import RoundRates
+    from deepinfer_builtin.drafters.draft_model.runner import Draft
 
     d = _timed_deepspark(step_seconds=0.001, rest_seconds=0.010)
     d.rates, d._ended, d._buckets, d.k = RoundRates(6), None, {}, 5  # (looks of 4 rounds)
-    from deepinfer_builtin.deepspark import DeepSparkOptions
+    from deepinfer_builtin.drafters.deepspark.drafter import DeepSparkOptions
 
     # by default, batches of at least 8 may skip, in eager steps too; in device graphs every batch
     d.options = DeepSparkOptions()
@@ -167,7 +167,7 @@ def test_round_rates_lengthen_a_look_by_its_unsampled_rounds():
     """A round of a look (or of a kind's first measurement) that the caller leaves unmeasured makes
     the look a round longer, at most 2 * look rounds more, after which its rounds are samples;
     rounds chosen by comparing may go unmeasured and are not lengthened."""
-    from deepinfer_builtin.round_rates import RoundRates
+    from deepinfer_builtin.drafters.deepspark.round_rates import RoundRates
 
     def run(n, unsampled_spec, r=None):
         r = r or RoundRates(explore_every=6)  # (looks of 4)
@@ -211,8 +211,8 @@ def test_deepspark_measures_no_speculation_at_a_requests_start(warmup, asked_fir
     them (2 tokens a speculative round: rounds 2-6 of a request that starts with one token), then
     takes its samples. The same where each round's kind is chosen before its proposal (the
     engine asks needs_tokens first, to keep plain rounds overlapped)."""
-    from deepinfer_builtin.deepspark import DeepSparkOptions, RoundRates
-    from deepinfer_builtin.draft_runner import Draft
+    from deepinfer_builtin.drafters.deepspark.drafter import DeepSparkOptions, RoundRates
+    from deepinfer_builtin.drafters.draft_model.runner import Draft
 
     d = _timed_deepspark(step_seconds=0.001, rest_seconds=0.010)
     d.options = DeepSparkOptions(buckets=1, prior_strength=1.0, min_value=0.25, warmup_tokens=warmup)

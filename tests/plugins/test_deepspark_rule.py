@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from deepinfer_builtin.deepspark import AcceptanceTable
-from deepinfer_builtin.lookup import LookupDrafts
+from deepinfer_builtin.drafters.deepspark.drafter import AcceptanceTable
+from deepinfer_builtin.drafters.deepspark.lookup import LookupDrafts
 
 
 def test_deepspark_table_learns_and_budget_keeps_prefixes():
@@ -15,7 +15,7 @@ def test_deepspark_table_learns_and_budget_keeps_prefixes():
     for _ in range(50):
         table.record(3, 0, False)
     assert table.estimate(3, 0) < 0.1
-    from deepinfer_builtin.deepspark import DeepSparkDrafter
+    from deepinfer_builtin.drafters.deepspark.drafter import DeepSparkDrafter
 
     drafter = DeepSparkDrafter.__new__(DeepSparkDrafter)
     drafter.table = table
@@ -29,8 +29,8 @@ def _timed_deepspark(step_seconds: float, rest_seconds: float, tick: float | Non
     at each position are accepted."""
     import itertools
 
-    from deepinfer_builtin.deepspark import DeepSparkDrafter, DeepSparkOptions, RoundCosts, RoundRates
-    from deepinfer_builtin.round_rates import RequestAlone
+    from deepinfer_builtin.drafters.deepspark.drafter import DeepSparkDrafter, DeepSparkOptions, RoundCosts, RoundRates
+    from deepinfer_builtin.drafters.deepspark.round_rates import RequestAlone
 
     d = DeepSparkDrafter.__new__(DeepSparkDrafter)
     # (rounds skipped only in graphs, which these drafters are not in unless a test says so)
@@ -127,7 +127,7 @@ def test_deepspark_verifying_everything_skips_the_chains_and_learns_the_same():
     larger than the drafts)."""
     from types import SimpleNamespace
 
-    from deepinfer_builtin.draft_runner import Draft
+    from deepinfer_builtin.drafters.draft_model.runner import Draft
 
     drafts = {"a": Draft([5, 6, 7], None, [0.95, 0.4, 0.05]), "b": Draft([8, 9], None, [0.15, 0.75])}
     got = []
@@ -155,7 +155,7 @@ def test_deepspark_learns_from_a_sample_of_a_large_rounds_requests_in_turn():
     from collections import Counter
     from types import SimpleNamespace
 
-    from deepinfer_builtin.draft_runner import Draft
+    from deepinfer_builtin.drafters.draft_model.runner import Draft
 
     d = _timed_deepspark(step_seconds=0.001, rest_seconds=0.010)
     d.options = d.options.model_copy(update={"learn_per_round": 4})
@@ -190,8 +190,8 @@ def test_deepspark_lookup_replaces_the_draft_model_where_it_pays_better():
     request has one, lookups are taken while their rounds are measured to give tokens faster."""
     from types import SimpleNamespace
 
-    from deepinfer_builtin.deepspark import _Lookup
-    from deepinfer_builtin.draft_runner import Draft
+    from deepinfer_builtin.drafters.deepspark.drafter import _Lookup
+    from deepinfer_builtin.drafters.draft_model.runner import Draft
 
     d = _timed_deepspark(step_seconds=0.001, rest_seconds=0.010)
     d.options = d.options.model_copy(update={"cost_aware": False, "lookup_max_batch": 64})  # (2 requests here)

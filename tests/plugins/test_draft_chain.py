@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from deepinfer.plugins import HostCopy
-from deepinfer_builtin.draft_loop import ChainedRound, LoopRound
-from deepinfer_builtin.draft_runner import DraftRunner
-from deepinfer_builtin.draft_seq import DraftSeq
+from deepinfer_builtin.drafters.draft_model.loop import ChainedRound, LoopRound
+from deepinfer_builtin.drafters.draft_model.runner import DraftRunner
+from deepinfer_builtin.drafters.draft_model.seq import DraftSeq
 
 K = 3
 

@@ -9,8 +9,8 @@ import torch
 
 from deepinfer import LLM
 from deepinfer.plugins import AttentionLayerSpec, build_step_batch
-from deepinfer_builtin import draft_compile
-from deepinfer_builtin.torch_attn import TorchAttention
+from deepinfer_builtin.attention.torch_attn import TorchAttention
+from deepinfer_builtin.drafters.draft_model import compile as draft_compile
 
 
 @pytest.mark.slow

@@ -129,7 +129,7 @@ def test_graphs_need_an_attention_plugin_that_supports_them(tmp_path):
 @pytest.mark.gpu
 @pytest.mark.parametrize("overlap", [True, False])
 def test_cuda_graphs_give_the_eager_tokens(tmp_path, overlap):
-    from deepinfer_builtin.cuda import CUDAGraphs
+    from deepinfer_builtin.devices.cuda import CUDAGraphs
     from tests.tiny_models import hybrid, make_model
 
     make_model(tmp_path, "qwen3", **hybrid(24))

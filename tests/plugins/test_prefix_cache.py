@@ -108,7 +108,7 @@ def test_requests_arriving_together_compute_a_shared_prefix_once(model_dir):
 
 
 def test_hash_collisions_cannot_change_output(model_dir, monkeypatch):
-    import deepinfer_builtin.prefix_cache as pc
+    import deepinfer_builtin.cache.prefix_cache as pc
 
     prompts = _shared_prefix_prompts(1, 12)
     ref = [o.outputs[0].token_ids for o in _llm(model_dir, cache=False).generate(

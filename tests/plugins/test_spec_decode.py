@@ -9,8 +9,8 @@ import torch
 from deepinfer import LLM, SamplingParams
 from deepinfer.core.request import PLACEHOLDER_TOKEN, Request
 from deepinfer.core.spec import verify
-from deepinfer_builtin import cpu
-from deepinfer_builtin.ngram import SuffixIndex, ngram_continuation
+from deepinfer_builtin.devices import cpu
+from deepinfer_builtin.drafters.ngram import SuffixIndex, ngram_continuation
 from tests.tiny_models import hybrid, make_model
 
 DRAFTERS = ["ngram", "draft-model", "deepspark"]

@@ -40,7 +40,7 @@ def test_speculative_steps_from_graphs_give_the_eager_drafts_and_tokens_in_the_i
 
 @pytest.mark.gpu
 def test_cuda_graphs_of_speculative_steps_give_the_eager_drafts_and_tokens(tmp_path):
-    from deepinfer_builtin.cuda import CUDAGraphs
+    from deepinfer_builtin.devices.cuda import CUDAGraphs
     from tests.tiny_models import hybrid, make_model
 
     target = make_model(tmp_path, "qwen3", **hybrid(12))
@@ -62,8 +62,8 @@ def draft_both(model_dir: str, graphs_factory, drafter: str = "draft-model", loo
     sequence); plain "deepspark" has it off in both."""
     from deepinfer import LLM, SamplingParams
     from deepinfer.core.graphs import DecodeGraphs
-    from deepinfer_builtin.draft_loop import DraftLoopGraphs
-    from deepinfer_builtin.draft_runner import DraftRunner
+    from deepinfer_builtin.drafters.draft_model.loop import DraftLoopGraphs
+    from deepinfer_builtin.drafters.draft_model.runner import DraftRunner
 
     lookup = drafter == "deepspark+lookup"
     # "+near": the draft is the target with noise in its weights (near_draft), so that rounds accept

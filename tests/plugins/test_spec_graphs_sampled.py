@@ -37,7 +37,7 @@ def test_sampled_rounds_in_loop_graphs_give_the_eager_tokens_in_the_interpreter(
 
 @pytest.mark.gpu
 def test_sampled_rounds_in_cuda_loop_graphs_give_the_eager_tokens(tmp_path):
-    from deepinfer_builtin.cuda import CUDAGraphs
+    from deepinfer_builtin.devices.cuda import CUDAGraphs
     from tests.tiny_models import hybrid, make_model
 
     target = make_model(tmp_path, "qwen3", **hybrid(12))
@@ -53,8 +53,8 @@ def sampled_both(model_dir: str, graphs_factory, **engine) -> dict:
     each loop graph (by ``sampled``), the kinds of proposals (with distributions or without),
     accepted drafts."""
     from deepinfer import LLM, SamplingParams
-    from deepinfer_builtin.draft_loop import DraftLoopGraphs
-    from deepinfer_builtin.draft_runner import DraftRunner
+    from deepinfer_builtin.drafters.draft_model.loop import DraftLoopGraphs
+    from deepinfer_builtin.drafters.draft_model.runner import DraftRunner
 
     prompts = [{"prompt_token_ids": p} for p in _prompts([5, 3, 29, 8])]
     # (a tiny random model's distributions are flat: the third request's low temperature is what

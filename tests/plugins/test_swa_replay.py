@@ -237,7 +237,7 @@ def test_sliding_pool_too_small_for_one_request_is_refused(hybrid_dir):
 
 
 def test_attention_without_kv_groups_is_refused(hybrid_dir, monkeypatch):
-    from deepinfer_builtin.torch_attn import TorchAttention
+    from deepinfer_builtin.attention.torch_attn import TorchAttention
 
     monkeypatch.setattr(TorchAttention, "supports_kv_groups", False)
     with pytest.raises(PluginError, match="attention plugin 'torch' cannot keep the sliding-window layers' KV"):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from deepinfer_builtin import torch_attn
+from deepinfer_builtin.attention import torch_attn
 
 
 def _reference(q, k, v, mask, scale):

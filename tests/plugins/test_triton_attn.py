@@ -27,7 +27,7 @@ def generate_both(model_dir: str, dtype: str, prompts: list[list[int]], max_toke
                   triton_options: dict | None = None, **engine) -> dict:
     """Greedy outputs of the torch and triton backends, and the kinds of steps the triton one ran."""
     from deepinfer import LLM, SamplingParams
-    from deepinfer_builtin.triton_attn import TritonAttention
+    from deepinfer_builtin.attention.triton_attn import TritonAttention
 
     kinds: Counter[str] = Counter()
     build = TritonAttention.build_metadata
@@ -92,14 +92,14 @@ def test_interpreter_engine_gives_the_torch_backends_greedy_tokens(model_dir):
 
 
 def test_unavailable_without_a_gpu_or_the_interpreter_says_what_it_needs():
-    code = "from deepinfer_builtin.triton_attn import TritonAttention as T; print(T.unavailable_reason())"
+    code = "from deepinfer_builtin.attention.triton_attn import TritonAttention as T; print(T.unavailable_reason())"
     res = _child(["-c", code], interpret=False)
     assert res.returncode == 0, res.stderr[-3000:]
     assert res.stdout.strip().splitlines()[-1] == NEEDS
 
 
 def test_unavailable_when_triton_cannot_be_imported(monkeypatch):
-    from deepinfer_builtin import triton_attn
+    from deepinfer_builtin.attention import triton_attn
 
     def missing():
         raise ModuleNotFoundError("No module named 'triton'")
@@ -153,7 +153,7 @@ def _main(model_dir: str) -> None:
     # ... but only on a device whose kernels give single-token steps other bits anyway
     from types import SimpleNamespace
 
-    from deepinfer_builtin.triton_attn import TritonAttention, TritonAttentionOptions
+    from deepinfer_builtin.attention.triton_attn import TritonAttention, TritonAttentionOptions
 
     out["single_split"] = [TritonAttention(TritonAttentionOptions(), SimpleNamespace(
         device=SimpleNamespace(supports_batch_invariance=inv))).single_split for inv in (False, True)]

@@ -6,8 +6,8 @@ device, which cannot run without an NPU).
 """
 from __future__ import annotations
 
-from deepinfer_builtin.ascend.attention import AscendAttention
-from deepinfer_builtin.ascend.ops import KernelLimits
+from deepinfer_builtin.attention.ascend import AscendAttention
+from deepinfer_builtin.devices.ascend.ops import KernelLimits
 from tests.plugins.ascend.standins import standin_npu
 
 

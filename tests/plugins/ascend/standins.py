@@ -5,7 +5,7 @@ TypeError, as it would be in torch-npu), checks the documented argument constrai
 must satisfy (shapes, dtypes, layouts, sequence-length lists, block tables, masks) and computes
 the documented result. They live in the tests only; nothing in deepinfer imports them.
 
-Documentation followed (see also deepinfer_builtin.ascend.ops.DOCUMENTED_AT):
+Documentation followed (see also deepinfer_builtin.devices.ascend.ops.DOCUMENTED_AT):
 - npu_fused_infer_attention_score: Ascend Extension for PyTorch 7.0.0 API reference
   (ptaoplist_001232) and Ascend/op-plugin docs/context/torch_npu-npu_fused_infer_attention_score.md:
   TND needs actual_seq_lengths as cumulative query ends; page attention needs block_table (int32,
@@ -24,7 +24,7 @@ Documentation followed (see also deepinfer_builtin.ascend.ops.DOCUMENTED_AT):
 Deliberate relaxations, so tiny float32 CPU models can drive them: dtypes (the real attention
 kernel takes float16/bfloat16 only), block sizes (the real paged mode takes multiples of 128 up to
 512) and head_dim (TND takes 64, 128 or 192) are not checked here; the plugin checks those itself
-against the real kernels' limits (deepinfer_builtin.ascend.ops.TORCH_NPU_LIMITS).
+against the real kernels' limits (deepinfer_builtin.devices.ascend.ops.TORCH_NPU_LIMITS).
 """
 from __future__ import annotations
 

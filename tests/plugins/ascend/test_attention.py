@@ -12,7 +12,7 @@ import random
 import pytest
 
 from deepinfer import LLM, SamplingParams
-from deepinfer_builtin.ascend.ops import TORCH_NPU_LIMITS
+from deepinfer_builtin.devices.ascend.ops import TORCH_NPU_LIMITS
 from tests.plugins.ascend.standin_plugin import StandinAscendAttention
 
 pytestmark = pytest.mark.usefixtures("standin_registered")

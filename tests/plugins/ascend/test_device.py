@@ -12,9 +12,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from deepinfer_builtin.ascend import device
-from deepinfer_builtin.ascend.device import parse_cann, reason_from_facts
-from deepinfer_builtin.ascend.ops import INSTALL_HINT
+from deepinfer_builtin.devices.ascend import device
+from deepinfer_builtin.devices.ascend.device import parse_cann, reason_from_facts
+from deepinfer_builtin.devices.ascend.ops import INSTALL_HINT
 
 ROOT = Path(__file__).resolve().parents[3]
 no_torch_npu = pytest.mark.skipif(importlib.util.find_spec("torch_npu") is not None,
@@ -159,7 +159,7 @@ def test_an_unsupported_soc_is_refused_by_name(tmp_path, monkeypatch):
 def test_block_size_defaults_to_128_unless_given(monkeypatch, given, expected):
     from deepinfer.core.config import EngineConfig
     from deepinfer.plugins import EngineContext, Metrics
-    from deepinfer_builtin.ascend.device import AscendDevice, AscendOptions
+    from deepinfer_builtin.devices.ascend.device import AscendDevice, AscendOptions
 
     fake = SimpleNamespace(npu=SimpleNamespace(set_device=lambda index: None))
     monkeypatch.setattr(device, "import_torch_npu", lambda: fake)

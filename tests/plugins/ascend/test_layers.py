@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from deepinfer.models.layers import RMSNorm, RotaryEmbedding
-from deepinfer_builtin.ascend.layers import apply_rotary, rms_norm
+from deepinfer_builtin.devices.ascend.layers import apply_rotary, rms_norm
 from tests.plugins.ascend.standins import standin_npu
 
 WITH_OPS = pytest.mark.parametrize("missing", [(), ("npu_rms_norm", "npu_add_rms_norm", "npu_rotary_mul")],

@@ -55,7 +55,7 @@ def _step(q_lens: list[int], ctx_lens: list[int], block_size: int, device: str) 
 @pytest.mark.parametrize(("q_lens", "ctx_lens"), [([300, 17, 1], [0, 200, 250]), ([1, 1, 1], [5, 130, 399])],
                          ids=["prefill-extend-decode", "decode-only"])
 def test_attention_forward_on_the_npu_matches_the_standins(torch_npu, window, q_lens, ctx_lens):
-    from deepinfer_builtin.ascend.attention import AscendAttention
+    from deepinfer_builtin.attention.ascend import AscendAttention
 
     spec = AttentionLayerSpec(0, num_heads=8, num_kv_heads=2, head_dim=128, sliding_window=window, scale=128 ** -0.5)
     ctx = SimpleNamespace(config=SimpleNamespace(block_size=128), layers=[spec])
@@ -93,7 +93,7 @@ def test_kv_writes_match_the_standins(torch_npu, op):
 
 
 def test_rms_norm_and_rotary_ops_match_the_standins(torch_npu):
-    from deepinfer_builtin.ascend.layers import apply_rotary, rms_norm
+    from deepinfer_builtin.devices.ascend.layers import apply_rotary, rms_norm
 
     torch.manual_seed(0)
     x, res, w = torch.randn(9, 256, dtype=torch.bfloat16), torch.randn(9, 256, dtype=torch.bfloat16), torch.randn(256)
@@ -114,7 +114,7 @@ def test_rms_norm_and_rotary_ops_match_the_standins(torch_npu):
 def test_device_answers_memory_streams_events_and_graphs(torch_npu):
     from deepinfer.core.config import EngineConfig
     from deepinfer.plugins import EngineContext, Metrics
-    from deepinfer_builtin.ascend.device import AscendDevice, AscendOptions
+    from deepinfer_builtin.devices.ascend.device import AscendDevice, AscendOptions
 
     assert AscendDevice.unavailable_reason() is None
     ctx = EngineContext(config=EngineConfig(gpu_memory_utilization=0.5), metrics=Metrics())

@@ -62,11 +62,17 @@ import time
 from dataclasses import dataclass
 
 from deepinfer.plugins import DraftProposal, Request, hookimpl
-from deepinfer_builtin.deepspark_options import DeepSparkOptions
-from deepinfer_builtin.draft_model import DraftModelDrafter
-from deepinfer_builtin.draft_seq import Draft
-from deepinfer_builtin.lookup import LookupDrafts
-from deepinfer_builtin.round_rates import AcceptanceTable, RequestAlone, RoundCosts, RoundRates, rounds_left
+from deepinfer_builtin.drafters.deepspark.lookup import LookupDrafts
+from deepinfer_builtin.drafters.deepspark.options import DeepSparkOptions
+from deepinfer_builtin.drafters.deepspark.round_rates import (
+    AcceptanceTable,
+    RequestAlone,
+    RoundCosts,
+    RoundRates,
+    rounds_left,
+)
+from deepinfer_builtin.drafters.draft_model.drafter import DraftModelDrafter
+from deepinfer_builtin.drafters.draft_model.seq import Draft
 
 
 @dataclass(slots=True)

@@ -5,7 +5,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from deepinfer_builtin.draft_model import DraftModelOptions
+from deepinfer_builtin.drafters.draft_model.drafter import DraftModelOptions
 
 
 class DeepSparkOptions(DraftModelOptions):

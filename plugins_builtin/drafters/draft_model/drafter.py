@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from deepinfer.plugins import Drafter, DraftProposal, Request
-from deepinfer_builtin.draft_runner import DraftRunner
+from deepinfer_builtin.drafters.draft_model.runner import DraftRunner
 
 DEMO_TARGET = "demo-target"
 

@@ -1,6 +1,6 @@
 """What torch-npu reports about this machine: SoC, CANN version, device count.
 
-``python -m deepinfer_builtin.ascend.probe`` prints the facts as one JSON line. The device plugin
+``python -m deepinfer_builtin.devices.ascend.probe`` prints the facts as one JSON line. The device plugin
 runs it in a child process unless torch_npu is already imported, so that listing plugins or
 ``device: auto`` never imports torch_npu into the engine's process, and a CANN install that
 aborts on import cannot take the caller down with it. Imports nothing from deepinfer.

@@ -13,7 +13,7 @@ next_tokens 0 for sliding-window layers. Steps of decodes only run a BSH call (Q
 documentation says sparse_mode and pre_tokens are ignored, so sliding windows there come from an
 explicit (B, 1, 1, KV_S) mask instead.
 
-Which torch-npu documentation each call follows: deepinfer_builtin.ascend.ops.DOCUMENTED_AT.
+Which torch-npu documentation each call follows: deepinfer_builtin.devices.ascend.ops.DOCUMENTED_AT.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from deepinfer.plugins import AttentionBackend, AttentionLayerSpec, EngineContext, NoOptions, StepBatch
-from deepinfer_builtin.ascend.ops import (
+from deepinfer_builtin.devices.ascend.ops import (
     INSTALL_HINT,
     TORCH_NPU_LIMITS,
     KernelLimits,

@@ -19,7 +19,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from deepinfer.plugins import Device, EngineContext
-from deepinfer_builtin.ascend.ops import INSTALL_HINT, import_torch_npu, torch_npu_installed
+from deepinfer_builtin.devices.ascend.ops import INSTALL_HINT, import_torch_npu, torch_npu_installed
 
 # (device-name prefix, family, oldest CANN): TND paged attention in npu_fused_infer_attention_score
 # needs CANN 8.3 (vllm-ascend gates it on that); CANN 9.0.0 is the first release for Ascend 950PR.
@@ -80,11 +80,11 @@ def reason_from_facts(facts: dict[str, Any]) -> str | None:
 def probe_facts() -> dict[str, Any]:
     """The probe's facts: in-process when torch_npu is already imported, else in a child process."""
     if "torch_npu" in sys.modules:
-        from deepinfer_builtin.ascend.probe import collect
+        from deepinfer_builtin.devices.ascend.probe import collect
 
         return collect()
     try:
-        res = subprocess.run([sys.executable, "-m", "deepinfer_builtin.ascend.probe"], capture_output=True,
+        res = subprocess.run([sys.executable, "-m", "deepinfer_builtin.devices.ascend.probe"], capture_output=True,
                              text=True, timeout=PROBE_TIMEOUT_S, check=False)
     except (OSError, subprocess.TimeoutExpired) as e:
         return {"error": f"the torch_npu probe did not finish: {e}"}

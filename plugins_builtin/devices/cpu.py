@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 
 from deepinfer.plugins import Device
-from deepinfer_builtin import cpu_bf16
+from deepinfer_builtin.devices import cpu_bf16
 
 log = logging.getLogger("deepinfer")
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from deepinfer.plugins import Block, DeviceTokens, Request
-from deepinfer_builtin.draft_loop import LoopRound
+from deepinfer_builtin.drafters.draft_model.loop import LoopRound
 
 
 @dataclass(slots=True)

@@ -14,10 +14,10 @@ from deepinfer.plugins import (
     build_step_batch,
     sample_rows,
 )
-from deepinfer_builtin.draft_compile import CompiledDraftStep
-from deepinfer_builtin.draft_loop import ChainedRound, DraftLoopGraphs, sampled_sizes
-from deepinfer_builtin.draft_rounds import LoopRounds
-from deepinfer_builtin.draft_seq import Draft, DraftSeq, common_prefix, draft_seed
+from deepinfer_builtin.drafters.draft_model.compile import CompiledDraftStep
+from deepinfer_builtin.drafters.draft_model.loop import ChainedRound, DraftLoopGraphs, sampled_sizes
+from deepinfer_builtin.drafters.draft_model.rounds import LoopRounds
+from deepinfer_builtin.drafters.draft_model.seq import Draft, DraftSeq, common_prefix, draft_seed
 
 
 class DraftRunner(LoopRounds):

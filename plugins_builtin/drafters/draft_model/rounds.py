@@ -9,8 +9,8 @@ import numpy as np
 import torch
 
 from deepinfer.plugins import HostCopy, Request, accept_greedy, needs_sort, sampling_rows
-from deepinfer_builtin.draft_loop import ChainedRound, DraftLoopGraphs, LoopRound
-from deepinfer_builtin.draft_seq import Draft, DraftSeq
+from deepinfer_builtin.drafters.draft_model.loop import ChainedRound, DraftLoopGraphs, LoopRound
+from deepinfer_builtin.drafters.draft_model.seq import Draft, DraftSeq
 
 
 class LoopRounds:

@@ -3,8 +3,8 @@ they are expected to pay better than the draft model's (see deepspark.py's docst
 from __future__ import annotations
 
 from deepinfer.plugins import DraftProposal, Request
-from deepinfer_builtin.ngram import SuffixIndex
-from deepinfer_builtin.round_rates import RoundCosts
+from deepinfer_builtin.drafters.deepspark.round_rates import RoundCosts
+from deepinfer_builtin.drafters.ngram import SuffixIndex
 
 
 class LookupDrafts:

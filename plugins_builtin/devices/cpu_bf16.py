@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from deepinfer_builtin.native_build import cached_build
+from deepinfer_builtin.devices.native_build import cached_build
 
 log = logging.getLogger("deepinfer")
 SOURCE = Path(__file__).with_name("cpu_bf16_linear.c")

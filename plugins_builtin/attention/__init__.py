@@ -1,0 +1,1 @@
+"""Attention backends: the torch reference, Triton kernels, Ascend operators."""

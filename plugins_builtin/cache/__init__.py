@@ -1,0 +1,1 @@
+"""Cache policies: none, the prefix cache, and bounded replay for sliding-window layers."""

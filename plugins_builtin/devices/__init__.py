@@ -1,0 +1,1 @@
+"""Device plugins: the CPU, NVIDIA Hopper and Blackwell, Huawei Ascend."""

@@ -1,0 +1,1 @@
+"""Speculative drafters: n-gram lookup, a draft model, and deepspark."""

@@ -1,0 +1,1 @@
+"""Schedulers: first come, first served continuous batching."""
