@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from deepinfer.serve.bench_load import http_ttft, make_workload, offline_throughput, offline_ttft, percentiles, run_http
+from deepinfer.bench.serve_load import http_ttft, make_workload, offline_throughput, offline_ttft, percentiles, run_http
 
 
 def add_bench_serve_parser(bench_sub) -> argparse.ArgumentParser:
@@ -229,7 +229,7 @@ def _print(report: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m deepinfer.serve.bench``: the benchmark on its own."""
+    """``python -m deepinfer.bench.serve``: the benchmark on its own."""
     parser = argparse.ArgumentParser(prog="deepinfer bench serve", description=__doc__)
     configure_parser(parser)
     args = parser.parse_args(argv)
