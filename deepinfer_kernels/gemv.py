@@ -198,7 +198,7 @@ def default_config(rows: int, k: int, device: torch.device, paired: bool = False
                    row_quantum: int | None = None, block_n: int | None = None) -> GemvConfig:
     """The tile for ``rows`` output rows (pairs when ``paired``) over K = ``k``.
 
-    From the H200 sweeps (benchmarks/h200_gemv_sweep.py, then h200_gemv_tiles.py, which times
+    From the H200 sweeps (issue 6's probes, in git history at d2f3059; the second timed
     each projection as 16 launches with PDL, as a decode step runs them; docs/benchmarks.md):
     plain rows 4 a program by 2,048 columns a step (8 warps; 4 when K is longer), or 8 by 1,024
     with 8 warps when K is over 2,048 and at least twice N (down); a plain projection small enough

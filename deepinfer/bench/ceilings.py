@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -15,14 +16,14 @@ import torch
 @dataclass(frozen=True, slots=True)
 class Ceiling:
     bandwidth: float   # bytes/s, device-to-device copy (bytes read + written)
-    bf16_flops: float  # FLOP/s, an 8192^3 bf16 matmul on random data
+    bf16_flops: float  # FLOP/s, 8192^3 bf16 matmuls on random data
     source: str = "recorded"
 
 
 # by the exact name torch reports (an H100 PCIe or an H200 NVL differs); see docs/benchmarks.md
 RECORDED = {
     "NVIDIA H200": Ceiling(4.23e12, 804e12, "recorded 2026-11-29"),
-    "NVIDIA H100 80GB HBM3": Ceiling(3.02e12, 798e12, "recorded 2026-12-07"),
+    "NVIDIA H100 80GB HBM3": Ceiling(3.03e12, 770e12, "recorded 2026-12-07"),
 }
 
 
@@ -75,37 +76,35 @@ def measure_before_run(overrides: dict) -> None:
 
 
 def measure(device: torch.device, seconds: float = 1.0) -> Ceiling:
-    """About ``seconds`` of device-to-device copies of a large buffer, then of 8192^3 bf16 matmuls."""
+    """About ``seconds`` of device-to-device copies of a large buffer; the 8192^3 bf16 matmul as the
+    recorded entries were measured (the median of five trials, each the mean of ten timed products
+    after three warm-ups: a longer run throttles, an H100 falling from 770 to about 690 TFLOP/s)."""
     free, _ = torch.cuda.mem_get_info(device)
-    return Ceiling(_copy_rate(device, min(1 << 30, free // 8), seconds), _matmul_rate(device, 8192, seconds),
+    return Ceiling(_copy_rate(device, min(1 << 30, free // 8), seconds), _matmul_rate(device, 8192),
                    f"measured {time.strftime('%Y-%m-%d')}")
 
 
 def _copy_rate(device: torch.device, nbytes: int, seconds: float) -> float:
     src = torch.empty(nbytes, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
-    return 2 * nbytes / _timed(lambda: dst.copy_(src), seconds, device)
+    once = _mean_s(lambda: dst.copy_(src), 1, device)
+    return 2 * nbytes / _mean_s(lambda: dst.copy_(src), max(10, int(seconds / once)), device)
 
 
-def _matmul_rate(device: torch.device, m: int, seconds: float) -> float:
+def _matmul_rate(device: torch.device, m: int) -> float:
     a = torch.randn(m, m, dtype=torch.bfloat16, device=device)
     b = torch.randn(m, m, dtype=torch.bfloat16, device=device)
-    return 2 * m ** 3 / _timed(lambda: torch.mm(a, b), seconds, device)
+    return 2 * m ** 3 / statistics.median(_mean_s(lambda: torch.mm(a, b), 10, device) for _ in range(5))
 
 
-def _timed(fn: Callable[[], object], seconds: float, device: torch.device) -> float:
-    """Seconds one call takes: three warm-ups, then as many calls as fill ``seconds``."""
-    for _ in range(3):
+def _mean_s(fn: Callable[[], object], calls: int, device: torch.device, warmups: int = 3) -> float:
+    """Seconds one call takes: the mean of ``calls`` timed with device events, after ``warmups``."""
+    for _ in range(warmups):
         fn()
-    torch.cuda.synchronize(device)
-    t = time.perf_counter()
-    fn()
-    torch.cuda.synchronize(device)
-    reps = max(10, int(seconds / max(time.perf_counter() - t, 1e-6)))
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
-    for _ in range(reps):
+    for _ in range(calls):
         fn()
     end.record()
     end.synchronize()
-    return start.elapsed_time(end) / 1e3 / reps
+    return start.elapsed_time(end) / 1e3 / calls
