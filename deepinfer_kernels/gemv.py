@@ -204,7 +204,7 @@ def default_config(rows: int, k: int, device: torch.device, paired: bool = False
     with 8 warps when K is over 2,048 and at least twice N (down); a plain projection small enough
     for one program an SM at up to 16 rows (o, which follows attention) takes that many rows, so
     that every program reads its whole tile while attention runs (16 Llama-3.2-1B layers: 21.6 us
-    less than 4 rows, h200_merge_bound.py); pairs 2 a program by 512
+    less than 4 rows, a probe in git history at d2f3059); pairs 2 a program by 512
     columns, or 8 by 256 with 4 warps when there are many (gate/up). Otherwise K is split when there
     are fewer row blocks than SMs.
     ``row_quantum``: block_n must divide it (a rotary half-head). ``block_n``: fixed by the caller
