@@ -58,7 +58,8 @@ class ModelWork:
 
     @classmethod
     def of(cls, engine) -> ModelWork:
-        """The running engine's model (its parameters, config and attention layers)."""
+        """The running engine's model (its parameters, config and attention layers). No model here
+        routes to experts yet: a MoE model must give its routed experts apart from ``dense_params``."""
         model = engine.runner.model
         cfg = model.config  # the core's ModelConfig, which every CausalLM keeps
         total = sum(p.numel() for p in model.parameters())
