@@ -198,13 +198,13 @@ def default_config(rows: int, k: int, device: torch.device, paired: bool = False
                    row_quantum: int | None = None, block_n: int | None = None) -> GemvConfig:
     """The tile for ``rows`` output rows (pairs when ``paired``) over K = ``k``.
 
-    From the H200 sweeps (benchmarks/h200_gemv_sweep.py, then h200_gemv_tiles.py, which times
+    From the H200 sweeps (issue 6's probes, in git history at d2f3059; the second timed
     each projection as 16 launches with PDL, as a decode step runs them; docs/benchmarks.md):
     plain rows 4 a program by 2,048 columns a step (8 warps; 4 when K is longer), or 8 by 1,024
     with 8 warps when K is over 2,048 and at least twice N (down); a plain projection small enough
     for one program an SM at up to 16 rows (o, which follows attention) takes that many rows, so
     that every program reads its whole tile while attention runs (16 Llama-3.2-1B layers: 21.6 us
-    less than 4 rows, h200_merge_bound.py); pairs 2 a program by 512
+    less than 4 rows, a probe in git history at d2f3059); pairs 2 a program by 512
     columns, or 8 by 256 with 4 warps when there are many (gate/up). Otherwise K is split when there
     are fewer row blocks than SMs.
     ``row_quantum``: block_n must divide it (a rotary half-head). ``block_n``: fixed by the caller

@@ -153,7 +153,7 @@ class RowsConfig:
 
 # The most weights a projection may have for its steps of a few tokens to come here. A program reads
 # all of K for its 16 rows, and such programs read the weights at about half cuBLAS's rate once the
-# weights are large: on the H200 (benchmarks/h200_rows_tiles.py, 16 layers in a graph) the demo
+# weights are large: on the H200 (a probe in git history at d2f3059, 16 layers in a graph) the demo
 # target's projections (at most 0.8 M weights) take 30-80 us against cuBLAS's 48-62 us before its
 # separate norm, rotary, SiLU-mul and residual kernels, while Llama-3.2-1B's qkv (6.3 M) takes 191
 # us against 107 and its gate/up (33.5 M) 495 against 293. Where the weights are this small a step

@@ -1,4 +1,4 @@
-"""`deepinfer bench latency | throughput` (and `serve`, from deepinfer.serve.bench)."""
+"""`deepinfer bench latency | throughput` (and `serve`, from deepinfer.bench.serve)."""
 from __future__ import annotations
 
 import argparse
@@ -55,13 +55,14 @@ def add_bench_parser(sub, add_engine_args, engine_overrides) -> None:
     add_spec_parser(bsub, add_engine_args, engine_overrides)
     add_swa_parser(bsub, add_engine_args, engine_overrides)
     try:
-        from deepinfer.serve.bench import add_bench_serve_parser
+        from deepinfer.bench.serve import add_bench_serve_parser
     except ImportError:
         return
     add_bench_serve_parser(bsub)
 
 
 def run_bench(args: argparse.Namespace, overrides: dict) -> int:
+    from deepinfer.bench.ceilings import measure_before_run
     from deepinfer.bench.models import bench_model
     from deepinfer.llm import LLM
 
@@ -70,6 +71,7 @@ def run_bench(args: argparse.Namespace, overrides: dict) -> int:
 
         require_matplotlib()  # before any work
     model, overrides = bench_model(args, overrides, "float32")
+    measure_before_run(overrides)
     llm = LLM(model, config_file=args.config_file, progress=False, **overrides)
     vocab = llm.engine.ctx.model_config["vocab_size"]
     if args.bench_command == "latency":

@@ -20,6 +20,7 @@ def add_prefill_parser(bsub, add_engine_args, engine_overrides) -> None:
 
 
 def run_prefill(args, overrides: dict) -> int:
+    from deepinfer.bench.ceilings import measure_before_run
     from deepinfer.bench.models import bench_model
     from deepinfer.bench.roofline import bound_seconds, describe
     from deepinfer.llm import LLM
@@ -30,6 +31,7 @@ def run_prefill(args, overrides: dict) -> int:
         require_matplotlib()  # before any work
     model, overrides = bench_model(args, overrides, "bfloat16")
     overrides.setdefault("max_num_batched_tokens", args.batch * args.input_len)
+    measure_before_run(overrides)
     llm = LLM(model, config_file=args.config_file, progress=False, **overrides)
     wl = workloads.fixed(args.batch, args.input_len, 1, llm.engine.ctx.model_config["vocab_size"])
     prompts = [{"prompt_token_ids": p} for p in wl.prompts]

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from deepinfer_kernels import bench_kernels
+from deepinfer.bench import kernels as bench_kernels
 
 
 def test_bench_script_checks_every_kernel_on_tiny_shapes(monkeypatch, device):

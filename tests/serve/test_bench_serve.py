@@ -5,7 +5,7 @@ import json
 import subprocess
 import sys
 
-from deepinfer.serve.bench_load import make_workload, percentiles
+from deepinfer.bench.serve_load import make_workload, percentiles
 from tests.serve.conftest import API_KEY, ROOT
 
 
