@@ -111,8 +111,8 @@ class CPUOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     bf16_kernel_rows: int | None = Field(None, ge=0, description="bfloat16 linear layers of at most this many "
-                                         "rows go through deepinfer's kernel, built with the C compiler at "
-                                         "first use; default: 128 on an x86 CPU with AVX2 and no AVX-512 (where "
+                                         "rows go through deepinfer's kernel, compiled at first use (torch."
+                                         "utils.cpp_extension, the C++ compiler); default: 128 on an x86 CPU with AVX2 and no AVX-512 (where "
                                          "torch's bfloat16 matmul costs in proportion to its rows); on one "
                                          "with AVX-512, 32 with AMX-BF16 (the kernel's tiles), 16 with "
                                          "AVX512-BF16 (its VDPBF16PS build), else 6; none elsewhere; 0: never")

@@ -2,18 +2,19 @@
 its AVX512-BF16 path where the CPU has that, and its AMX path too where it has AMX-BF16 and Linux
 grants the tiles (``kernel_kind``).
 
-The C source is compiled at first use with the machine's C compiler (``$CC``, else ``cc``) into
-``kernels/`` of a per-user cache (``$DEEPINFER_CACHE_DIR``, else ``$XDG_CACHE_HOME/deepinfer`` or
-``~/.cache/deepinfer``), named by a hash of the source, the flags and the compiler's
-``--version`` output (a new build deletes other builds there unused for a week), and loaded with
-ctypes. Built by gcc beside a torch that ships ``libgomp.so.1`` (its Linux wheels), it shares
-torch's OpenMP runtime and threads (one soname, loaded once). Where it cannot be built (not
-x86-64 with AVX2, no compiler, no writable cache), ``unavailable_reason()`` says why and callers
+The source (C, which compiles as C++ too) is built at first use by
+``torch.utils.cpp_extension.load`` (ninja and the machine's C++ compiler, ``$CXX`` else ``c++``)
+into ``kernels/`` of a per-user cache (``native_build``: ``$DEEPINFER_CACHE_DIR``, else
+``$XDG_CACHE_HOME/deepinfer`` or ``~/.cache/deepinfer``), named by a hash of the source and the
+flags, and its function called with ctypes; a build says so once (``announce_build``: it takes
+seconds). Built by gcc beside a torch that ships ``libgomp.so.1`` (its Linux wheels), it shares
+torch's OpenMP runtime and threads (one soname, loaded once). Where it cannot be built (not x86-64
+with AVX2, no compiler or ninja, no writable cache), ``unavailable_reason()`` says why and callers
 keep torch's matmul.
 
 Calls reach it through ``cpu_bf16_op.cpp``, a torch operator written in C++ that checks the
 arguments and calls the kernel without Python (``native_op``), built beside it with the C++
-compiler (``$CXX``, else ``c++``) against this torch's headers. Where that cannot be built,
+compiler against this torch's headers. Where that cannot be built (a torch without its headers),
 ``native_unavailable_reason()`` says why and calls go through Python and ctypes: the same bits.
 """
 from __future__ import annotations
@@ -27,13 +28,16 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from deepinfer_builtin.devices.native_build import cached_build
+from deepinfer_builtin.devices import native_build
 
 log = logging.getLogger("deepinfer")
 SOURCE = Path(__file__).with_name("cpu_bf16_linear.c")
 #: the kernel as a torch operator written in C++ (built beside it where torch's headers are at hand)
 NATIVE_SOURCE = Path(__file__).with_name("cpu_bf16_op.cpp")
-FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC"]
+#: the kernel's compiler flags beside torch.utils.cpp_extension's own (-fPIC, -std=c++20, ...)
+FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp"]
+#: and its link's: torch's OpenMP runtime (libgomp.so.1, where torch ships it)
+LDFLAGS = ["-fopenmp"]
 #: added where the CPU has AVX512-BF16: the kernel's VDPBF16PS path (cpu_bf16_linear.c)
 AVX512_BF16_FLAGS = ["-mavx512f", "-mavx512bf16"]
 #: added beside those where it has AMX-BF16 too: the kernel's tile path
@@ -68,14 +72,21 @@ def build_flags() -> list[str]:
     return FLAGS + AVX512_BF16_FLAGS + (AMX_FLAGS if amx_bf16() else [])
 
 
+def _platform_reason() -> str | None:
+    """Why the kernel cannot run on this machine, or None."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return f"the kernel is written for x86-64 (AVX2); this machine is {platform.machine()}"
+    if not getattr(torch.cpu, "_is_avx2_supported", lambda: False)():
+        return "this CPU has no AVX2"
+    return None
+
+
 def _build(flags: list[str] | None = None) -> tuple[ctypes.CDLL | None, str | None]:
     """The library built with ``flags`` (default: ``build_flags()``) and loaded, or why not."""
     flags = build_flags() if flags is None else flags
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        return None, f"the kernel is written for x86-64 (AVX2); this machine is {platform.machine()}"
-    if not getattr(torch.cpu, "_is_avx2_supported", lambda: False)():
-        return None, "this CPU has no AVX2"
-    target, why = cached_build(SOURCE, "CC", "cc", flags, [])
+    if (why := _platform_reason()) is not None:
+        return None, why
+    target, why = native_build.load(SOURCE, _flags_kind(flags), flags, LDFLAGS)
     if target is None:
         return None, why
     try:
@@ -93,11 +104,18 @@ def _build(flags: list[str] | None = None) -> tuple[ctypes.CDLL | None, str | No
     return lib, None
 
 
+def _flags_kind(flags: list[str]) -> str:
+    """The build's kind that ``flags`` make (its library's name says it)."""
+    return "amx_bf16" if AMX_FLAGS[0] in flags else "avx512_bf16" if AVX512_BF16_FLAGS[0] in flags else "avx2"
+
+
 @functools.cache
 def _library() -> tuple[ctypes.CDLL | None, str | None, str | None]:
     """(the library, why it is unavailable, its kind: "amx_bf16", "avx512_bf16" or "avx2"); the C++
-    operator, where it builds here, is pointed at this library's kernel (``native_op``)."""
+    operator, where it builds here, is pointed at this library's kernel (``native_op``). Says once
+    what it builds where its libraries are not in the cache yet (``announce_build``)."""
     global _native_op
+    announce_build()
     lib, why, kind = _kernel_library()
     _native_op = None
     if lib is not None:
@@ -139,30 +157,60 @@ _native_on = True
 _NATIVE_LOADED: dict[str, ctypes.CDLL] = {}
 
 
+def announce_build() -> None:
+    """Say once a process what is compiled, where the kernel's library (the build for this CPU) or
+    its C++ operator's is not in the cache yet: the first use takes seconds more for it."""
+    if _platform_reason() is not None:
+        return
+    native = None if _NATIVE_LOADED else _native_path()  # (a process loads one build of the operator)
+    cold = [source.name for source, path in ((SOURCE, _kernel_path(build_flags())), (NATIVE_SOURCE, native))
+            if path is not None and not path.exists()]
+    if cold:
+        native_build.announce(f"cpu: compiling deepinfer's bfloat16 CPU kernel ({' and '.join(cold)}) into "
+                              f"{native_build.cache_dir() / 'kernels'}: this first use takes seconds more, "
+                              "later ones load it from there")
+
+
+def _kernel_path(flags: list[str]) -> Path:
+    """Where the kernel built with ``flags`` is cached."""
+    return native_build.library(SOURCE, _flags_kind(flags), flags, LDFLAGS)
+
+
+def _native_flags() -> list[str]:
+    """The C++ operator's compiler flags beside torch.utils.cpp_extension's own (its headers and C++
+    ABI): torch's C++ standard."""
+    return ["-O2", f"-std={cxx_standard()}", "-w"]
+
+
+def _torch_header() -> Path:
+    """The header that a torch with its C++ headers has (its wheels do)."""
+    return Path(torch.__file__).parent / "include" / "torch" / "library.h"
+
+
+def _native_path() -> Path | None:
+    """Where the C++ operator built against this torch is cached (None for a torch without its headers)."""
+    if not _torch_header().exists():
+        return None
+    return native_build.library(NATIVE_SOURCE, "torch", _native_flags(), [], key_extra=native_build.torch_key())
+
+
 @functools.cache
 def _native_library() -> tuple[ctypes.CDLL | None, str | None]:
-    """``cpu_bf16_op.cpp`` built against this torch (its headers, libraries and C++ ABI) with the
-    machine's C++ compiler (``$CXX``, else ``c++``) and loaded, its operator registered; or why not
-    (a torch without its headers, no C++ compiler)."""
-    root = Path(torch.__file__).parent
-    include, libs = root / "include", root / "lib"
-    if not (include / "torch" / "library.h").exists():
-        return None, f"this torch has no C++ headers ({include / 'torch' / 'library.h'} is missing)"
-    abi = int(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True))
-    flags = ["-O2", f"-std={cxx_standard()}", "-shared", "-fPIC", "-w", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
-             f"-I{include}"]
-    link = [f"-L{libs}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{libs}"]
-    target, why = cached_build(NATIVE_SOURCE, "CXX", "c++", flags, link, key_extra=f"{torch.__version__} {root}")
-    if target is None:
-        return None, why
-    lib = _NATIVE_LOADED.get(str(target))
+    """``cpu_bf16_op.cpp`` built against this torch (its headers, libraries and C++ ABI) and loaded,
+    its operator registered; or why not (a torch without its headers, no C++ compiler)."""
+    path = _native_path()
+    if path is None:
+        return None, f"this torch has no C++ headers ({_torch_header()} is missing)"
+    lib = _NATIVE_LOADED.get(str(path))
     if lib is None:
         if hasattr(torch.ops.deepinfer_native, "bf16_linear"):  # (registering it again would end the process)
             return None, "another build of the operator is loaded in this process already"
+        target, why = native_build.load(NATIVE_SOURCE, "torch", _native_flags(), [], key_extra=native_build.torch_key())
+        if target is None:
+            return None, why
         try:
-            torch.ops.load_library(str(target))
-            lib = _NATIVE_LOADED[str(target)] = ctypes.CDLL(str(target))
-        except (OSError, RuntimeError) as e:
+            lib = _NATIVE_LOADED[str(path)] = ctypes.CDLL(str(target))
+        except OSError as e:
             return None, f"cannot load {target}: {e}"
     lib.deepinfer_native_point_at.argtypes = [ctypes.c_void_p, ctypes.c_int]
     lib.deepinfer_native_point_at.restype = None

@@ -1,6 +1,6 @@
 /* y = x W^T (+ bias) for bfloat16 x [R, K], W [N, K], bias [N] and y [R, N], on an x86 CPU with
- * AVX2 and FMA (or, built with -mavx512bf16, AVX512-BF16: below). Built by cpu_bf16.py with the C
- * compiler at first use.
+ * AVX2 and FMA (or, built with -mavx512bf16, AVX512-BF16: below). Built by cpu_bf16.py at first
+ * use.
  *
  * torch's bfloat16 matmul on such a CPU costs in proportion to its rows. Here each weight row is
  * read once for a block of up to six rows of x: its bfloat16 values are widened to float32 in
@@ -11,11 +11,18 @@
  *
  * Built also with -mamx-tile -mamx-bf16 (where the CPU has AMX-BF16), the AVX512-BF16 build takes
  * AMX's tiles once deepinfer_bf16_amx_init has been granted them (below).
+ *
+ * It is C that compiles as C++ too: torch.utils.cpp_extension builds it with the C++ compiler
+ * (cpu_bf16.py), its entry points keeping their C names for ctypes.
  */
 #include <immintrin.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
 
 /* output columns a thread takes at a time */
 #define COLUMN_BLOCK 64
@@ -201,7 +208,7 @@ static void all_columns(const columns_fn *columns, const char *x, size_t xsize, 
  * order within 32 values of K, then K's blocks in turn), rounded to bfloat16 once; C's column r
  * depends on x's row r alone, so a row's result does not depend on the other rows or the threads.
  * The instruction treats subnormal inputs as zero and rounds to nearest even, as VDPBF16PS. No
- * horizontal sums and one instruction for 16 x 16 x 32 products (benchmarks/cpu_amx_ab.py: the
+ * horizontal sums and one instruction for 16 x 16 x 32 products (benchmarks/cpu_amx_ab.py in git history at d2f3059: the
  * demo target's weights for one token in about half VDPBF16PS's time on this project's Xeon, and
  * 16 rows in about the time of one; docs/benchmarks.md, session 50). Taken where K is a multiple
  * of 32; a weight's last N % 16 rows take the VDPBF16PS path (for any number of rows alike). */
@@ -307,7 +314,7 @@ static void amx_row_blocks(const uint16_t *xv, long blocks, long R, long K, cons
 static int amx_linear(const uint16_t *x, long R, long K, const uint16_t *w, long N, const uint16_t *bias,
                       uint16_t *y, int threads) {
     long whole = N / 16 * 16, group = R < 64 ? (R + 15) / 16 * 16 : 64, parts = whole / 16;
-    uint16_t *xv = aligned_alloc(64, (size_t)K * 32 * (group / 16));
+    uint16_t *xv = (uint16_t *)aligned_alloc(64, (size_t)K * 32 * (group / 16));
     if (!xv) return 1;
     int t = threads > parts ? (int)parts : threads;
     if (t > AMX_THREADS) t = AMX_THREADS;
@@ -357,7 +364,7 @@ int deepinfer_bf16_linear(const uint16_t *x, long R, long K, const uint16_t *w, 
         all_columns(COLUMNS16_FOR, (const char *)x, sizeof *x, R, K, w, N, bias, y, threads, row_block, first);
     return 0;
 #else
-    float *xf = malloc(sizeof(float) * (size_t)(R * K > 0 ? R * K : 1));
+    float *xf = (float *)malloc(sizeof(float) * (size_t)(R * K > 0 ? R * K : 1));
     if (!xf) return 1;
     for (long i = 0; i < R * K; i++) xf[i] = widen(x[i]);
     all_columns(COLUMNS_FOR, (const char *)xf, sizeof *xf, R, K, w, N, bias, y, threads, row_block, 0);
@@ -365,3 +372,7 @@ int deepinfer_bf16_linear(const uint16_t *x, long R, long K, const uint16_t *w, 
     return 0;
 #endif
 }
+
+#ifdef __cplusplus
+}
+#endif

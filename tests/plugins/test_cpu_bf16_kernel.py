@@ -1,13 +1,14 @@
 """deepinfer's bfloat16 linear kernel (plugins_builtin/cpu_bf16_linear.c) against a float64
 product, in each build (AVX2; AVX512-BF16 where the CPU has it; AMX where it has that too), through
 both ways in (its C++ operator, plugins_builtin/cpu_bf16_op.cpp, and Python's ctypes call), and its
-build: cached, and a clear reason where it cannot be built."""
+build (torch.utils.cpp_extension): cached, said once, and a clear reason where it cannot be built."""
 from __future__ import annotations
 
 import logging
 import os
+import re
+import shutil
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -213,50 +214,95 @@ def test_the_operator_under_torch_compile_gives_the_kernels_bits():
 
 @pytest.fixture
 def fresh_build(monkeypatch, tmp_path):
-    """The kernel built afresh into an empty cache (and the process's own library restored after)."""
+    """The kernel built afresh into an empty cache, in a process that has said nothing about it yet
+    (and the process's own library restored after)."""
     monkeypatch.setenv("DEEPINFER_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(native_build, "_ANNOUNCED", set(), raising=False)
     cpu_bf16._library.cache_clear()
     yield tmp_path
     monkeypatch.undo()
     cpu_bf16._library.cache_clear()
 
 
-def test_the_build_is_cached_by_source_and_compiler(fresh_build):
-    kernels = fresh_build / "kernels"
-    kernels.mkdir()
-    stale, recent, other = (kernels / "cpu_bf16_linear-0123456789abcdef.so",  # earlier sources' builds
-                            kernels / "cpu_bf16_linear-fedcba9876543210.so", kernels / "notes.txt")
-    for path in (stale, recent, other):
-        path.write_bytes(b"")
-    week_ago = time.time() - native_build.STALE_SECONDS - 60
-    os.utime(stale, (week_ago, week_ago))
+@pytest.mark.slow
+def test_the_build_is_cached_by_source_and_flags(fresh_build):
+    """Built once into its own directory of the cache, named by what makes it; loaded after without
+    a build; other flags (or another source) build beside it, not over it."""
     assert cpu_bf16.unavailable_reason() is None
-    # a new build deletes builds unused for a week only (another version may be using the recent one)
-    assert not stale.exists() and recent.exists() and other.exists()
-    recent.unlink()
-    other.unlink()
-    # (the C++ operator's library too, where this is the process's first build of it: its own key)
-    built = list((fresh_build / "kernels").glob("cpu_bf16_linear*"))
-    assert len(built) == 1 and built[0].suffix == ".so"  # no temporary file left beside it
-    file = built[0].stat()
-    os.utime(built[0], (file.st_atime - 3600, file.st_mtime - 3600))
-    lib, why = cpu_bf16._build()  # another process: loads the cached library, builds nothing
-    assert why is None and lib is not None
-    assert list((fresh_build / "kernels").glob("cpu_bf16_linear*")) == built
-    assert built[0].stat().st_ino == file.st_ino  # the same file (a build would have replaced it)
-    assert built[0].stat().st_mtime > file.st_mtime - 60  # marked as in use by the load
+    built = list((fresh_build / "kernels").glob("cpu_bf16_linear_*/cpu_bf16_linear_*.so"))
+    assert built == [cpu_bf16._kernel_path(cpu_bf16.build_flags())]
+    assert built[0].parent.name == built[0].stem and built[0].stem.startswith(f"cpu_bf16_linear_{cpu_bf16.kernel_kind()}_")
+    inode, mtime = built[0].stat().st_ino, built[0].stat().st_mtime
+    cpu_bf16._library.cache_clear()  # another process: loads the cached library, builds nothing
+    assert cpu_bf16.unavailable_reason() is None
+    assert built[0].stat().st_ino == inode and built[0].stat().st_mtime == mtime
+    assert list((fresh_build / "kernels").glob("cpu_bf16_linear_*/*.so")) == built
+    other = cpu_bf16._kernel_path(cpu_bf16.FLAGS + ["-DDEEPINFER_TEST"])
+    assert other != built[0] and other.parent.parent == built[0].parent.parent
+    lib, why = cpu_bf16._build(cpu_bf16.FLAGS + ["-DDEEPINFER_TEST"])
+    assert why is None and lib is not None and other.exists() and built[0].stat().st_ino == inode
 
 
-@pytest.mark.parametrize("compiler, reason", [("/nonexistent/cc", "no C compiler: '/nonexistent/cc' is not on PATH"),
+def _build_messages(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "compiling deepinfer's bfloat16 CPU kernel" in r.getMessage()]
+
+
+@pytest.mark.slow
+def test_a_build_says_what_it_compiles_once_and_a_cached_one_says_nothing(fresh_build, caplog):
+    """First use with an empty cache compiles for seconds: one message says what and where (at INFO
+    on the deepinfer logger, where logging is set up); a process that finds it cached says nothing."""
+    with caplog.at_level(logging.INFO, logger="deepinfer"):
+        assert cpu_bf16.unavailable_reason() is None
+        cpu_bf16.kernel_kind()
+        cpu_bf16.bf16_linear(*_case(2, 8, 16, True))
+        cpu.CPUDevice(cpu.CPUOptions(), None).linear_op(torch.bfloat16)
+    messages = _build_messages(caplog)
+    assert len(messages) == 1, messages
+    assert "cpu_bf16_linear.c" in messages[0] and str(fresh_build / "kernels") in messages[0]
+    caplog.clear()
+    native_build._ANNOUNCED.clear()
+    cpu_bf16._library.cache_clear()  # another process, the cache warm
+    with caplog.at_level(logging.INFO, logger="deepinfer"):
+        assert cpu_bf16.unavailable_reason() is None
+        cpu.CPUDevice(cpu.CPUOptions(), None).linear_op(torch.bfloat16)
+    assert _build_messages(caplog) == []
+
+
+def test_without_logging_set_up_the_message_is_one_line_on_stderr(monkeypatch, capsys):
+    monkeypatch.setattr(native_build.log, "propagate", False)  # (no handler on deepinfer's logger or above)
+    monkeypatch.setattr(native_build.log, "handlers", [])
+    monkeypatch.setattr(native_build, "_ANNOUNCED", set())
+    for _ in range(3):
+        native_build.announce("cpu: compiling something")
+    assert capsys.readouterr().err == "deepinfer: cpu: compiling something\n"
+
+
+def test_ninja_is_found_in_its_package_where_path_lacks_it(monkeypatch, tmp_path):
+    """torch.utils.cpp_extension runs ``ninja`` from PATH; a virtual environment's own (the ninja
+    package, a dependency) is on PATH only where it is activated, so the build looks there too; and
+    without any, the kernel is unavailable with a reason that says how to get it."""
+    ninja = pytest.importorskip("ninja")
+    monkeypatch.setenv("DEEPINFER_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("PATH", str(tmp_path))  # (nothing on it)
+    with native_build._ninja_on_path():
+        assert Path(shutil.which("ninja")).parent == Path(ninja.BIN_DIR)
+    assert os.environ["PATH"] == str(tmp_path)
+    (tmp_path / "c++").symlink_to(shutil.which("c++") or "/bin/true")
+    monkeypatch.setitem(sys.modules, "ninja", None)  # (the package missing too)
+    target, why = native_build.load(cpu_bf16.SOURCE, "avx2", cpu_bf16.FLAGS, cpu_bf16.LDFLAGS)
+    assert target is None and why == "ninja is not on PATH (torch.utils.cpp_extension builds with it: pip install ninja)"
+
+
+@pytest.mark.parametrize("compiler, reason", [("/nonexistent/c++", "no C++ compiler: '/nonexistent/c++' is not on PATH"),
                                               ("false", "false could not build cpu_bf16_linear.c")])
 def test_without_a_working_compiler_the_device_says_why_and_keeps_torchs_matmul(
         fresh_build, monkeypatch, caplog, compiler, reason):
-    monkeypatch.setenv("CC", compiler)
+    monkeypatch.setenv("CXX", compiler)
     monkeypatch.setattr(cpu, "slow_bf16_matmul", lambda: True)
     monkeypatch.setattr(cpu, "native_bf16_matmul", lambda: False)  # (an AVX2 CPU without AVX-512)
     assert reason in cpu_bf16.unavailable_reason()
     x, w, _ = _case(2, 8, 16, False)
-    with pytest.raises(RuntimeError, match="unavailable: " + reason):
+    with pytest.raises(RuntimeError, match=re.escape("unavailable: " + reason)):
         cpu_bf16.bf16_linear(x, w)
     cpu._warn_once.cache_clear()
     device = cpu.CPUDevice(cpu.CPUOptions(), None)
@@ -270,12 +316,12 @@ def test_without_a_working_compiler_the_device_says_why_and_keeps_torchs_matmul(
     assert device.draft_dtype(torch.bfloat16) == torch.float32  # a float32 draft, as without the kernel
 
 
-def test_without_a_cpp_compiler_the_kernel_is_called_through_python(monkeypatch, caplog):
-    """Where the C++ operator cannot be built (no C++ compiler, a torch without its headers), the
-    kernel's calls go through Python and the log says why."""
-    monkeypatch.setenv("CXX", "/nonexistent/c++")
-    target, why = native_build.cached_build(cpu_bf16.NATIVE_SOURCE, "CXX", "c++", [], [])
-    assert target is None and why == "no C++ compiler: '/nonexistent/c++' is not on PATH (set CXX to one)"
+def test_without_torchs_headers_the_kernel_is_called_through_python(monkeypatch, caplog, tmp_path):
+    """Where the C++ operator cannot be built (a torch without its C++ headers), the kernel's calls
+    go through Python and the log says why."""
+    monkeypatch.setattr(cpu_bf16, "_torch_header", lambda: tmp_path / "torch" / "library.h")
+    target, why = cpu_bf16._native_library.__wrapped__()
+    assert target is None and why == f"this torch has no C++ headers ({tmp_path / 'torch' / 'library.h'} is missing)"
     monkeypatch.setattr(cpu_bf16, "_native_library", lambda: (None, why))
     cpu_bf16._library.cache_clear()
     try:
@@ -295,14 +341,15 @@ def test_without_a_cpp_compiler_the_kernel_is_called_through_python(monkeypatch,
 
 def test_the_cpp_operator_is_loaded_once_a_process(monkeypatch, tmp_path):
     """Asked again, the operator's library is the one loaded; another build of it (here: another
-    cache's) is refused with a reason rather than registered twice, which would end the process."""
+    cache's) is refused with a reason, and not built, rather than registered twice, which would end
+    the process."""
     if cpu_bf16.native_unavailable_reason():
         pytest.skip(f"the C++ operator does not build here: {cpu_bf16.native_unavailable_reason()}")
     loaded = cpu_bf16._native_library()[0]
     path = next(Path(p) for p, lib in cpu_bf16._NATIVE_LOADED.items() if lib is loaded)
-    monkeypatch.setenv("DEEPINFER_CACHE_DIR", str(path.parent.parent))  # (the cache it was loaded from)
+    monkeypatch.setenv("DEEPINFER_CACHE_DIR", str(path.parent.parent.parent))  # (the cache it was loaded from)
     assert cpu_bf16._native_library.__wrapped__() == (loaded, None)
     monkeypatch.setenv("DEEPINFER_CACHE_DIR", str(tmp_path))
-    lib, why = cpu_bf16._native_library.__wrapped__()  # (built anew there)
+    lib, why = cpu_bf16._native_library.__wrapped__()
     assert lib is None and why == "another build of the operator is loaded in this process already"
-    assert list((tmp_path / "kernels").glob("cpu_bf16_op-*.so"))
+    assert not (tmp_path / "kernels").exists()

@@ -56,7 +56,7 @@ def test_widened_linear_leaves_few_rows_other_dtypes_and_compiled_code_to_torch(
     assert torch.equal(compiled(x, weight), F.linear(x, weight))
 
 
-#: the kernel can run here (an x86-64 CPU with AVX2 and a C compiler)
+#: the kernel can run here (an x86-64 CPU with AVX2, a C++ compiler and ninja)
 KERNEL = cpu.cpu_bf16.unavailable_reason() is None
 needs_kernel = pytest.mark.skipif(not KERNEL, reason=f"deepinfer's kernel: {cpu.cpu_bf16.unavailable_reason()}")
 
