@@ -3,7 +3,6 @@ ends alone with an error; the requests batched with it finish with the tokens th
 from __future__ import annotations
 
 import pytest
-import torch
 from pydantic import ValidationError
 
 from deepinfer import LLM, SamplingParams
