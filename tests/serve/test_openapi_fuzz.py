@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-BUDGET_S = 50.0
+BUDGET_S = 45.0
 
 JSON_VALUES = st.recursive(
     st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=False) | st.text(max_size=20),
@@ -102,8 +102,9 @@ def test_generated_requests_never_get_a_5xx(server, schema):
         for method, op in ops.items():
             content = op.get("requestBody", {}).get("content", {}).get("application/json")
             body = from_schema(content["schema"], components) if content else st.none()
-            if content is not None:
-                body = st.one_of(body, body, broken(body))
+            if content is not None:  # (mostly the served model's name: the requests then go further in)
+                named = body.map(lambda b: {**b, "model": "tiny"} if isinstance(b, dict) and "model" in b else b)
+                body = st.one_of(named, named, body, broken(named))
             routes.append(st.tuples(st.just(method.upper()), st.just(path), body))
     assert {"/v1/completions", "/v1/chat/completions"} <= set(schema["paths"])
     start = time.monotonic()
