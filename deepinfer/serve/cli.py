@@ -20,7 +20,7 @@ def configure_parser(p: argparse.ArgumentParser, add_engine_args: Callable, engi
                    help="address to bind (default 127.0.0.1: only this machine; 0.0.0.0 for every interface)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", default=None,
-                   help=f"require 'Authorization: Bearer KEY' on /v1/* and /metrics (default: ${API_KEY_ENV})")
+                   help=f"require 'Authorization: Bearer KEY' on /v1/*, /metrics and /openapi.json (default: ${API_KEY_ENV})")
     p.add_argument("--served-model-name", default=None,
                    help="the model name clients send (default: the model directory's name)")
     p.add_argument("--max-waiting-requests", type=int, default=None,

@@ -93,3 +93,14 @@ def test_a_role_the_template_cannot_render_is_a_400_saying_so(tiny_model, role):
     with pytest.raises(APIError) as e:
         asyncio.run(_render(serving, ChatCompletionRequest(model="tiny", messages=[{"role": "user", "content": "x"}])))
     assert "no chats today" in e.value.message
+
+
+@pytest.mark.parametrize("bos", [False, True])
+def test_encode_many_gives_what_encode_gives(tiny_model, bos):
+    """The batch call that long prompts go through (it releases the GIL) tokenizes as ``encode``."""
+    tok = Tokenizer(tiny_model)
+    tok.add_bos_token = bos
+    tok.bos_token_id = tok.bos_token_id if tok.bos_token_id is not None else 1
+    texts = ["The quick brown fox. " * 300, "import os\n", "", "<|user|>hi<|end|>"]
+    for special in (True, False):
+        assert tok.encode_many(texts, special) == [tok.encode(t, special) for t in texts]
