@@ -13,6 +13,7 @@ from deepinfer.core.kv_manager import KVCacheManager
 from deepinfer.core.model_runner import ModelRunner, RunnerOutput, StepInFlight
 from deepinfer.core.output import RequestState, check_stop, stops_on_token
 from deepinfer.core.request import PLACEHOLDER_TOKEN, Request, RequestOutput, RequestStatus
+from deepinfer.core.sampler import UNUSABLE_TOKEN
 from deepinfer.core.sampling_params import SamplingParams
 from deepinfer.core.tokenizer import Tokenizer
 
@@ -72,7 +73,7 @@ class LLMEngine:
         self._rest_above: int | None = None  # the drafter rests while at least this many run (Drafter.rests_above)
         self._propose_error: Exception | None = None  # an early proposal's, raised at the next step
         for name in ("prompt_tokens", "prompt_tokens_computed", "generation_tokens", "num_preemptions",
-                     "request_success", "request_aborted", "request_sampling_steps"):
+                     "request_success", "request_aborted", "request_failed", "request_sampling_steps"):
             self.metrics.counter(f"deepinfer:{name}")
         for name in ("kv_cache_usage", "num_requests_running", "num_requests_waiting"):
             self.metrics.gauge(f"deepinfer:{name}")
@@ -244,7 +245,13 @@ class LLMEngine:
         sampling = 0
         for req in reqs:
             tokens = result.sampled.get(req.request_id)
-            if tokens:
+            if tokens and tokens[0] == UNUSABLE_TOKEN:  # its logits were NaN or infinite: it alone ends
+                if req.all_token_ids[-1] == PLACEHOLDER_TOKEN:
+                    req.all_token_ids.pop()
+                req.status = RequestStatus.FINISHED_ERROR
+                touched[self._seq_owner[req.request_id].request_id] = self._seq_owner[req.request_id]
+                finished.append(req)
+            elif tokens:
                 sampling += 1
                 if self._append(req, tokens, result.logprobs.get(req.request_id), now, touched):
                     finished.append(req)
@@ -266,7 +273,8 @@ class LLMEngine:
                 self.requests.pop(rid, None)
                 for seq in state.seqs:
                     self._seq_owner.pop(seq.request_id, None)
-                self.metrics.inc("deepinfer:request_success")
+                failed = any(seq.status is RequestStatus.FINISHED_ERROR for seq in state.seqs)
+                self.metrics.inc("deepinfer:request_failed" if failed else "deepinfer:request_success")
                 self.hooks.deepinfer_request_finished(request_id=rid, output=outputs[-1])
         return outputs
 

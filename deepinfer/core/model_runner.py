@@ -14,7 +14,7 @@ from deepinfer.core.interfaces import AttentionBackend, DeviceGraphs, SchedulerO
 from deepinfer.core.logprobs import TokenLogprobs
 from deepinfer.core.model_registry import CausalLM
 from deepinfer.core.request import PLACEHOLDER_TOKEN, Request
-from deepinfer.core.sampler import Sampler, plain_greedy
+from deepinfer.core.sampler import Sampler, mark_unusable, plain_greedy
 from deepinfer.core.step_batch import build_step_batch
 
 
@@ -250,7 +250,9 @@ class ModelRunner:
                 self._prev_tokens = flight.tokens
                 self._prev_rows = {r.request_id: i for i, r in enumerate(sampling)}
                 # their copy to the host runs beside the next step's work, not in line with it
-                flight.host = HostCopy(flight.tokens, aside=True)
+                # (rows that could not be sampled are marked in the host's copy: see sampler.UNUSABLE_TOKEN)
+                marked = flight.tokens if logits is None else mark_unusable(logits, flight.tokens)
+                flight.host = HostCopy(marked, aside=True)
                 if into is not None and flight.tokens.data_ptr() == into.data_ptr():
                     self._buffer_copy = flight.host
         if timing is not None:

@@ -23,6 +23,8 @@ class RequestStatus(enum.Enum):
     FINISHED_STOPPED = "stop"
     FINISHED_LENGTH = "length"
     FINISHED_ABORTED = "abort"
+    #: its logits could not be sampled (NaN or infinite): it ended alone, the others went on
+    FINISHED_ERROR = "error"
 
     @property
     def finished(self) -> bool:
@@ -30,6 +32,7 @@ class RequestStatus(enum.Enum):
             RequestStatus.FINISHED_STOPPED,
             RequestStatus.FINISHED_LENGTH,
             RequestStatus.FINISHED_ABORTED,
+            RequestStatus.FINISHED_ERROR,
         )
 
 

@@ -31,6 +31,10 @@ from deepinfer.core.filters import (
 from deepinfer.core.logprobs import TokenLogprobs
 from deepinfer.core.request import Request
 
+#: the token a row gets when its logits cannot be sampled (NaN, +inf, or nothing above -inf, from
+#: the model or from the request's own penalties): the engine ends that request alone with an error
+UNUSABLE_TOKEN = -2
+
 
 def apply_penalties(logits: torch.Tensor, req: Request) -> torch.Tensor:
     """One row of logits [V] with the request's penalties applied, in place: a repetition penalty
@@ -140,16 +144,24 @@ class Sampler:
         want_logprobs = any(r.params.logprobs is not None for r in requests)
         raw_logprobs = logits.log_softmax(-1) if want_logprobs else None
         if plain_greedy(requests):
+            checked = logits
             tokens = self.argmax(logits).tolist()
         elif batch_device(logits):
-            tokens = self.sample_batch(adjusted(logits, requests, own), requests).tolist()
+            checked = adjusted(logits, requests, own)
+            tokens = self.sample_batch(checked, requests).tolist()
         else:
+            checked = adjusted(logits, requests)
             tokens = [self._sample_row(logits[i].clone(), r) for i, r in enumerate(requests)]
+        bad = unusable_rows(checked).nonzero().flatten().tolist()
+        for i in bad:
+            tokens[i] = 0  # (a stand-in while the others' logprobs are read)
         logprobs: list[TokenLogprobs | None] = [None] * len(requests)
         if raw_logprobs is not None:
             for i, r in enumerate(requests):
                 if r.params.logprobs is not None:
                     logprobs[i] = top_logprobs(raw_logprobs[i], tokens[i], r.params.logprobs)
+        for i in bad:
+            tokens[i], logprobs[i] = UNUSABLE_TOKEN, None
         return tokens, logprobs
 
     def sample_on_device(self, logits: torch.Tensor, requests: Sequence[Request],
@@ -244,7 +256,20 @@ def sample_rows(logits: torch.Tensor, requests: Sequence[Request],
 def draw_rows(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     """Each row's index [R] (int64) drawn from distributions ``probs`` [R, V] by the inverse CDF
     of its uniform number ``uniforms`` [R] (float64, on the same device), as ``draw``."""
-    return _search(probs.cumsum(-1, dtype=torch.float64), uniforms[:, None])[:, 0]
+    # (a row without mass, NaN, finds no entry: it takes the last, a valid id; see unusable_rows)
+    return _search(probs.cumsum(-1, dtype=torch.float64), uniforms[:, None])[:, 0].clamp_(max=probs.shape[-1] - 1)
+
+
+def unusable_rows(logits: torch.Tensor) -> torch.Tensor:
+    """Which rows of logits [B, V] no token can be sampled from: a NaN, a +inf (softmax gives NaN)
+    or no entry above -inf. bool [B], on the logits' device (one reduction; nothing waits)."""
+    return ~torch.isfinite(logits.amax(-1))
+
+
+def mark_unusable(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """``tokens`` [B] with ``UNUSABLE_TOKEN`` where ``unusable_rows(logits)``: a copy for the host
+    (the tokens themselves, valid ids, may feed the next step on the device)."""
+    return torch.where(unusable_rows(logits), UNUSABLE_TOKEN, tokens)
 
 
 def _search(cdf: torch.Tensor, u: torch.Tensor) -> torch.Tensor:

@@ -52,6 +52,15 @@ class Tokenizer:
             ids = [self.bos_token_id, *ids]
         return ids
 
+    def encode_many(self, texts: list[str], add_special_tokens: bool = True) -> list[list[int]]:
+        """``encode`` of each text, through the tokenizers library's batch call, which releases the
+        GIL while it works (its single ``encode`` holds it): from a thread, other Python code runs
+        meanwhile."""
+        out = [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=add_special_tokens)]
+        if add_special_tokens and self.add_bos_token and self.bos_token_id is not None:
+            out = [ids if ids and ids[0] == self.bos_token_id else [self.bos_token_id, *ids] for ids in out]
+        return out
+
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
 

@@ -123,5 +123,16 @@ def load(info: PluginInfo) -> type:
     return cls
 
 
-def model_entry_points() -> list[EntryPoint]:
-    return group_entry_points(MODELS_GROUP)
+def model_entry_points(respect_allow_list: bool = True) -> list[EntryPoint]:
+    """The model architectures' entry points. Under ``DEEPINFER_PLUGINS``, another distribution's
+    only when its name is on the list (deepinfer's own architectures are part of it and stay)."""
+    allowed = allow_list() if respect_allow_list else None
+    return [ep for ep in group_entry_points(MODELS_GROUP) if allowed is None or allowed_entry_point(ep, allowed)]
+
+
+def allowed_entry_point(ep: EntryPoint, allowed: set[str] | None) -> bool:
+    """Whether an entry point passes the allow-list (None: no list); a model architecture of
+    deepinfer's own distribution always does."""
+    if allowed is None or ep.name in allowed:
+        return True
+    return ep.group == MODELS_GROUP and distribution_of(MODELS_GROUP, ep).split()[0] == "deepinfer"

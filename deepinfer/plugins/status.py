@@ -3,7 +3,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from deepinfer.plugins.discovery import MODELS_GROUP, PluginError, discover, distribution_of, load, model_entry_points
+from deepinfer.plugins.discovery import (
+    ALLOW_ENV,
+    MODELS_GROUP,
+    PluginError,
+    allow_list,
+    allowed_entry_point,
+    discover,
+    distribution_of,
+    load,
+    model_entry_points,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,9 +28,17 @@ class PluginStatus:
         return self.status == "ok"
 
 
+#: the status of an entry point that DEEPINFER_PLUGINS leaves out (not imported, so not checked)
+EXCLUDED = f"excluded by {ALLOW_ENV} (not imported)"
+
+
 def plugin_statuses() -> list[PluginStatus]:
     out = []
+    allowed = allow_list()
     for info in discover(respect_allow_list=False):
+        if not allowed_entry_point(info.entry_point, allowed):
+            out.append(PluginStatus(info.name, info.slot.name, info.distribution, EXCLUDED))
+            continue
         try:
             cls = load(info)
             reason = cls.unavailable_reason() if hasattr(cls, "unavailable_reason") else None
@@ -29,7 +47,10 @@ def plugin_statuses() -> list[PluginStatus]:
         except Exception as e:  # noqa: BLE001 (a plugin's own availability check crashed: report, don't die)
             reason = f"availability check failed: {type(e).__name__}: {e}"
         out.append(PluginStatus(info.name, info.slot.name, info.distribution, reason or "ok"))
-    for ep in model_entry_points():  # (model architectures, by config.json's name: imported to check)
+    for ep in model_entry_points(respect_allow_list=False):  # (by config.json's name: imported to check)
+        if not allowed_entry_point(ep, allowed):
+            out.append(PluginStatus(ep.name, "model", distribution_of(MODELS_GROUP, ep), EXCLUDED))
+            continue
         try:
             ep.load()
             reason = None

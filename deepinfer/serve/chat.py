@@ -28,14 +28,54 @@ from deepinfer.serve.serving import Serving, Submission
 
 async def _render(serving: Serving, req: ChatCompletionRequest) -> list[int]:
     tok = serving.require_tokenizer()
+    limit = serving.limits.max_chat_messages
+    if len(req.messages) > limit:
+        raise APIError(400, f"messages has {len(req.messages)} entries; this server takes at most {limit} "
+                       "(--max-chat-messages)", param="messages", code="limit_exceeded")
     messages = [{"role": m.role, "content": m.text(), **({"name": m.name} if m.name else {})}
                 for m in req.messages]
+    # (before rendering: the template's text is longer still)
+    serving.check_text_length(sum(len(m["content"]) + len(m.get("name", "")) for m in messages), "messages")
     try:
         text = tok.apply_chat_template(messages, add_generation_prompt=req.add_generation_prompt)
     except Exception as e:  # noqa: BLE001 - a template error is the caller's input failing the template
+        # (a template that renders no role at all fails for some other reason: its own words then)
+        if (roles := _unrenderable_roles(serving, {m["role"] for m in messages})) and (ok := _renderable(serving)):
+            raise APIError(400, f"this model's chat template cannot render messages with the role "
+                           f"{' or '.join(map(repr, roles))}; it renders {', '.join(map(repr, ok))}",
+                           param="messages", code="unsupported_role") from None
         raise APIError(400, f"the chat template could not render these messages: {e}", param="messages") from None
     # the template already placed every special token it wants
-    return await serving.encode(text, False)
+    return await serving.encode(text, False, "messages")
+
+
+_ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+def _renders(serving: Serving, role: str) -> bool:
+    """Whether the template renders a one-message chat of ``role`` (or one after a user message,
+    for templates that insist on that first); remembered by the server."""
+    tok, known = serving.tokenizer, serving.template_roles
+    if role not in known:
+        tries = [[{"role": role, "content": "x"}], [{"role": "user", "content": "x"}, {"role": role, "content": "x"}]]
+        known[role] = any(_renders_messages(tok, messages) for messages in tries)
+    return known[role]
+
+
+def _renders_messages(tok, messages: list[dict[str, str]]) -> bool:
+    try:
+        tok.apply_chat_template(messages, add_generation_prompt=False)
+    except Exception:  # noqa: BLE001 - the template refused them
+        return False
+    return True
+
+
+def _unrenderable_roles(serving: Serving, roles: set[str]) -> list[str]:
+    return [r for r in _ROLES if r in roles and not _renders(serving, r)]
+
+
+def _renderable(serving: Serving) -> list[str]:
+    return [r for r in _ROLES if _renders(serving, r)]
 
 
 def _logprobs(serving: Serving, entries: list[TokenLogprobs] | None, k: int) -> ChatLogprobs | None:
@@ -58,13 +98,16 @@ async def create_chat_completion(serving: Serving, req: ChatCompletionRequest, r
     serving.check_supported(req)
     if req.top_logprobs is not None and not req.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+    serving.check_n(req.n)
     ids = await _render(serving, req)
     serving.check_prompt(ids, "messages")
     if req.max_completion_tokens is not None:
-        max_tokens = serving.max_tokens(req.max_completion_tokens, len(ids), "max_completion_tokens")
+        param, max_tokens = "max_completion_tokens", serving.max_tokens(req.max_completion_tokens, len(ids),
+                                                                        "max_completion_tokens")
     else:
-        max_tokens = serving.max_tokens(req.max_tokens, len(ids), "max_tokens")
+        param, max_tokens = "max_tokens", serving.max_tokens(req.max_tokens, len(ids), "max_tokens")
     k = req.top_logprobs or 0
+    serving.check_response_size(req.n, max_tokens, (k or 1) if req.logprobs else None, req.stream, param)
     params = serving.sampling_params(req, max_tokens, k if req.logprobs else None, req.prompt_logprobs)
     rid = serving.new_id("chatcmpl")
     sub = serving.submit(rid, [ids], params, req.cache_salt)

@@ -20,14 +20,31 @@ def configure_parser(p: argparse.ArgumentParser, add_engine_args: Callable, engi
                    help="address to bind (default 127.0.0.1: only this machine; 0.0.0.0 for every interface)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", default=None,
-                   help=f"require 'Authorization: Bearer KEY' on /v1/* and /metrics (default: ${API_KEY_ENV})")
+                   help=f"require 'Authorization: Bearer KEY' on /v1/*, /metrics and /openapi.json (default: ${API_KEY_ENV})")
     p.add_argument("--served-model-name", default=None,
                    help="the model name clients send (default: the model directory's name)")
     p.add_argument("--max-waiting-requests", type=int, default=None,
                    help="queued requests beyond max_num_seqs before new ones get 503 (engine option)")
     p.add_argument("--max-body-bytes", type=int, default=4 << 20, help="largest request body accepted (413 above)")
     p.add_argument("--grace-period", type=float, default=30.0,
-                   help="seconds SIGTERM waits for in-flight requests before aborting them")
+                   help="seconds SIGTERM waits for in-flight requests before aborting them (503 / an error event)")
+    # request limits (docs/serve.md, "Limits")
+    p.add_argument("--max-n", type=int, default=32, help="largest n (choices per prompt) accepted (400 above)")
+    p.add_argument("--max-response-tokens", type=int, default=262_144,
+                   help="bound on a non-streamed reply: prompts x n x max_tokens x (1 + logprobs) (400 above)")
+    p.add_argument("--max-prompt-chars", type=int, default=None,
+                   help="longest prompt text (or chat messages' text) tokenized; longer ones get 400 before "
+                        "tokenizing (default: 16 x max_model_len)")
+    p.add_argument("--max-prompt-token-ids", type=int, default=None,
+                   help="longest prompt sent as token ids (default: max_model_len)")
+    p.add_argument("--max-chat-messages", type=int, default=2048, help="most messages in one chat request")
+    # connection limits (uvicorn's, plus a header read timeout)
+    p.add_argument("--timeout-keep-alive", type=float, default=5.0,
+                   help="seconds an idle keep-alive connection stays open")
+    p.add_argument("--header-timeout", type=float, default=10.0,
+                   help="seconds a connection has to send a whole request head before it is closed")
+    p.add_argument("--limit-concurrency", type=int, default=1024,
+                   help="connections and requests at once before new requests get 503")
     p.add_argument("--engine-threads", type=int, default=None,
                    help="torch threads of the engine process on a CPU device (default: $OMP_NUM_THREADS, "
                         "else every core but one, left to HTTP handling)")

@@ -40,10 +40,18 @@ async def _prompts(serving: Serving, req: CompletionRequest) -> tuple[list[list[
     if isinstance(p, str):
         return [await serving.encode(p, True)], [p]
     if all(isinstance(x, int) for x in p):
+        serving.check_token_ids(len(p))
         return [list(p)], [None]
     if all(isinstance(x, str) for x in p):
-        return [await serving.encode(x, True) for x in p], list(p)
+        return await serving.encode_many(list(p), True), list(p)
+    for x in p:
+        serving.check_token_ids(len(x))
     return [list(x) for x in p], [None] * len(p)
+
+
+def _num_prompts(req: CompletionRequest) -> int:
+    p = req.prompt
+    return 1 if isinstance(p, str) or all(isinstance(x, int) for x in p) else len(p)
 
 
 def _echo_texts(serving: Serving, prompts: list[list[int]], texts: list[str | None]) -> list[str]:
@@ -109,11 +117,13 @@ async def create_completion(serving: Serving, req: CompletionRequest, raw: Reque
                        "give at least 1", param="max_tokens")
     if echo_only and req.min_tokens:
         raise APIError(400, "min_tokens: must be 0 with max_tokens 0", param="min_tokens")
+    serving.check_n(req.n, _num_prompts(req))
     prompts, texts = await _prompts(serving, req)
     for ids in prompts:
         serving.check_prompt(ids)
     echo_texts = _echo_texts(serving, prompts, texts) if req.echo else None
     max_tokens = serving.max_tokens(req.max_tokens, max(len(p) for p in prompts), "max_tokens")
+    serving.check_response_size(len(prompts) * req.n, max(max_tokens, 1), req.logprobs, req.stream, "max_tokens")
     # echoed logprobs need the prompt's; the engine computes the larger count once for both uses
     wanted = [k for k in (req.prompt_logprobs, req.logprobs if req.echo else None) if k is not None]
     params = serving.sampling_params(req, max(max_tokens, 1), req.logprobs, max(wanted) if wanted else None)

@@ -43,6 +43,8 @@ class RequestDelta(NamedTuple):
 
 
 STATS_INTERVAL_S = 1.0
+_NOT_FINITE = ("the request's logits were not finite (NaN or infinite) at a sampling step, so no token could be "
+               "drawn; it was stopped (other requests were not affected)")
 
 
 class EngineCore:
@@ -110,10 +112,16 @@ class EngineCore:
             self.conn.send(("failed", [(rid, 500, f"internal error in the engine step: {type(e).__name__}: {e}")
                                        for rid in rids]))
             return
-        deltas = []
+        deltas, failed = [], []
         for out in outputs:
             sent = self.sent.get(out.request_id)
             if sent is None:
+                continue
+            if out.finished and any(c.finish_reason == "error" for c in out.outputs):
+                # its logits were NaN or infinite (the engine ended it alone; the batch went on)
+                del self.sent[out.request_id]
+                self.awaiting_prompt_logprobs.discard(out.request_id)
+                failed.append((out.request_id, 500, _NOT_FINITE))
                 continue
             prompt_logprobs = None
             if out.request_id in self.awaiting_prompt_logprobs:
@@ -141,6 +149,8 @@ class EngineCore:
                                            prompt_logprobs))
         if deltas:
             self.conn.send(("out", deltas))
+        if failed:
+            self.conn.send(("failed", failed))
         self._collect_histograms()
 
     def _collect_histograms(self) -> None:

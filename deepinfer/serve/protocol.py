@@ -4,6 +4,7 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any, Literal
 
+from annotated_types import Ge, Gt, Le, Lt
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
 
 # OpenAI's clients add fields over time; unknown ones are ignored, not fatal, but any field that
@@ -39,6 +40,52 @@ class APIError(Exception):
                                              code=self.code)).model_dump()
 
 
+def valid_range(model: type[BaseModel], name: str) -> str | None:
+    """The bounds of a numeric field, as an interval: ``[0.01, 10]``, ``(0, 1]``, ``>= 0``."""
+    field = model.model_fields.get(name)
+    if field is None:
+        return None
+    low = high = None
+    for m in field.metadata:
+        if isinstance(m, (Ge, Gt)):
+            low = ("[" if isinstance(m, Ge) else "(", m.ge if isinstance(m, Ge) else m.gt)
+        elif isinstance(m, (Le, Lt)):
+            high = ("]" if isinstance(m, Le) else ")", m.le if isinstance(m, Le) else m.lt)
+    if low and high:
+        return f"{low[0]}{low[1]:g}, {high[1]:g}{high[0]}"
+    if low:
+        return f"{'>=' if low[0] == '[' else '>'} {low[1]:g}"
+    if high:
+        return f"{'<=' if high[0] == ']' else '<'} {high[1]:g}"
+    return None
+
+
+def invalid_text(value: Any, path: str) -> str | None:
+    """Where ``value`` holds a string that is not valid Unicode text (a lone surrogate, which JSON's
+    ``\\ud800`` escape can carry), as ``path[3].content at character 5``; None: nowhere."""
+    if isinstance(value, str):
+        if value.isascii():
+            return None
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:
+            return f"{path} at character {e.start}"
+        return None
+    if isinstance(value, BaseModel):
+        for name in type(value).model_fields:
+            if (bad := invalid_text(getattr(value, name), f"{path}.{name}")) is not None:
+                return bad
+    elif isinstance(value, list) and value and not isinstance(value[0], int):
+        for i, v in enumerate(value):
+            if (bad := invalid_text(v, f"{path}[{i}]")) is not None:
+                return bad
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            if (bad := invalid_text(k, f"{path or 'body'} key") or invalid_text(v, f"{path}.{k}")) is not None:
+                return bad
+    return None
+
+
 class StreamOptions(BaseModel):
     model_config = _REQUEST
 
@@ -64,7 +111,8 @@ class SamplingFields(BaseModel):
     seed: int | None = Field(None, ge=0, lt=2**63)
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    repetition_penalty: float | None = Field(None, gt=0.0, le=10.0)
+    # (bounded away from 0: a logit divided by 1e-40 overflows to infinity; SamplingParams' bound)
+    repetition_penalty: float | None = Field(None, ge=0.01, le=10.0)
     ignore_eos: bool = False
     min_tokens: int = Field(0, ge=0)
     stop_token_ids: list[int] | None = Field(None, max_length=64)

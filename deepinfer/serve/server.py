@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import signal
 import sys
@@ -52,8 +53,9 @@ def run_serve(args: argparse.Namespace, engine_overrides: Callable) -> int:
     from deepinfer.core.tokenizer import Tokenizer
     from deepinfer.serve.app import ServerSettings, build_app
     from deepinfer.serve.engine_client import EngineClient, EngineStartError
+    from deepinfer.serve.http import protocol_with_header_timeout
     from deepinfer.serve.metrics import ServerMetrics
-    from deepinfer.serve.serving import Serving
+    from deepinfer.serve.serving import RequestLimits, Serving
 
     config = build_config(args.config_file, engine_overrides(args))
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
@@ -86,14 +88,30 @@ def run_serve(args: argparse.Namespace, engine_overrides: Callable) -> int:
     try:
         tokenizer = Tokenizer(info["tokenizer"]) if info["has_tokenizer"] else None
         metrics = ServerMetrics()
+        limits = RequestLimits(max_n=args.max_n, max_response_tokens=args.max_response_tokens,
+                               max_prompt_chars=args.max_prompt_chars, max_chat_messages=args.max_chat_messages,
+                               max_prompt_token_ids=args.max_prompt_token_ids)
         serving = Serving(client, tokenizer, model_names(config, info), metrics,
-                          max_in_flight_seqs=config.max_num_seqs + config.max_waiting_requests)
+                          max_in_flight_seqs=config.max_num_seqs + config.max_waiting_requests, limits=limits)
         settings = ServerSettings(api_key=api_key, max_body_bytes=args.max_body_bytes)
         app = build_app(client, serving, metrics, settings)
+        # uvicorn cancels what outlasts its own timeout; the server ends those requests itself at the
+        # grace period (DrainingServer.shutdown), and uvicorn's comes later, for their replies to go out
         uv_config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                                   access_log=args.access_log, timeout_graceful_shutdown=args.grace_period,
-                                   lifespan="on", loop="asyncio", http="h11", ws="none")
-        server = DrainingServer(uv_config, on_stop=lambda: setattr(serving, "draining", True))
+                                   access_log=args.access_log,
+                                   timeout_graceful_shutdown=args.grace_period + EXPIRY_FLUSH_S,
+                                   timeout_keep_alive=args.timeout_keep_alive,
+                                   limit_concurrency=args.limit_concurrency,
+                                   lifespan="on", loop="asyncio", http=protocol_with_header_timeout(args.header_timeout),
+                                   ws="none")
+
+        def expire() -> None:
+            if (n := serving.expire(args.grace_period)):
+                print(f"deepinfer serve: the {args.grace_period:g} s grace period is over: aborted {n} request"
+                      f"{'s' if n != 1 else ''} still running", file=sys.stderr, flush=True)
+
+        server = DrainingServer(uv_config, on_stop=lambda: setattr(serving, "draining", True),
+                                grace_period=args.grace_period, on_expire=expire)
         died: list[str] = []
 
         def engine_died(why: str) -> None:
@@ -114,12 +132,30 @@ def run_serve(args: argparse.Namespace, engine_overrides: Callable) -> int:
         client.shutdown()
 
 
-class DrainingServer(uvicorn.Server):
-    """uvicorn's server, but SIGTERM/SIGINT first stop admission, and the exit code stays 0."""
+#: seconds uvicorn waits past the grace period, for the replies of the requests aborted then to go out
+EXPIRY_FLUSH_S = 3.0
 
-    def __init__(self, config: uvicorn.Config, on_stop: Callable[[], None]) -> None:
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server, but SIGTERM/SIGINT first stop admission, requests that outlast the grace
+    period end with an error of their own (``on_expire``), and the exit code stays 0."""
+
+    def __init__(self, config: uvicorn.Config, on_stop: Callable[[], None], grace_period: float | None = None,
+                 on_expire: Callable[[], None] | None = None) -> None:
         super().__init__(config)
         self.on_stop = on_stop
+        self.grace_period = grace_period
+        self.on_expire = on_expire
+
+    async def shutdown(self, sockets: Any = None) -> None:
+        expiry = None
+        if self.grace_period is not None and self.on_expire is not None:
+            expiry = asyncio.get_running_loop().call_later(self.grace_period, self.on_expire)
+        try:
+            await super().shutdown(sockets)
+        finally:
+            if expiry is not None:
+                expiry.cancel()
 
     def handle_exit(self, sig: int, frame: Any) -> None:
         self.on_stop()

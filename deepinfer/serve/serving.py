@@ -7,7 +7,7 @@ from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 
 from deepinfer.core.logprobs import TokenLogprobs
@@ -15,27 +15,51 @@ from deepinfer.core.sampling_params import SamplingParams
 from deepinfer.serve.engine_client import EngineClient, EngineDeadError, RequestFailed
 from deepinfer.serve.engine_core import RequestDelta
 from deepinfer.serve.metrics import RequestTimer, ServerMetrics
-from deepinfer.serve.protocol import APIError, SamplingFields
+from deepinfer.serve.protocol import APIError, SamplingFields, valid_range
 
 T = TypeVar("T")
 # long prompts are tokenized off the event loop so other streams keep flowing meanwhile
 _TOKENIZE_INLINE_CHARS = 16_384
+#: the default character bound of a prompt (or a chat's messages), per token of max_model_len: a
+#: text longer than this cannot fit the context whatever the tokenizer (a token of a real
+#: vocabulary averages 3 to 5 characters), so it is refused before it is tokenized
+CHARS_PER_TOKEN = 16
+
+
+@dataclass(frozen=True, slots=True)
+class RequestLimits:
+    """Bounds on what one request may ask of the server (``deepinfer serve`` flags; docs/serve.md).
+
+    ``max_prompt_chars`` and ``max_prompt_token_ids`` default (None) to ``CHARS_PER_TOKEN`` x and 1 x
+    max_model_len."""
+
+    max_n: int = 32
+    #: a non-streamed reply is built whole in memory: prompts x n x max_tokens x (1 + logprobs per
+    #: token) may not pass this (a streamed one is sent as it comes and is not bounded here)
+    max_response_tokens: int = 262_144
+    max_prompt_chars: int | None = None
+    max_chat_messages: int = 2048
+    max_prompt_token_ids: int | None = None
 
 
 class ClientDisconnected(Exception):
     """The client closed the connection before its response was ready."""
 
 
-def validation_message(e: ValidationError) -> tuple[str, str | None]:
-    """A one-line message and the offending parameter from a pydantic error."""
+def validation_message(e: ValidationError, model: type[BaseModel] | None = None) -> tuple[str, str | None]:
+    """A one-line message and the offending parameter from a pydantic error (with the field's valid
+    range, from ``model``, when a bound was passed)."""
     err = e.errors()[0]
     loc = [str(x) for x in err.get("loc", ()) if x != "body"]
     param = ".".join(loc) or None
     msg = err.get("msg", "invalid value")
+    if (model is not None and len(loc) == 1 and err.get("type", "").startswith(("greater_than", "less_than"))
+            and (bounds := valid_range(model, loc[0])) is not None):
+        msg += f" (valid: {bounds})"
     return (f"{param}: {msg}" if param else msg), param
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class Submission:
     """One API request in the engine: one engine request per prompt, all feeding one queue."""
 
@@ -87,23 +111,37 @@ class Submission:
         self.pending.clear()
         self.serving.in_flight_seqs -= self.num_seqs
         self.num_seqs = 0
+        self.serving.submissions.discard(self)
+
+    def fail(self, status: int, message: str) -> None:
+        """Abort what is still running and end the response with this error (its stream with an
+        error event and [DONE], a whole reply with the status)."""
+        for rid in self.pending:
+            self.serving.client.abort(rid)
+            self.queue.put_nowait(RequestFailed(rid, status, message))
 
 
 class Serving:
     """Shared request handling between the OpenAI routes and the engine client."""
 
     def __init__(self, client: EngineClient, tokenizer: Any, model_names: list[str], metrics: ServerMetrics,
-                 max_in_flight_seqs: int) -> None:
+                 max_in_flight_seqs: int, limits: RequestLimits | None = None) -> None:
         self.client = client
+        self.limits = limits or RequestLimits()
         self.tokenizer = tokenizer
         self.model_names = model_names
         self.metrics = metrics
         self.max_model_len: int = client.info["max_model_len"]
+        self.max_prompt_chars = self.limits.max_prompt_chars or CHARS_PER_TOKEN * self.max_model_len
+        self.max_prompt_token_ids = self.limits.max_prompt_token_ids or self.max_model_len
+        #: every request being answered (shutdown fails what outlasts the grace period)
+        self.submissions: set[Submission] = set()
         self.vocab_size: int | None = client.info.get("vocab_size")
         self.max_in_flight_seqs = max_in_flight_seqs
         self.in_flight_seqs = 0
         self.draining = False
         self._token_str: dict[int, str] = {}
+        self.template_roles: dict[str, bool] = {}  # whether the chat template renders each role
 
     # ------------------------------------------------------------------------------ validation
     def check_model(self, name: str) -> str:
@@ -125,11 +163,57 @@ class Serving:
             raise APIError(400, "this model has no tokenizer.json: send prompts as token ids", param="prompt")
         return self.tokenizer
 
-    async def encode(self, text: str, add_special_tokens: bool) -> list[int]:
+    def check_n(self, n: int, num_prompts: int = 1) -> None:
+        """Refuse an n above ``--max-n``, and more sequences than the server ever takes at once,
+        before any prompt is tokenized."""
+        if n > self.limits.max_n:
+            raise APIError(400, f"n is {n}, but this server allows at most {self.limits.max_n} (--max-n)",
+                           param="n", code="limit_exceeded")
+        if n * num_prompts > self.max_in_flight_seqs:
+            raise self._too_many_seqs(n, num_prompts)
+
+    def _too_many_seqs(self, n: int, num_prompts: int) -> APIError:
+        return APIError(400, f"the request has {n * num_prompts} sequences (n = {n} for each of {num_prompts} "
+                        f"prompts); this server takes at most {self.max_in_flight_seqs} at once (max_num_seqs "
+                        "+ max_waiting_requests): send fewer prompts or a smaller n", param="n")
+
+    def check_text_length(self, chars: int, param: str) -> None:
+        """Refuse a text that cannot fit the context, before tokenizing it (``--max-prompt-chars``)."""
+        if chars > self.max_prompt_chars:
+            raise APIError(400, f"{param} has {chars} characters; this server tokenizes at most "
+                           f"{self.max_prompt_chars} (--max-prompt-chars, by default {CHARS_PER_TOKEN} per token "
+                           f"of the {self.max_model_len}-token context): a longer text cannot fit; shorten it",
+                           param=param, code="context_length_exceeded")
+
+    def check_token_ids(self, count: int, param: str = "prompt") -> None:
+        if count > self.max_prompt_token_ids:
+            raise APIError(400, f"{param} has {count} token ids; this server takes at most "
+                           f"{self.max_prompt_token_ids} (--max-prompt-token-ids, by default max_model_len)",
+                           param=param, code="context_length_exceeded")
+
+    def check_response_size(self, num_seqs: int, max_tokens: int, logprobs: int | None, stream: bool,
+                            param: str) -> None:
+        """A non-streamed reply is built whole: bound prompts x n x max_tokens x (1 + logprobs)."""
+        size = num_seqs * max_tokens * (1 + (logprobs or 0))
+        if stream or size <= self.limits.max_response_tokens or (num_seqs == 1 and not logprobs):
+            return  # (one sequence without logprobs is bounded by the context already)
+        raise APIError(400, f"a non-streamed reply of {num_seqs} sequences x {param} {max_tokens} x (1 + "
+                       f"{logprobs or 0} logprobs) = {size} tokens passes this server's limit of "
+                       f"{self.limits.max_response_tokens} (--max-response-tokens); lower n, {param} or "
+                       "logprobs, or stream the reply", param=param, code="limit_exceeded")
+
+    async def encode(self, text: str, add_special_tokens: bool, param: str = "prompt") -> list[int]:
+        return (await self.encode_many([text], add_special_tokens, param))[0]
+
+    async def encode_many(self, texts: list[str], add_special_tokens: bool, param: str = "prompt") -> list[list[int]]:
+        """Each text's token ids. Texts too long to fit are refused first; long ones are tokenized in
+        a thread through the batch call, which releases the GIL (``Tokenizer.encode_many``)."""
         tok = self.require_tokenizer()
-        if len(text) > _TOKENIZE_INLINE_CHARS:
-            return await asyncio.to_thread(tok.encode, text, add_special_tokens)
-        return tok.encode(text, add_special_tokens)
+        for text in texts:
+            self.check_text_length(len(text), param)
+        if sum(len(t) for t in texts) > _TOKENIZE_INLINE_CHARS:
+            return await asyncio.to_thread(tok.encode_many, texts, add_special_tokens)
+        return [tok.encode(t, add_special_tokens) for t in texts]
 
     def check_prompt(self, ids: list[int], param: str = "prompt") -> None:
         if not ids:
@@ -167,7 +251,7 @@ class Serving:
         try:
             return SamplingParams(**fields)
         except ValidationError as e:
-            msg, param = validation_message(e)
+            msg, param = validation_message(e, SamplingParams)
             raise APIError(400, msg, param=param) from None
 
     # ------------------------------------------------------------------------------ submission
@@ -183,9 +267,7 @@ class Serving:
             raise APIError(503, "the server is shutting down", type="server_error", code="shutting_down",
                            headers={"Retry-After": "5"})
         if num_seqs > self.max_in_flight_seqs:  # (never admitted, even on an idle server: not worth a retry)
-            raise APIError(400, f"the request has {num_seqs} sequences (n = {params.n} for each of {len(prompts)} "
-                           f"prompts); this server takes at most {self.max_in_flight_seqs} at once (max_num_seqs "
-                           "+ max_waiting_requests): send fewer prompts or a smaller n", param="n")
+            raise self._too_many_seqs(params.n, len(prompts))
         if self.in_flight_seqs + num_seqs > self.max_in_flight_seqs:
             self.metrics.rejected.inc()
             raise APIError(503, f"the server is at capacity ({self.in_flight_seqs} sequences in flight); retry "
@@ -196,6 +278,7 @@ class Serving:
         sub.pending.update(rids)
         sub.index.update((rid, i) for i, rid in enumerate(rids))
         self.in_flight_seqs += num_seqs
+        self.submissions.add(sub)
         try:
             for rid, ids in zip(rids, prompts, strict=True):
                 self.client.add(rid, ids, params, cache_salt, sub.queue)
@@ -203,6 +286,15 @@ class Serving:
             sub.close()
             raise APIError(503, f"the engine is not running: {e}", type="server_error") from None
         return sub
+
+    def expire(self, grace_period: float) -> int:
+        """The grace period is over: fail every request still being answered with a 503 (streams
+        end with an error event and [DONE]); how many there were."""
+        subs = [sub for sub in self.submissions if sub.pending]
+        for sub in subs:
+            sub.fail(503, f"the server is shutting down and this request did not finish within its "
+                     f"{grace_period:g} s grace period; it was aborted, retry it elsewhere")
+        return len(subs)
 
     async def until_disconnect(self, request: Request, work: Awaitable[T]) -> T:
         """Run ``work`` unless the client hangs up first (then raise ClientDisconnected)."""

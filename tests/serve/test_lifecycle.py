@@ -1,6 +1,7 @@
 """Startup, binding, keys from the environment, and SIGTERM under load, each on its own server process."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -179,14 +180,32 @@ def test_sigterm_under_load_finishes_in_flight_requests_and_exits_0(tiny_model):
 
 
 def test_sigterm_aborts_what_outlasts_the_grace_period_and_exits_0(tiny_model):
+    """At the grace period's end, streams still running end with an error event and [DONE], a
+    non-streamed request gets a JSON 503, and the log says how many were aborted."""
     # one sequence at a time: 6 x 1000 tokens take seconds, far beyond the grace period
     srv = ServerProcess(str(tiny_model), "--served-model-name", "tiny", "--grace-period", "0.5",
                         "--max-num-seqs", "1", "--max-waiting-requests", "8")
+    whole: list[httpx.Response] = []
+    body = {"model": "tiny", "prompt": "import os", "max_tokens": 1000, "ignore_eos": True}
+    plain = threading.Thread(target=lambda: whole.append(
+        httpx.post(f"{srv.base_url}/v1/completions", json=body, timeout=60)))
+    plain.start()
     rc, elapsed, results = _load_then_sigterm(srv, num=6, max_tokens=1000)
+    plain.join(30)
     assert rc == 0, srv.output()
     assert elapsed < 0.5 + 10
     assert len(results) == 6
-    assert any(not events or events[-1] != "[DONE]" for events in results)
+    aborted = [events for events in results if '"error"' in events[-2]]
+    assert aborted, results
+    for events in results:
+        assert events[-1] == "[DONE]"
+    for events in aborted:
+        assert "grace period" in json.loads(events[-2])["error"]["message"]
+    r = whole[0]
+    assert r.status_code == 503 and r.headers["content-type"] == "application/json", r.text
+    assert "grace period" in r.json()["error"]["message"]
+    assert f"aborted {len(aborted) + 1} requests still running" in srv.output()
+    assert "CancelledError" not in srv.output()
 
 
 def test_a_dead_engine_fails_in_flight_requests_and_stops_the_server_non_zero(tiny_model):
