@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from deepinfer.plugins.discovery import MODELS_GROUP, PluginError, discover, distribution_of, load, model_entry_points
+from deepinfer.plugins.hookcheck import hook_problems
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +25,8 @@ def plugin_statuses() -> list[PluginStatus]:
         try:
             cls = load(info)
             reason = cls.unavailable_reason() if hasattr(cls, "unavailable_reason") else None
+            if reason is None and info.slot.name == "hooks" and (problems := hook_problems(cls)):
+                reason = "hooks do not match the specs: " + "; ".join(problems)
         except PluginError as e:
             reason = str(e)
         except Exception as e:  # noqa: BLE001 (a plugin's own availability check crashed: report, don't die)
