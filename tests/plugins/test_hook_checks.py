@@ -34,8 +34,8 @@ def test_a_misspelled_hook_name_is_reported_with_the_closest_spec():
 
 def test_an_argument_the_spec_does_not_pass_is_reported_with_the_spec_signature():
     problems = hook_problems(_module(deepinfer_request_finished=lambda request: None))
-    assert problems == ["deepinfer_request_finished takes 'request', which the spec "
-                        "deepinfer_request_finished(request_id, output) does not pass"]
+    assert problems == [("deepinfer_request_finished takes 'request', which the spec "
+                         "deepinfer_request_finished(request_id, output) does not pass")]
     assert spec_signature("deepinfer_step_end") == "deepinfer_step_end(engine, num_tokens)"
 
 
@@ -52,7 +52,7 @@ def test_methods_of_a_hook_class_are_checked_without_their_self():
 
     assert hook_problems(Good) == [] and hook_problems(Good()) == []
     assert hook_problems(Bad) == hook_problems(Bad()) == [
-        "deepinfer_step_end takes 'tokens', which the spec deepinfer_step_end(engine, num_tokens) does not pass"]
+        ("deepinfer_step_end takes 'tokens', which the spec deepinfer_step_end(engine, num_tokens) does not pass")]
 
 
 def test_plugins_list_reports_hook_plugins_that_cannot_run(thirdparty_site):
