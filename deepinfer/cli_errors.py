@@ -38,7 +38,7 @@ def report(exc: BaseException, prog: str = "deepinfer", debug: bool = False) -> 
     hint = "" if debug_enabled(debug) else f" (run with --debug or {DEBUG_ENV}=1 for the traceback)"
     origin = plugin_origin(exc)
     if origin is not None:
-        if _deepinfer_input_error(exc):
+        if _deepinfer_input_error(exc) or (origin.builtin and isinstance(exc, USER_INPUT)):
             print(f"{prog}: error: {origin}: {exc}", file=sys.stderr)
             return EXIT_USAGE
         print(f"{prog}: error in {origin}: {type(exc).__name__}: {exc}{hint}", file=sys.stderr)

@@ -58,9 +58,15 @@ def test_an_unexpected_error_in_deepinfer_is_not_called_bad_input(capsys, monkey
     (["--plugins", "prefix-cache,no-cache"], "contradict each other"),
     (["MISSING"], "does not exist"),
 ])
-def test_serve_and_generate_exit_alike_on_the_same_mistake(tmp_path, capsys, args, message):
+def test_serve_and_generate_exit_alike_on_the_same_mistake(tmp_path, capsys, monkeypatch, args, message):
     """serve checks config, plugins and model in its own process before starting the engine's."""
+    import deepinfer.serve.server
     from deepinfer.cli import main
+
+    def start(*_args):  # (a server that got this far would start an engine and listen)
+        raise AssertionError("serve went on to start the engine despite a mistake in its input")
+
+    monkeypatch.setattr(deepinfer.serve.server, "run_serve", start)
 
     args = [str(tmp_path / "missing") if a == "MISSING" else a for a in args]
     codes = {}
@@ -69,3 +75,13 @@ def test_serve_and_generate_exit_alike_on_the_same_mistake(tmp_path, capsys, arg
         err = capsys.readouterr().err
         assert message in err and err.count("\n") == 1, err
     assert codes == {"serve": 2, "generate": 2}
+
+
+def test_a_builtin_plugins_refusal_of_its_input_is_bad_input_naming_it(tiny_llama, capsys):
+    from deepinfer.cli import main
+
+    path, _ = tiny_llama  # (no sliding-window layers: swa-replay has nothing to do)
+    assert main(["generate", str(path), "--plugins", "prefix-cache,swa-replay", "--prompt", "x"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("deepinfer: error: plugin 'swa-replay' (deepinfer 0.1.0): cache policy 'swa-replay' has "
+                          "nothing to do") and err.count("\n") == 1

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import sys
 from types import TracebackType
+from typing import NamedTuple
 
 from deepinfer.plugins.discovery import MODELS_GROUP, discover, distribution_of, model_entry_points
 
@@ -37,9 +38,23 @@ def _frames(exc: BaseException) -> list[tuple[str, object | None]]:
     return frames[::-1]
 
 
-def plugin_origin(exc: BaseException) -> str | None:
-    """``plugin 'name' (distribution version)`` when ``exc`` was raised inside a plugin's code (the
-    innermost frame of a plugin's module), or None when it came from deepinfer's own code."""
+class PluginOrigin(NamedTuple):
+    """The plugin an exception came from: ``label`` names it and its distribution; ``builtin``: one
+    of deepinfer's own, whose ValueErrors are its checks of the user's input."""
+
+    label: str
+    builtin: bool
+
+    def __str__(self) -> str:
+        return self.label
+
+
+OWN_PACKAGES = ("deepinfer", "deepinfer_builtin")
+
+
+def plugin_origin(exc: BaseException) -> PluginOrigin | None:
+    """Where ``exc`` was raised inside a plugin's code (the innermost frame of a plugin's module),
+    or None when it came from deepinfer's own code."""
     plugins = _loaded_plugins()
     frames = _frames(exc)
     for module, owner in frames:
@@ -49,9 +64,10 @@ def plugin_origin(exc: BaseException) -> str | None:
         exact = [c for c in candidates if isinstance(c[2], type) and owner is not None and issubclass(owner, c[2])]
         picked = exact[:1] or candidates
         names = " or ".join(sorted({repr(c[0]) for c in picked}))
-        return f"plugin {names} ({picked[0][1]})"
-    packages = {m.split(".")[0]: items[0][1] for m, items in plugins.items() if not m.startswith("deepinfer.")}
+        return PluginOrigin(f"plugin {names} ({picked[0][1]})", module.split(".")[0] in OWN_PACKAGES)
+    packages = {m.split(".")[0]: items[0][1] for m, items in plugins.items() if m.split(".")[0] not in OWN_PACKAGES}
     for module, _ in frames:  # (a helper module of a plugin package that no plugin module called)
-        if module.split(".")[0] in packages:
-            return f"plugin package {module.split('.')[0]} ({packages[module.split('.')[0]]}, in {module})"
+        top = module.split(".")[0]
+        if top in packages:
+            return PluginOrigin(f"plugin package {top} ({packages[top]}, in {module})", False)
     return None
