@@ -138,11 +138,13 @@ def _check_exclusions(sel: Selection) -> None:
 
 
 def _check_hooks(sel: Selection) -> None:
-    for info in sel.all("hooks"):
+    """Every ``@hookimpl`` of a selected plugin (hook plugins, and slot plugins implementing hooks)
+    against the specs: pluggy would accept a name no spec has, and fail late on a bad argument."""
+    for info in (i for items in sel.chosen.values() for i in items):
         problems = hook_problems(sel.classes[info.name])
         if problems:
-            raise PluginError(f"hook plugin {info.name!r} (from {info.distribution}) cannot run: "
-                              + "; ".join(problems))
+            kind = "hook plugin" if info.slot.name == "hooks" else "plugin"
+            raise PluginError(f"{kind} {info.name!r} (from {info.distribution}) cannot run: " + "; ".join(problems))
 
 
 def _validate_options(config: EngineConfig, sel: Selection) -> dict[str, BaseModel]:

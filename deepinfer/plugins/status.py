@@ -25,7 +25,7 @@ def plugin_statuses() -> list[PluginStatus]:
         try:
             cls = load(info)
             reason = cls.unavailable_reason() if hasattr(cls, "unavailable_reason") else None
-            if reason is None and info.slot.name == "hooks" and (problems := hook_problems(cls)):
+            if reason is None and (problems := hook_problems(cls)):  # (slot plugins may implement hooks too)
                 reason = "hooks do not match the specs: " + "; ".join(problems)
         except PluginError as e:
             reason = str(e)

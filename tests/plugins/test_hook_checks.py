@@ -55,6 +55,7 @@ def test_methods_of_a_hook_class_are_checked_without_their_self():
         ("deepinfer_step_end takes 'tokens', which the spec deepinfer_step_end(engine, num_tokens) does not pass")]
 
 
+@pytest.mark.slow
 def test_plugins_list_reports_hook_plugins_that_cannot_run(thirdparty_site):
     res = run_cli(thirdparty_site, "plugins", "list", "--json")
     assert res.returncode == 0, res.stderr
@@ -67,6 +68,7 @@ def test_plugins_list_reports_hook_plugins_that_cannot_run(thirdparty_site):
         "deepinfer_request_finished(request_id, output) does not pass")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, says", [
     ("example-misspelled", "deepinfer_step_ended is no deepinfer hook"),
     ("example-wrong-argument", "deepinfer_request_finished takes 'request'"),
@@ -89,3 +91,18 @@ except Exception as e:
 
 def test_plugin_error_is_what_selection_raises():
     assert issubclass(PluginError, ValueError)  # (so the command line reports it as input: exit 2)
+
+
+def test_a_slot_plugins_hooks_are_checked_too(monkeypatch):
+    """Slot plugins may implement hooks (the engine registers them); theirs are checked alike."""
+    from deepinfer.core.config import EngineConfig
+    from deepinfer.plugins.selection import select
+    from deepinfer_builtin.ngram import NgramDrafter
+
+    def deepinfer_step_ended(self, engine):
+        pass
+
+    monkeypatch.setattr(NgramDrafter, "deepinfer_step_ended", hookimpl(deepinfer_step_ended), raising=False)
+    with pytest.raises(PluginError, match=r"^plugin 'ngram' \(from deepinfer 0.1.0\) cannot run: deepinfer_step_ended "
+                                          r"is no deepinfer hook \(did you mean deepinfer_step_end\?\)"):
+        select(EngineConfig(plugins=["ngram"]))
