@@ -6,6 +6,7 @@ import json
 import sys
 from typing import Any
 
+from deepinfer.cli_errors import DEBUG_ENV, EXIT_INTERRUPTED, report
 from deepinfer.core.config import EngineConfig, parse_plugin_options
 
 
@@ -80,11 +81,21 @@ def cmd_generate(args: argparse.Namespace) -> int:
                               "finish_reason": c.finish_reason}))
         else:
             print(c.text)
+    if args.metrics:  # (the engine's counters and gauges, plugins' own included)
+        metrics = dict(sorted(llm.get_metrics().items()))
+        if args.json:
+            print(json.dumps({"metrics": metrics}))
+        else:
+            print("# metrics")
+            for name, value in metrics.items():
+                print(f"{name} {value:g}")
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="deepinfer", description=__doc__)
+    parser.add_argument("--debug", action="store_true",
+                        help=f"print the traceback of an error (also {DEBUG_ENV}=1)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("plugins", help="inspect plugins")
@@ -102,6 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--sampling-seed", type=int, default=None)
     g.add_argument("--ignore-eos", action="store_true")
     g.add_argument("--json", action="store_true", help="one JSON object per prompt")
+    g.add_argument("--metrics", action="store_true",
+                   help="then print the engine's metrics (plugins' too): 'name value' lines after '# metrics', "
+                        "or with --json one more object, {\"metrics\": {...}}")
     g.set_defaults(func=cmd_generate)
 
     from deepinfer.bench.cli import add_bench_parser
@@ -109,9 +123,41 @@ def build_parser() -> argparse.ArgumentParser:
     from deepinfer.tools.cli import add_train_parser
 
     add_serve_parser(sub, add_engine_args, engine_overrides)
+    serve = sub.choices["serve"]
+    serve.set_defaults(func=_checked_first(serve.get_default("func")))
     add_bench_parser(sub, add_engine_args, engine_overrides)
     add_train_parser(sub)
+    _add_debug_everywhere(sub)
     return parser
+
+
+def _add_debug_everywhere(sub: argparse._SubParsersAction) -> None:
+    """``--debug`` after the command too (``deepinfer generate ... --debug``)."""
+    for name, p in sub.choices.items():
+        if name == "train-demo":  # (it parses its own options)
+            continue
+        if "--debug" not in p._option_string_actions:
+            p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+        for action in p._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                _add_debug_everywhere(action)
+
+
+def _checked_first(run):
+    """``serve`` checks the config, the plugin selection and the model directory in this process
+    first: a mistake there is the user's (exit 2, as for ``generate``), not an engine that failed."""
+    def checked(args: argparse.Namespace) -> int:
+        from deepinfer.builder import demo_model_path
+        from deepinfer.core.config import build_config
+        from deepinfer.core.model_config import read_model_config
+        from deepinfer.plugins.selection import select
+
+        config = build_config(args.config_file, engine_overrides(args))
+        select(config)
+        read_model_config(config.model or demo_model_path())
+        return run(args)
+
+    return checked
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -121,13 +167,14 @@ def main(argv: list[str] | None = None) -> int:
 
         return train_demo(argv[1:])
     args = build_parser().parse_args(argv)
+    if args.command == "bench" and hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(line_buffering=True)  # (each row as it is known, into a pipe or file too)
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
-        return 130
-    except (ValueError, FileNotFoundError, TypeError) as e:
-        print(f"deepinfer: error: {e}", file=sys.stderr)
-        return 2
+        return EXIT_INTERRUPTED
+    except Exception as e:  # noqa: BLE001 (every error reaches the user as a sentence and an exit code)
+        return report(e, debug=args.debug)
 
 
 if __name__ == "__main__":

@@ -49,3 +49,11 @@ def tiny_llama(tmp_path_factory):
     path = tmp_path_factory.mktemp("llama")
     model = make_model(path, "llama")
     return path, model
+
+
+@pytest.fixture(scope="session")
+def thirdparty_site(tmp_path_factory):
+    """The fixture package tests/fixtures/thirdparty, built and installed into a directory of its own."""
+    from tests.thirdparty import install
+
+    return install(tmp_path_factory.mktemp("site"), tmp_path_factory.mktemp("build"))

@@ -2,11 +2,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 import platform
-import time
 
 from deepinfer.bench import workloads
+from deepinfer.bench.output import add_json_arg, write_json
 from deepinfer.bench.runners import (
     RunResult,
     gpu_idle,
@@ -28,7 +27,7 @@ def add_bench_parser(sub, add_engine_args, engine_overrides) -> None:
                        help="build a random model of this shape instead (llama-tiny, llama-1b, qwen3-0.6b, qwen3-tiny)")
         b.add_argument("--peer", choices=["hf"], default=None, help="run transformers on the same requests too")
         b.add_argument("--repeats", type=int, default=3)
-        b.add_argument("--json", dest="json_out", default=None, help="write the results to this file")
+        add_json_arg(b)
         b.add_argument("--plot", default=None, metavar="PNG", help="write a bar chart of the rates to this file")
         b.add_argument("--gpu-idle", action="store_true",
                        help="one more run timing every step with device events: the share of the decode "
@@ -70,6 +69,10 @@ def run_bench(args: argparse.Namespace, overrides: dict) -> int:
         from deepinfer.bench.plot import require_matplotlib
 
         require_matplotlib()  # before any work
+    if args.peer == "hf":
+        from deepinfer.bench.models import require_transformers
+
+        require_transformers()
     model, overrides = bench_model(args, overrides, "float32")
     measure_before_run(overrides)
     llm = LLM(model, config_file=args.config_file, progress=False, **overrides)
@@ -108,7 +111,9 @@ def run_bench(args: argparse.Namespace, overrides: dict) -> int:
         results.append(peer)
         print_row(peer)
         print(f"ratio deepinfer / peer (output tok/s): {ours.output_tok_s / peer.output_tok_s:.2f}x")
-    _write_json(args, results)
+    write_json(args, [{"name": r.name, "seconds": r.seconds, "output_tokens": r.output_tokens,
+                       "prompt_tokens": r.prompt_tokens, "output_tok_s": r.output_tok_s, **r.extra}
+                      for r in results])
     if args.gpu_idle:
         x = ours.extra
         print(f"device idle: {100 * x['gpu_idle_fraction']:.2f}% of the decode phase ({x['decode_steps']} steps, "
@@ -156,12 +161,3 @@ def print_head(args: argparse.Namespace, wl: workloads.Workload) -> None:
 
 def print_row(r: RunResult) -> None:
     print(f"{r.name:<32}{r.median_s:>10.3f}{r.output_tok_s:>15.1f}{r.total_tok_s:>14.1f}", flush=True)
-
-
-def _write_json(args: argparse.Namespace, results: list[RunResult]) -> None:
-    if args.json_out:
-        with open(args.json_out, "w") as f:
-            json.dump({"command": args.bench_command, "date": time.strftime("%Y-%m-%d"),
-                       "results": [{"name": r.name, "seconds": r.seconds, "output_tokens": r.output_tokens,
-                                    "prompt_tokens": r.prompt_tokens, "output_tok_s": r.output_tok_s,
-                                    **r.extra} for r in results]}, f, indent=2)

@@ -5,6 +5,7 @@ import statistics
 import time
 
 from deepinfer.bench import workloads
+from deepinfer.bench.output import add_json_arg, progress, write_json
 from deepinfer.core.sampling_params import SamplingParams
 
 
@@ -16,6 +17,7 @@ def add_prefill_parser(bsub, add_engine_args, engine_overrides) -> None:
     b.add_argument("--input-len", type=int, default=4096)
     b.add_argument("--repeats", type=int, default=3)
     b.add_argument("--plot", default=None, metavar="PNG", help="write a bar chart of the rate to this file")
+    add_json_arg(b)
     b.set_defaults(func=lambda a, _ov=engine_overrides: run_prefill(a, _ov(a)))
 
 
@@ -44,10 +46,13 @@ def run_prefill(args, overrides: dict) -> int:
         llm.generate(prompts, params, use_tqdm=False)
         llm.engine.ctx.device.synchronize()
         secs.append(time.perf_counter() - t)
+        progress(f"prefill run {len(secs)}/{args.repeats}: {secs[-1]:.3f} s")
     s = statistics.median(secs)
     print(f"deepinfer bench prefill: {args.batch} x {args.input_len} tokens, median of {args.repeats}: "
           f"{s * 1e3:.1f} ms, {wl.num_prompt_tokens / s:,.0f} tok/s")
-    print(describe(llm.engine, wl, s, "prefill"))
+    print(describe(llm.engine, wl, s, "prefill"), flush=True)
+    write_json(args, [{"name": "deepinfer", "seconds": secs, "median_s": s, "prompt_tokens": wl.num_prompt_tokens,
+                       "prompt_tok_s": wl.num_prompt_tokens / s}])
     if args.plot:
         from deepinfer.bench.plot import write_chart
 

@@ -5,6 +5,7 @@ import random
 import statistics
 import time
 
+from deepinfer.bench.output import add_json_arg, progress, write_json
 from deepinfer.core.sampling_params import SamplingParams
 
 
@@ -18,6 +19,7 @@ def add_prefix_parser(bsub, add_engine_args, engine_overrides) -> None:
     b.add_argument("--repeats", type=int, default=3)
     b.add_argument("--lookup-blocks", type=int, default=100_000,
                    help="cached blocks for the lookup-cost measurement (0: skip it)")
+    add_json_arg(b)
     b.set_defaults(func=lambda a, _ov=engine_overrides: run_prefix(a, _ov(a)))
 
 
@@ -53,6 +55,7 @@ def run_prefix(args, overrides: dict) -> int:
         tokens = args.num_requests * (args.shared + args.unique)
         results[label] = (statistics.median(secs), tokens, m.get("deepinfer:prefix_cache_hits", 0),
                           m.get("deepinfer:prefix_cache_queries", 0))
+        progress(f"prefix {label}: median {results[label][0]:.3f} s of {[round(s, 3) for s in secs]}")
         del llm
         _release_memory()
     print(f"deepinfer bench prefix: {args.num_requests} requests x ({args.shared} shared + {args.unique} unique) "
@@ -65,8 +68,12 @@ def run_prefix(args, overrides: dict) -> int:
     print(f"prefill speed-up with prefix-cache: {speedup:.1f}x "
           f"(ideal at {args.shared / (args.shared + args.unique):.0%} hits: "
           f"{(args.shared + args.unique) / args.unique:.1f}x)")
-    if args.lookup_blocks:
-        print(f"lookup cost at {args.lookup_blocks} cached blocks: {lookup_cost_us(args.lookup_blocks):.2f} us/block")
+    lookup = lookup_cost_us(args.lookup_blocks) if args.lookup_blocks else None
+    if lookup is not None:
+        print(f"lookup cost at {args.lookup_blocks} cached blocks: {lookup:.2f} us/block")
+    write_json(args, [{"name": label, "median_s": s, "prompt_tokens": tokens, "prompt_tok_s": tokens / s,
+                       "hits": hits, "queries": queries} for label, (s, tokens, hits, queries) in results.items()]
+               + ([{"name": "lookup", "blocks": args.lookup_blocks, "us_per_block": lookup}] if lookup else []))
     return 0
 
 

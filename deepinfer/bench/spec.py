@@ -4,6 +4,7 @@ from __future__ import annotations
 import statistics
 import time
 
+from deepinfer.bench.output import add_json_arg, progress, write_json
 from deepinfer.core.sampling_params import SamplingParams
 
 DRAFTERS = ("none", "draft-model", "deepspark", "ngram")
@@ -39,6 +40,7 @@ def add_spec_parser(bsub, add_engine_args, engine_overrides) -> None:
                         "ones before); by default all are built in this process and take turns run by run, "
                         "each with a KV pool of 2 GiB on a GPU unless --kv-cache-memory-gb (or the config) "
                         "sets another: give more for large models or long --max-model-len")
+    add_json_arg(b)
     b.set_defaults(func=lambda a, _ov=engine_overrides: run_spec(a, _ov(a)))
 
 
@@ -157,6 +159,7 @@ def drafter_rows(drafter: str, plugins: list[str], work: dict) -> list[dict]:
         m0 = wl.warm_up(llm)
         secs = [wl.run(llm) for _ in range(work["repeats"])]
         rows.append(wl.row(drafter, secs, m0, llm.get_metrics()))
+        progress(f"spec {drafter} batch {batch}: runs of {', '.join(f'{s:.2f}' for s in secs)} s")
     return rows
 
 
@@ -187,10 +190,21 @@ def interleaved_rows(drafters: dict[str, list[str]], work: dict) -> list[dict]:
     for batch in work["batches"]:
         wl = Workload(next(iter(llms.values())), batch, work)
         m0 = {d: wl.warm_up(llm) for d, llm in llms.items()}
-        secs = take_turns(llms, wl.run, work["repeats"])
+        secs = take_turns(llms, _reporting(wl, batch), work["repeats"])
         for d, llm in llms.items():
             found[d, batch] = wl.row(d, secs[d], m0[d], llm.get_metrics())
     return [found[d, b] for d in llms for b in work["batches"]]
+
+
+def _reporting(wl: Workload, batch: int):
+    """``wl.run`` that says each run's time on stderr as it ends."""
+    def run(llm) -> float:
+        s = wl.run(llm)
+        name = next((p for p in llm.engine.plugin_names.get("drafter", [])), "none")
+        progress(f"spec {name} batch {batch}: {s:.2f} s")
+        return s
+
+    return run
 
 
 def report(args, rows: list[dict]) -> None:
@@ -205,3 +219,4 @@ def report(args, rows: list[dict]) -> None:
         ratio = f"{r['tok_s'] / base[r['batch']]:.2f}x" if r["batch"] in base else "-"
         print(f"{r['drafter']:<13}{r['batch']:>6}{r['seconds']:>9.2f}{r['tok_s']:>9.1f}{ratio:>9}"
               f"{r['tokens_per_step']:>10.2f}{r['verified_per_draft']:>10.2f}{r['accepted_per_draft']:>10.2f}")
+    write_json(args, rows)

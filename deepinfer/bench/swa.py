@@ -12,6 +12,7 @@ import random
 import time
 from dataclasses import dataclass
 
+from deepinfer.bench.output import add_json_arg, progress, write_json
 from deepinfer.core.sampling_params import SamplingParams
 
 HYBRID = ("sliding_attention",) * 3 + ("full_attention",)
@@ -32,6 +33,7 @@ def add_swa_parser(bsub, add_engine_args, engine_overrides) -> None:
     b.add_argument("--output-len", type=int, default=8)
     b.add_argument("--sliding-pool-blocks", type=int, default=None,
                    help="swa-replay's sliding-window pool size (default: as many blocks as the full pool)")
+    add_json_arg(b)
     b.set_defaults(func=lambda a, _ov=engine_overrides: run_swa(a, _ov(a)))
 
 
@@ -134,6 +136,7 @@ def run_swa(args, overrides: dict) -> int:
     rows = []
     for label, plugins, options in configs:
         rows.append(_run(model, label, extra + plugins, options, args, vocab, overrides))
+        progress(f"swa {label}: {rows[-1].seconds:.2f} s")
         _release_memory()
     args.dtype_used = overrides["dtype"]
     report(args, rows)
@@ -167,3 +170,4 @@ def report(args, rows: list[Row]) -> None:
         per_tok = r.kept_bytes / r.cached_tokens if r.cached_tokens else 0.0
         print(f"{r.label:<28}{per_hit:>13.1f}{r.computed / r.requests:>13.1f}{r.kept_bytes / 2**20:>14.2f}"
               f"{per_tok:>14.1f}{r.seconds:>9.2f}{r.outcomes:>12}")
+    write_json(args, [{"name": r.label, **{k: getattr(r, k) for k in Row.__slots__ if k != "label"}} for r in rows])

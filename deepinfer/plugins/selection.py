@@ -9,6 +9,7 @@ from pydantic import BaseModel, ValidationError
 from deepinfer.core.config import EngineConfig
 from deepinfer.core.interfaces import NoOptions
 from deepinfer.plugins.discovery import ALLOW_ENV, PluginError, PluginInfo, allow_list, discover, load
+from deepinfer.plugins.hookcheck import hook_problems
 
 DEFAULTS = {"scheduler": "fcfs", "cache_policy": "no-cache"}
 
@@ -103,6 +104,8 @@ def select(config: EngineConfig) -> Selection:
             if info.name not in sel.classes or info.slot.name != "device":
                 sel.classes[info.name] = load(info)
     _check_dependencies(sel)
+    _check_exclusions(sel)
+    _check_hooks(sel)
     sel.options = _validate_options(config, sel)
     return sel
 
@@ -121,6 +124,27 @@ def _check_dependencies(sel: Selection) -> None:
             if dep not in names:
                 raise PluginError(f"plugin {name!r} needs plugin {dep!r}: add it to plugins "
                                   f"(for example --plugins {dep},{name})")
+
+
+def _check_exclusions(sel: Selection) -> None:
+    """A plugin's ``excludes`` names plugins it contradicts: selecting both is refused, as two
+    plugins for a slot that takes one are (either side may declare it)."""
+    names = [i.name for items in sel.chosen.values() for i in items]
+    for name in names:
+        for other in getattr(sel.classes[name], "excludes", ()):
+            if other in names:
+                raise PluginError(f"plugins {name!r} and {other!r} contradict each other ({name!r} excludes "
+                                  f"{other!r}); keep one of them")
+
+
+def _check_hooks(sel: Selection) -> None:
+    """Every ``@hookimpl`` of a selected plugin (hook plugins, and slot plugins implementing hooks)
+    against the specs: pluggy would accept a name no spec has, and fail late on a bad argument."""
+    for info in (i for items in sel.chosen.values() for i in items):
+        problems = hook_problems(sel.classes[info.name])
+        if problems:
+            kind = "hook plugin" if info.slot.name == "hooks" else "plugin"
+            raise PluginError(f"{kind} {info.name!r} (from {info.distribution}) cannot run: " + "; ".join(problems))
 
 
 def _validate_options(config: EngineConfig, sel: Selection) -> dict[str, BaseModel]:

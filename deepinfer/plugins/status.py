@@ -14,6 +14,7 @@ from deepinfer.plugins.discovery import (
     load,
     model_entry_points,
 )
+from deepinfer.plugins.hookcheck import hook_problems
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +43,8 @@ def plugin_statuses() -> list[PluginStatus]:
         try:
             cls = load(info)
             reason = cls.unavailable_reason() if hasattr(cls, "unavailable_reason") else None
+            if reason is None and (problems := hook_problems(cls)):  # (slot plugins may implement hooks too)
+                reason = "hooks do not match the specs: " + "; ".join(problems)
         except PluginError as e:
             reason = str(e)
         except Exception as e:  # noqa: BLE001 (a plugin's own availability check crashed: report, don't die)

@@ -8,3 +8,5 @@ class NoCache(CachePolicy):
     """Reuses nothing across requests; the default cache policy."""
 
     name = "no-cache"
+    # (policies that keep blocks for reuse: asking for them and for no reuse at once is a mistake)
+    excludes = ("prefix-cache", "swa-replay")

@@ -2,32 +2,21 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-FIXTURE = Path(__file__).parent.parent / "fixtures" / "thirdparty"
-ROOT = Path(__file__).resolve().parents[2]
+from tests.thirdparty import run_code
 
 
 @pytest.fixture(scope="module")
-def site(tmp_path_factory):
-    """Build and install the fixture package into its own directory (not the test venv)."""
-    target = tmp_path_factory.mktemp("site")
-    build = tmp_path_factory.mktemp("build")
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-                    "--no-cache-dir", "--target", str(target), str(FIXTURE)],
-                   check=True, cwd=build, capture_output=True)
-    return target
+def site(thirdparty_site):
+    return thirdparty_site
 
 
 def _run(site: Path, code: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(ROOT)])}
-    env.pop("DEEPINFER_PLUGINS", None)
-    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300, check=False)
+    return run_code(site, code)
 
 
 def test_installed_plugin_is_selected_and_runs(site, tiny_llama):
