@@ -46,7 +46,8 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--offline-threads", type=int, default=None,
                    help="torch threads of the offline run (default: torch's, every core)")
     p.add_argument("--bench-seed", type=int, default=0, help="seed of the random prompts and arrivals")
-    p.add_argument("--json-out", default=None, help="write the results as JSON to this file")
+    p.add_argument("--json", "--json-out", dest="json_out", default=None, metavar="FILE",
+                   help="write the results as JSON to this file (--json-out: its older name)")
     p.set_defaults(func=run_bench_serve)
 
 

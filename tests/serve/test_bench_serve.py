@@ -28,7 +28,7 @@ def test_bench_serve_reports_http_and_offline_numbers(server, tiny_model, tmp_pa
     r = subprocess.run([sys.executable, "-m", "deepinfer.cli", "bench", "serve", str(tiny_model),
                         "--base-url", server.base_url, "--api-key", API_KEY, "--max-model-len", "256",
                         "--num-prompts", "8", "--concurrency", "4", "--input-len", "8", "--output-len", "8",
-                        "--ttft-requests", "2", "--offline", "--json-out", str(out)],
+                        "--ttft-requests", "2", "--offline", "--json", str(out)],
                        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
     assert r.returncode == 0, r.stdout + r.stderr
     report = json.loads(out.read_text())
