@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from deepinfer.cli_errors import report
-from tests.thirdparty import run_cli
+from tests.thirdparty import run_cli, run_code
 
 BUGGY = ("deepinfer: error in plugin 'example-buggy' (deepinfer-example-plugins 0.0.1): ValueError: "
          "bug in my drafter")
@@ -85,3 +85,27 @@ def test_a_builtin_plugins_refusal_of_its_input_is_bad_input_naming_it(tiny_llam
     err = capsys.readouterr().err
     assert err.startswith("deepinfer: error: plugin 'swa-replay' (deepinfer 0.1.0): cache policy 'swa-replay' has "
                           "nothing to do") and err.count("\n") == 1
+
+
+@pytest.mark.slow
+def test_the_server_engine_names_the_plugin_a_step_failed_in(thirdparty_site, tiny_llama):
+    """The server's engine process (EngineCore) fails the batch of a step that raised in a plugin's
+    code with a 500 that names the plugin and its distribution, as the command line does."""
+    path, _ = tiny_llama
+    code = f"""
+from types import SimpleNamespace
+from deepinfer import LLM, SamplingParams
+from deepinfer.serve.engine_core import EngineCore
+llm = LLM({str(path)!r}, plugins=["example-buggy"], progress=False)
+sent = []
+core = EngineCore(llm.engine, SimpleNamespace(send=sent.append))
+core.handle([("add", "r", [1, 2, 3], SamplingParams(max_tokens=4), None)])
+for _ in range(3):  # (the prompt's step, then a decode: the drafter proposes and raises)
+    core.step()
+print(sent[-1])
+"""
+    res = run_code(thirdparty_site, code)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.strip().splitlines()[-1] == str(("failed", [(
+        "r", 500, ("internal error in the engine step: in plugin 'example-buggy' (deepinfer-example-plugins 0.0.1): "
+                  "ValueError: bug in my drafter"))]))

@@ -16,6 +16,7 @@ import traceback
 from multiprocessing.connection import Connection
 from typing import Any, NamedTuple
 
+from deepinfer.cli_errors import debug_enabled
 from deepinfer.core.config import EngineConfig
 from deepinfer.core.logprobs import TokenLogprobs
 
@@ -109,7 +110,7 @@ class EngineCore:
                 self.engine.abort_request(rid)
                 self.sent.pop(rid, None)
                 self.awaiting_prompt_logprobs.discard(rid)
-            self.conn.send(("failed", [(rid, 500, f"internal error in the engine step: {type(e).__name__}: {e}")
+            self.conn.send(("failed", [(rid, 500, f"internal error in the engine step: {describe_error(e)}")
                                        for rid in rids]))
             return
         deltas, failed = [], []
@@ -176,6 +177,17 @@ class EngineCore:
                 "descriptions": dict(m.descriptions)}
 
 
+def describe_error(e: BaseException, input_error: bool = False) -> str:
+    """``e`` for the API process's log and replies: its type and message (the message alone for a
+    mistake in the input), after the plugin and distribution it was raised in, where it was raised
+    in a plugin's code (the command line names them the same way: deepinfer.cli_errors)."""
+    from deepinfer.plugins.origin import plugin_origin
+
+    text = str(e) if input_error else f"{type(e).__name__}: {e}"
+    origin = plugin_origin(e)
+    return text if origin is None else f"in {origin}: {text}"
+
+
 def engine_info(engine: Any, config: EngineConfig) -> dict[str, Any]:
     """What the API process needs to know about the engine it talks to."""
     return {"model_path": engine.ctx.model_path, "max_model_len": engine.max_model_len,
@@ -218,7 +230,9 @@ def run_engine_core(config: EngineConfig, conn: Connection, threads: int | None 
 
             torch.set_num_threads(engine_threads(threads))
     except BaseException as e:  # noqa: BLE001 - reported to the parent, which exits non-zero
-        conn.send(("fatal", f"{type(e).__name__}: {e}" if not isinstance(e, ValueError) else str(e)))
+        if debug_enabled():
+            traceback.print_exc()
+        conn.send(("fatal", describe_error(e, input_error=isinstance(e, ValueError))))
         conn.close()
         return
     conn.send(("ready", engine_info(engine, config)))
