@@ -162,6 +162,7 @@ def test_a_half_precision_targets_draft_is_float32_unless_bf16_is_faster(monkeyp
     assert cpu.CPUDevice(cpu.CPUOptions(**options), None).draft_dtype(target) == draft
 
 
+@pytest.mark.slow
 @needs_kernel
 def test_a_bf16_draft_model_gets_it_too(monkeypatch, kernel_calls):
     monkeypatch.setattr(cpu, "slow_bf16_matmul", lambda: True)

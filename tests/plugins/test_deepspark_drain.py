@@ -173,6 +173,7 @@ def test_deepspark_passes_whether_the_batch_is_closed_and_whether_a_request_join
 T, F = True, False
 
 
+@pytest.mark.slow
 def test_deepspark_compares_drains_only_when_no_request_waits(demo_reference_two):
     """Four prompts, two running at a time: while two wait, the rates decide; once none waits,
     the drains. The greedy tokens stay the target's, and every request's record is released."""
@@ -206,6 +207,7 @@ def demo_reference_two():
     return prompts, [o.outputs[0].token_ids for o in base.generate(prompts, params, use_tqdm=False)]
 
 
+@pytest.mark.slow
 def test_plain_steps_held_to_a_batchs_end_let_the_engine_skip_proposals():
     """Once deepspark holds plain steps to a closed batch's end, the engine asks for no proposal
     (Drafter.rests_above) until a request is added or fewer than skip_min_batch are left; then

@@ -90,6 +90,7 @@ def test_draft_compile_option():
     assert llm.engine.drafter.runner.compiled is None
 
 
+@pytest.mark.slow
 def test_a_step_that_fails_to_compile_runs_eagerly(caplog):
     """A compiled step that raises (as without a C++ compiler) leaves the draft eager, says why, and
     changes no output."""
@@ -149,6 +150,7 @@ def test_sequence_metadata_matches_build_metadata(windows):
         attn.sequence_metadata(torch.arange(5), 1)
 
 
+@pytest.mark.slow
 def test_sampled_drafts_come_from_the_compiled_step_and_change_nothing():
     """A sampled request's draft steps of one sequence run compiled too (the step's logits, then the
     request's filtering and draw): in float32 the same tokens as the eager draft gives, drafts

@@ -284,6 +284,7 @@ def test_drafts_with_the_prefix_cache_stay_lossless(demo_reference):
     llm.engine.drafter.runner.pool.check_all_free()
 
 
+@pytest.mark.slow
 def test_draft_dtype_follows_the_option_and_stays_lossless(monkeypatch):
     """A bfloat16 target on the CPU gets a bfloat16 draft by default where deepinfer's bfloat16 kernel
     runs it (an AVX2 CPU without AVX-512) or torch's bfloat16 matmul is fast (an AVX-512 CPU), else
@@ -320,6 +321,7 @@ def test_draft_dtype_follows_the_option_and_stays_lossless(monkeypatch):
         _assert_pools_free(llm)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("early", [True, False])
 def test_drafts_proposed_early_keep_text_stops_and_pools(early):
     """With ``early_propose`` the engine proposes the next step's drafts as soon as a step's tokens
@@ -380,6 +382,7 @@ def test_drafts_proposed_early_keep_text_stops_and_pools(early):
     _assert_pools_free(llm)
 
 
+@pytest.mark.slow
 def test_an_early_proposal_that_fails_raises_at_the_next_step():
     """A drafter error in an early proposal comes where the proposal used to run, at the next
     step's start: the step that made it still returns its outputs."""
