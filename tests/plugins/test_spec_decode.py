@@ -8,7 +8,7 @@ import torch
 
 from deepinfer import LLM, SamplingParams
 from deepinfer.core.request import PLACEHOLDER_TOKEN, Request
-from deepinfer.core.spec import verify
+from deepinfer.core.spec import verify, verify_batch
 from deepinfer_builtin.devices import cpu
 from deepinfer_builtin.drafters.ngram import SuffixIndex, ngram_continuation
 from tests.tiny_models import hybrid, make_model
@@ -143,23 +143,21 @@ def test_seeded_sampling_with_a_drafter_is_reproducible_and_batch_independent(ra
 
 @pytest.mark.parametrize("deterministic_draft", [False, True])
 def test_rejection_sampler_output_follows_the_target_distribution(deterministic_draft):
-    """Chi-square test of the first emitted token against p, for fixed p and q on 6 tokens."""
+    """Chi-square test of the first emitted token against p, for fixed p and q on 6 tokens: 20,000
+    requests of one draft each, verified in one batch (each draws its own numbers)."""
     p = torch.tensor([0.05, 0.30, 0.10, 0.25, 0.20, 0.10])
     q = torch.tensor([0.40, 0.05, 0.20, 0.05, 0.10, 0.20])
-    logits = p.log().expand(2, 6).clone()  # temperature 1: the target distribution is exactly p
-    req = Request("r", [1], SamplingParams(temperature=1.0, seed=123))
-    gen = torch.Generator().manual_seed(0)
-    draw = torch.Generator().manual_seed(1)
-    counts = torch.zeros(6)
     n = 20000
-    for _ in range(n):
-        if deterministic_draft:
-            d, qq = 0, None  # always proposes token 0 (one-hot q)
-        else:
-            d = int(torch.multinomial(q, 1, generator=draw))
-            qq = q[None]
-        counts[verify(logits, req, [d], qq, gen)[0]] += 1
-    expected = p * n
+    logits = p.log().expand(2 * n, 6).contiguous()  # temperature 1: the target distribution is exactly p
+    if deterministic_draft:
+        drafts, qq = [0] * n, None  # always proposes token 0 (one-hot q)
+    else:
+        drafts = torch.multinomial(q, n, replacement=True, generator=torch.Generator().manual_seed(1)).tolist()
+        qq = q[None]
+    items = [(Request(f"r{i}", [1], SamplingParams(temperature=1.0)), [d], qq) for i, d in enumerate(drafts)]
+    first = [tokens[0] for tokens in verify_batch(logits, items, torch.Generator().manual_seed(0))]
+    counts = torch.bincount(torch.tensor(first), minlength=6).double()
+    expected = p.double() * n
     chi2 = float(((counts - expected) ** 2 / expected).sum())
     assert chi2 < 20.5  # 5 degrees of freedom, p = 0.001
 
