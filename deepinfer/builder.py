@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pluggy
+from stevedore import NamedExtensionManager
 
 from deepinfer.core.block_pool import BlockPool
 from deepinfer.core.config import EngineConfig
@@ -19,7 +20,7 @@ from deepinfer.core.model_runner import ModelRunner
 from deepinfer.core.sampler import Sampler
 from deepinfer.core.tokenizer import Tokenizer
 from deepinfer.plugins import hookspecs
-from deepinfer.plugins.discovery import PluginError, model_entry_points
+from deepinfer.plugins.discovery import MODELS_GROUP, PluginError, model_entry_points
 from deepinfer.plugins.selection import Selection, instantiate_hooks, select
 
 
@@ -34,12 +35,14 @@ def demo_model_path() -> str:
 
 def model_registry() -> ModelRegistry:
     reg = ModelRegistry()
-    for ep in model_entry_points():
-        try:
-            reg.register(ep.name, ep.load())
-        except Exception as e:  # noqa: BLE001 (a broken model plugin fails its own architecture only)
-            reg.register_broken(ep.name, f"model plugin {ep.name!r} ({ep.value}) failed to load: "
-                                         f"{type(e).__name__}: {e}")
+
+    def broken(_mgr, ep, exc: BaseException) -> None:  # (a broken model plugin fails its own architecture only)
+        reg.register_broken(ep.name, f"model plugin {ep.name!r} ({ep.value}) failed to load: "
+                                     f"{type(exc).__name__}: {exc}")
+
+    names = [ep.name for ep in model_entry_points()]
+    for ext in NamedExtensionManager(MODELS_GROUP, names=names, on_load_failure_callback=broken):
+        reg.register(ext.name, ext.plugin)
     return reg
 
 

@@ -1,12 +1,15 @@
-"""Finding plugins: entry points read with stevedore, loaded only when asked for."""
+"""Finding plugins with stevedore: its listing of each entry-point group (nothing imported), its
+DriverManager to import the one plugin of a name (a slot that takes one, or a listing's check), and a
+NamedExtensionManager for the plugins of a slot that takes several."""
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from functools import cache, lru_cache
+from functools import cache
 from importlib.metadata import EntryPoint, distributions
 
-from stevedore import NamedExtensionManager
+from stevedore import DriverManager, NamedExtensionManager
+from stevedore.exception import MultipleMatches, NoMatches
 
 from deepinfer.plugins.groups import MODELS_GROUP, SLOTS, Slot
 
@@ -56,32 +59,10 @@ def _distribution_of(group: str, name: str, value: str) -> str:
     return _distribution_index().get((group, name, value), "(unknown distribution)")
 
 
-@lru_cache(maxsize=8)
-def _entry_points(path: tuple[str, ...]) -> dict[str, list[EntryPoint]]:
-    """Every deepinfer entry point importable from ``path`` (read once per sys.path)."""
-    groups: dict[str, list[EntryPoint]] = {}
-    seen: set[tuple[str, str, str]] = set()
-    for dist in distributions():  # in sys.path order; a distribution found twice counts once
-        for ep in dist.entry_points:
-            key = (ep.group, ep.name, dist.metadata["Name"])
-            if ep.group.startswith("deepinfer.") and key not in seen:
-                seen.add(key)
-                groups.setdefault(ep.group, []).append(ep)
-    return groups
-
-
 def group_entry_points(group: str) -> list[EntryPoint]:
-    import sys
-
-    return list(_entry_points(tuple(sys.path)).get(group, []))
-
-
-class _Manager(NamedExtensionManager):
-    """stevedore's manager, reading entry points afresh rather than from stevedore's on-disk cache,
-    which can miss a plugin package installed a moment ago (mtimes with coarse resolution)."""
-
-    def list_entry_points(self) -> list[EntryPoint]:
-        return group_entry_points(self.namespace)
+    """The entry points of ``group``, none imported: stevedore's listing (a manager asked for no
+    names loads nothing)."""
+    return NamedExtensionManager(group, names=[]).list_entry_points()
 
 
 def allow_list() -> set[str] | None:
@@ -103,24 +84,55 @@ def discover(respect_allow_list: bool = True) -> list[PluginInfo]:
 
 
 def load(info: PluginInfo) -> type:
-    """Import a plugin's class; failures name the plugin and its distribution."""
+    """Import one plugin's class through stevedore's DriverManager (exactly one plugin of that name
+    in its group); failures name the plugin and its distribution."""
     errors: list[BaseException] = []
 
     def failed(_mgr, _ep, exc: BaseException) -> None:
         errors.append(exc)
 
-    mgr = _Manager(info.slot.group, names=[info.name], on_load_failure_callback=failed,
-                                on_missing_entrypoints_callback=lambda names: None)
-    if errors or info.name not in mgr.names():
+    try:
+        cls = DriverManager(info.slot.group, info.name, on_load_failure_callback=failed).driver
+    except MultipleMatches:
+        where = ", ".join(distribution_of(info.slot.group, ep) for ep in group_entry_points(info.slot.group)
+                          if ep.name == info.name)
+        raise PluginError(f"plugin name {info.name!r} is registered more than once for the {info.slot.name} "
+                          f"slot (by {where}); uninstall one of them") from None
+    except NoMatches:
         exc = errors[0] if errors else None
         detail = f"{type(exc).__name__}: {exc}" if exc else "entry point vanished"
         raise PluginError(f"plugin {info.name!r} ({info.slot.name}, from {info.distribution}, "
                           f"{info.target}) failed to load: {detail}") from exc
-    cls = mgr[info.name].plugin
     if info.slot.base is not None and not (isinstance(cls, type) and issubclass(cls, info.slot.base)):
         raise PluginError(f"plugin {info.name!r} from {info.distribution} points at {info.target}, "
                           f"which is not a {info.slot.base.__name__} subclass")
     return cls
+
+
+def load_several(infos: list[PluginInfo]) -> list[type]:
+    """Import the plugins of one slot that takes several (cache policies, hooks), in the order given,
+    through one stevedore NamedExtensionManager; failures name the plugin as ``load`` does."""
+    if not infos:
+        return []
+    slot = infos[0].slot
+    errors: dict[str, BaseException] = {}
+
+    def failed(_mgr, ep, exc: BaseException) -> None:
+        errors.setdefault(ep.name, exc)
+
+    mgr = NamedExtensionManager(slot.group, names=[i.name for i in infos], name_order=True,
+                                on_load_failure_callback=failed, on_missing_entrypoints_callback=lambda names: None)
+    by_name = {ext.name: ext.plugin for ext in mgr}
+    out = []
+    for info in infos:
+        if info.name not in by_name or info.name in errors:  # (its failure, or a name found twice: load says which)
+            load(info)
+        cls = by_name[info.name]
+        if slot.base is not None and not (isinstance(cls, type) and issubclass(cls, slot.base)):
+            raise PluginError(f"plugin {info.name!r} from {info.distribution} points at {info.target}, "
+                              f"which is not a {slot.base.__name__} subclass")
+        out.append(cls)
+    return out
 
 
 def model_entry_points(respect_allow_list: bool = True) -> list[EntryPoint]:

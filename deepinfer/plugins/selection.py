@@ -8,7 +8,8 @@ from pydantic import BaseModel, ValidationError
 
 from deepinfer.core.config import EngineConfig
 from deepinfer.core.interfaces import NoOptions
-from deepinfer.plugins.discovery import ALLOW_ENV, PluginError, PluginInfo, allow_list, discover, load
+from deepinfer.plugins.discovery import ALLOW_ENV, PluginError, PluginInfo, allow_list, discover, load, load_several
+from deepinfer.plugins.groups import SLOT_BY_NAME
 from deepinfer.plugins.hookcheck import hook_problems
 
 DEFAULTS = {"scheduler": "fcfs", "cache_policy": "no-cache"}
@@ -45,9 +46,6 @@ def _resolve_name(name: str, infos: list[PluginInfo]) -> PluginInfo:
     if not cands:
         raise _unknown(name, infos)
     if len(cands) > 1:
-        slots = {c.slot.name for c in cands}
-        if slots == {"device", "attention"}:  # a device may ship its own attention of the same name
-            return next(c for c in cands if c.slot.name == "device")
         where = ", ".join(f"{c.slot.name} ({c.distribution})" for c in cands)
         raise PluginError(f"plugin name {name!r} is ambiguous: it is registered for {where}")
     return cands[0]
@@ -99,10 +97,12 @@ def select(config: EngineConfig) -> Selection:
     for slot, name in DEFAULTS.items():
         if slot not in sel.chosen:
             sel.chosen[slot] = [_find(name, slot, infos)]
-    for items in sel.chosen.values():
-        for info in items:
-            if info.name not in sel.classes or info.slot.name != "device":
-                sel.classes[info.name] = load(info)
+    for slot_name, items in sel.chosen.items():
+        todo = [i for i in items if i.name not in sel.classes]
+        if SLOT_BY_NAME[slot_name].exclusive:
+            sel.classes.update((i.name, load(i)) for i in todo)
+        else:
+            sel.classes.update(zip((i.name for i in todo), load_several(todo), strict=True))
     _check_dependencies(sel)
     _check_exclusions(sel)
     _check_hooks(sel)

@@ -50,7 +50,7 @@ class AscendAttentionMetadata:
 class AscendAttention(AttentionBackend):
     """Paged attention with npu_fused_infer_attention_score; KV writes with npu_scatter_pa_kv_cache."""
 
-    name = "ascend"
+    name = "ascend-attention"
     Options = NoOptions
 
     @classmethod

@@ -103,7 +103,7 @@ class AscendDevice(Device):
 
     name = "ascend"
     specificity = 80
-    default_attention = "ascend"
+    default_attention = "ascend-attention"
     dist_backend = "hccl"
     visible_devices_env: ClassVar[str] = "ASCEND_RT_VISIBLE_DEVICES"
     #: the paged attention kernel takes block sizes of 128, 256, 384 or 512 tokens

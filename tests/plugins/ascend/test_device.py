@@ -28,7 +28,7 @@ def test_plugins_list_shows_ascend_and_the_reason_it_cannot_load(capsys):
     assert main(["plugins", "list", "--json"]) == 0
     rows = {(r["name"], r["slot"]): r["status"] for r in json.loads(capsys.readouterr().out)}
     assert rows[("ascend", "device")] == INSTALL_HINT
-    assert rows[("ascend", "attention")] == INSTALL_HINT
+    assert rows[("ascend-attention", "attention")] == INSTALL_HINT
     assert main(["plugins", "list"]) == 0
     table = capsys.readouterr().out
     assert "pip install deepinfer[ascend]" in table and "CANN" in table
@@ -97,7 +97,7 @@ rows = {(r.name, r.slot): r.status for r in plugin_statuses()}
 llm = LLM(sys.argv[1], device="cpu", progress=False)
 llm.generate({"prompt_token_ids": [5, 6, 7]}, SamplingParams(max_tokens=2), use_tqdm=False)
 print(json.dumps({"imported": "torch_npu" in sys.modules, "pid": os.getpid(),
-                  "device": rows[("ascend", "device")], "attention": rows[("ascend", "attention")]}))
+                  "device": rows[("ascend", "device")], "attention": rows[("ascend-attention", "attention")]}))
 """
 
 
