@@ -1,17 +1,17 @@
 """The engine loop: add requests, step (schedule, run, sample, stop checks), abort."""
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import replace
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from deepinfer.core.context import EngineContext
-from deepinfer.core.interfaces import Drafter, Scheduler, SchedulerOutput
+from deepinfer.core.interfaces import Drafter, Scheduler
 from deepinfer.core.kv_manager import KVCacheManager
-from deepinfer.core.model_runner import ModelRunner, RunnerOutput, StepInFlight
+from deepinfer.core.model_runner import ModelRunner, StepInFlight
 from deepinfer.core.request import Request, RequestOutput
 from deepinfer.core.request_table import RequestTable, Touched
 from deepinfer.core.sampling_params import SamplingParams
+from deepinfer.core.speculation import Speculation
 from deepinfer.core.tokenizer import Tokenizer
 
 
@@ -45,7 +45,7 @@ class LLMEngine:
         self.drafter = drafter
         self.hooks = hooks if hooks is not None else _NoHooks()
         self.table = RequestTable(scheduler, kv, self.metrics, self.hooks, tokenizer, self.eos_token_ids,
-                                  max_model_len, self._drop_draft)
+                                  max_model_len, self._release)
         self.requests = self.table.requests  # user request id -> RequestState
         self.plugin_names: dict[str, list[str]] = {}  # slot -> plugin names, filled by the builder
         #: report requests after every step (streaming); off, step() returns finished ones only,
@@ -67,22 +67,13 @@ class LLMEngine:
         self.early_propose = device is None or device.asynchronous
         if drafter is not None and self.early_propose:  # (a drafter may queue its next round early)
             runner.on_verified = drafter.on_verified
-        self._proposed = False  # this step's drafts were proposed at the end of the last step
-        self._rest_above: int | None = None  # the drafter rests while at least this many run (Drafter.rests_above)
-        self._propose_error: Exception | None = None  # an early proposal's, raised at the next step
         self.metrics.counter("deepinfer:num_preemptions", "requests preempted for lack of KV blocks")
         for name in ("prompt_tokens", "prompt_tokens_computed", "generation_tokens",
                      "request_success", "request_aborted", "request_failed", "request_sampling_steps"):
             self.metrics.counter(f"deepinfer:{name}")
         for name in ("kv_cache_usage", "num_requests_running", "num_requests_waiting"):
             self.metrics.gauge(f"deepinfer:{name}")
-        self._position_names: list[str] = []  # the metric of accepted drafts at each position
-        if drafter is not None:
-            for name in ("num_drafts", "num_draft_tokens", "num_verified_tokens", "num_accepted_tokens"):
-                self.metrics.counter(f"deepinfer:spec_decode_{name}")
-            for _ in range(drafter.max_draft_tokens or 0):  # (from 0, as vLLM's; later ones when first seen)
-                self._position_names.append(f"deepinfer:spec_decode_num_accepted_tokens_pos_{len(self._position_names)}")
-                self.metrics.counter(self._position_names[-1])
+        self.spec = Speculation(drafter, scheduler, self.metrics) if drafter is not None else None
 
     # ---------------------------------------------------------------------------------- requests
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
@@ -99,7 +90,8 @@ class LLMEngine:
             raise PromptTooLongError(
                 f"the prompt has {n} tokens but max_model_len is {self.max_model_len}: it must leave "
                 "room for at least one new token; shorten the prompt or raise max_model_len")
-        self._rest_above = None  # (a request joins: the drafter is asked again)
+        if self.spec is not None:
+            self.spec.joined()
         self.table.add(request_id, prompt_token_ids, params, prompt, cache_salt)
         self.metrics.inc("deepinfer:prompt_tokens", n * params.n)
         self.hooks.deepinfer_request_added(request_id=request_id, num_prompt_tokens=n)
@@ -133,13 +125,9 @@ class LLMEngine:
         outputs are made, so that the draft's device work runs meanwhile.
         """
         self.hooks.deepinfer_step_begin(engine=self)
-        if self._propose_error is not None:  # where the proposal would have raised it
-            error, self._propose_error = self._propose_error, None
-            raise error
         touched: Touched = {}
-        if self.drafter is not None and not self._proposed:
-            self._propose(touched)
-        self._proposed = False
+        if self.spec is not None:  # (first any failure of the last step's early proposal)
+            self.spec.begin_step(self.table.decoding, self._taker(touched))
         sched = self.scheduler.schedule()
         self.table.preempted(sched.preempted)
         flight = self.runner.launch(sched) if not sched.empty else None
@@ -153,16 +141,8 @@ class LLMEngine:
             self._begin_deferred(flight)
             self._in_flight = flight
         self.hooks.deepinfer_step_end(engine=self, num_tokens=sched.num_tokens)
-        if self.drafter is not None and self.early_propose and flight is not None and not defer:
-            # the next step's drafts now: its draft work is queued on the device while the host
-            # makes this step's text and outputs (the next step's schedule may still preempt
-            # or finish a request; its draft is then dropped as it would be otherwise). A failure
-            # is raised at the next step, as before: this step's outputs still go out
-            try:
-                self._propose(touched)
-                self._proposed = True
-            except Exception as e:  # noqa: BLE001 (not swallowed: raised at the next step)
-                self._propose_error = e
+        if self.spec is not None and self.early_propose and flight is not None and not defer:
+            self.spec.propose_early(self.table.decoding)  # (the next step's drafts, before the outputs)
         outputs = self.table.emit(touched, self.emit_unfinished)
         self._update_gauges()
         return outputs
@@ -172,7 +152,8 @@ class LLMEngine:
         result = self.runner.collect(flight)
         live = self.table.live(flight.sched)
         self.table.account(live, result)
-        self._observe_all(live, result)
+        if self.spec is not None:
+            self.spec.observe(live, result)
         finished = self.table.deliver([s.request for s in live.scheduled], result, touched)
         self.table.advance(live, result.num_rejected)
         self.table.finish(finished)
@@ -181,7 +162,8 @@ class LLMEngine:
         """A step left running: advance its requests now; those that sample get a placeholder."""
         live = self.table.live(flight.sched)
         self.table.account(live, flight.result)
-        self._observe_all(live, flight.result)
+        if self.spec is not None:
+            self.spec.observe(live, flight.result)
         self.table.advance(live, flight.result.num_rejected)
         self.table.hold_places(flight.sampling)
 
@@ -190,85 +172,22 @@ class LLMEngine:
         result = self.runner.collect(flight)
         self.table.finish(self.table.deliver(self.table.owned(flight.sampling), result, touched))
 
-    # ------------------------------------------------------------------------------ speculation
-    def _propose(self, touched: Touched) -> None:
-        """Ask the drafter for drafts for every sequence that is decoding and may speculate; first
-        take the step left running if the drafter needs its tokens (``Drafter.needs_tokens``); none
-        while the drafter rests (``Drafter.rests_above``: every sequence's draft is then None)."""
-        sched = self.scheduler
-        if self._rest_above is not None and not sched.num_waiting and sched.num_running >= self._rest_above:
-            return
-        self._rest_above = None
-        decoding = self._decoding()
-        blind = self._in_flight is not None and bool(decoding)  # tokens may end in placeholders
-        if blind and self.drafter.needs_tokens(decoding):
+    def _taker(self, touched: Touched) -> Callable[[], None] | None:
+        """Takes the step left running (None: there is none), for a drafter that needs its tokens."""
+        if self._in_flight is None:
+            return None
+
+        def take() -> None:
             self._take_deferred(self._in_flight, touched)
-            self._in_flight, blind = None, False
-            decoding = self._decoding()  # (some may have finished)
-        proposals = self.drafter.propose(decoding) if decoding else {}
-        if blind and any(p.tokens for p in proposals.values()):
-            raise RuntimeError(f"the drafter {self.drafter.name!r} answered needs_tokens() False, then proposed "
-                               "drafts for requests whose last tokens were not known yet; after False it must "
-                               "propose nothing")
-        if not proposals:  # a round without drafts (every step, for some drafters at large batches)
-            for seq in decoding:
-                seq.draft = None
-            # a rest only while every sequence decodes (none waits or computes its prompt: a join is an add)
-            whole = bool(decoding) and not sched.num_waiting and len(decoding) == sched.num_running
-            self._rest_above = self.drafter.rests_above() if whole else None
-            return
-        for seq in decoding:
-            prop = proposals.get(seq.request_id)
-            seq.draft = None
-            if prop is None or not prop.tokens:
-                continue
-            if not prop.verified:  # drafted, none worth verifying (deepspark): proposed all the same
-                self._count_drafts(len(prop.tokens))
-                continue
-            # the drafts and the token after them stay within the context and max_tokens (tokens
-            # past either would be cut: verifying them would cost KV and compute for nothing)
-            room = seq.max_model_len - seq.num_tokens - 1
-            if seq.params.max_tokens is not None:
-                room = min(room, seq.params.max_tokens - seq.num_output_tokens - 1)
-            if room > 0:
-                if len(prop.verified) > room:  # (only the leading ones: lossless whatever their values)
-                    prop = replace(prop, num_verify=room)
-                seq.draft = prop  # (counted once verified: _observe; a preemption or abort drops it)
+            self._in_flight = None
+        return take
 
-    def _decoding(self) -> list[Request]:
-        return self.table.decoding()
-
-    def _count_drafts(self, num_tokens: int) -> None:
-        """One request's proposal, once verified (or once the drafter proposed it for no
-        verification): a draft round of ``num_tokens`` tokens proposed."""
-        self.metrics.inc("deepinfer:spec_decode_num_drafts")
-        self.metrics.inc("deepinfer:spec_decode_num_draft_tokens", num_tokens)
-
-    def _observe_all(self, sched: SchedulerOutput, result: RunnerOutput) -> None:
-        if result.num_verified:
-            for s in sched.scheduled:
-                req = s.request
-                if req.request_id in result.num_verified:
-                    self._observe(req, result.num_verified[req.request_id], result.num_rejected[req.request_id])
-
-    def _observe(self, req: Request, num_verified: int, num_rejected: int) -> None:
-        accepted = num_verified - num_rejected
-        m = self.metrics
-        self._count_drafts(len(req.draft.tokens))  # (the proposal verified, its tokens until now)
-        m.inc("deepinfer:spec_decode_num_verified_tokens", num_verified)
-        m.inc("deepinfer:spec_decode_num_accepted_tokens", accepted)
-        names = self._position_names
-        while len(names) < accepted:
-            names.append(f"deepinfer:spec_decode_num_accepted_tokens_pos_{len(names)}")
-        for pos in range(accepted):
-            m.inc(names[pos])
-        self.drafter.observe(req, num_verified, accepted)
-        req.draft = None
-
-    def _drop_draft(self, req: Request) -> None:
-        req.draft = None
-        if self.drafter is not None:
-            self.drafter.release(req)
+    def _release(self, req: Request) -> None:
+        """The request finished or was preempted: its draft goes (and the drafter's state for it)."""
+        if self.spec is not None:
+            self.spec.release(req)
+        else:
+            req.draft = None
 
     def _update_gauges(self) -> None:
         m = self.metrics
