@@ -1,20 +1,17 @@
 """The engine loop: add requests, step (schedule, run, sample, stop checks), abort."""
 from __future__ import annotations
 
-import time
-from collections.abc import Sequence
-from dataclasses import replace
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from deepinfer.core.context import EngineContext
-from deepinfer.core.detokenizer import IncrementalDetokenizer
-from deepinfer.core.interfaces import Drafter, Scheduler, SchedulerOutput
+from deepinfer.core.interfaces import Drafter, Scheduler
 from deepinfer.core.kv_manager import KVCacheManager
-from deepinfer.core.model_runner import ModelRunner, RunnerOutput, StepInFlight
-from deepinfer.core.output import RequestState, check_stop, stops_on_token
-from deepinfer.core.request import PLACEHOLDER_TOKEN, Request, RequestOutput, RequestStatus
-from deepinfer.core.sampler import UNUSABLE_TOKEN
+from deepinfer.core.model_runner import ModelRunner, StepInFlight
+from deepinfer.core.request import Request, RequestOutput
+from deepinfer.core.request_table import RequestTable, Touched
 from deepinfer.core.sampling_params import SamplingParams
+from deepinfer.core.speculation import Speculation
 from deepinfer.core.tokenizer import Tokenizer
 
 
@@ -47,12 +44,13 @@ class LLMEngine:
         self.eos_token_ids = frozenset(eos_token_ids)
         self.drafter = drafter
         self.hooks = hooks if hooks is not None else _NoHooks()
-        self.requests: dict[str, RequestState] = {}
+        self.table = RequestTable(scheduler, kv, self.metrics, self.hooks, tokenizer, self.eos_token_ids,
+                                  max_model_len, self._release)
+        self.requests = self.table.requests  # user request id -> RequestState
         self.plugin_names: dict[str, list[str]] = {}  # slot -> plugin names, filled by the builder
         #: report requests after every step (streaming); off, step() returns finished ones only,
         #: sparing a copy of every running request's tokens per step
         self.emit_unfinished = True
-        self._seq_owner: dict[str, RequestState] = {}
         #: plan step N+1 while step N runs: the scheduler's choice, on a device that runs queued
         #: work asynchronously, without a drafter (which needs every token on the host) or with
         #: one that says before each proposal whether it drafts (Drafter.skips_rounds); tests set
@@ -69,21 +67,13 @@ class LLMEngine:
         self.early_propose = device is None or device.asynchronous
         if drafter is not None and self.early_propose:  # (a drafter may queue its next round early)
             runner.on_verified = drafter.on_verified
-        self._proposed = False  # this step's drafts were proposed at the end of the last step
-        self._rest_above: int | None = None  # the drafter rests while at least this many run (Drafter.rests_above)
-        self._propose_error: Exception | None = None  # an early proposal's, raised at the next step
-        for name in ("prompt_tokens", "prompt_tokens_computed", "generation_tokens", "num_preemptions",
+        self.metrics.counter("deepinfer:num_preemptions", "requests preempted for lack of KV blocks")
+        for name in ("prompt_tokens", "prompt_tokens_computed", "generation_tokens",
                      "request_success", "request_aborted", "request_failed", "request_sampling_steps"):
             self.metrics.counter(f"deepinfer:{name}")
         for name in ("kv_cache_usage", "num_requests_running", "num_requests_waiting"):
             self.metrics.gauge(f"deepinfer:{name}")
-        self._position_names: list[str] = []  # the metric of accepted drafts at each position
-        if drafter is not None:
-            for name in ("num_drafts", "num_draft_tokens", "num_verified_tokens", "num_accepted_tokens"):
-                self.metrics.counter(f"deepinfer:spec_decode_{name}")
-            for _ in range(drafter.max_draft_tokens or 0):  # (from 0, as vLLM's; later ones when first seen)
-                self._position_names.append(f"deepinfer:spec_decode_num_accepted_tokens_pos_{len(self._position_names)}")
-                self.metrics.counter(self._position_names[-1])
+        self.spec = Speculation(drafter, scheduler, self.metrics) if drafter is not None else None
 
     # ---------------------------------------------------------------------------------- requests
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
@@ -100,38 +90,16 @@ class LLMEngine:
             raise PromptTooLongError(
                 f"the prompt has {n} tokens but max_model_len is {self.max_model_len}: it must leave "
                 "room for at least one new token; shorten the prompt or raise max_model_len")
-        seqs, detoks = [], []
-        for i in range(params.n):
-            p = params
-            if params.n > 1:
-                # (the prompt's logprobs come from the first sequence: the others skip computing them)
-                p = params.model_copy(update={"n": 1, "seed": None if params.seed is None else params.seed + i}
-                                      | ({"prompt_logprobs": None} if i else {}))
-            seq_id = request_id if params.n == 1 else f"{request_id}#{i}"
-            seqs.append(Request(seq_id, list(prompt_token_ids), p, self.eos_token_ids, cache_salt,
-                                self.max_model_len))
-            detoks.append(IncrementalDetokenizer(self.tokenizer, tuple(p.stop), p.include_stop_str_in_output,
-                                                 p.skip_special_tokens, min_tokens=p.min_tokens))
-        state = RequestState(request_id, prompt, list(prompt_token_ids), seqs, detoks)
-        self.requests[request_id] = state
-        self._rest_above = None  # (a request joins: the drafter is asked again)
-        for seq in seqs:
-            self._seq_owner[seq.request_id] = state
-            self.scheduler.add_request(seq)
+        if self.spec is not None:
+            self.spec.joined()
+        self.table.add(request_id, prompt_token_ids, params, prompt, cache_salt)
         self.metrics.inc("deepinfer:prompt_tokens", n * params.n)
         self.hooks.deepinfer_request_added(request_id=request_id, num_prompt_tokens=n)
 
     def abort_request(self, request_id: str) -> bool:
         """Stop a request now and free its blocks; False if it is not (or no longer) running."""
-        state = self.requests.pop(request_id, None)
-        if state is None:
+        if not self.table.abort(request_id):
             return False
-        for seq in state.seqs:
-            self._seq_owner.pop(seq.request_id, None)
-            if not seq.status.finished:
-                seq.status = RequestStatus.FINISHED_ABORTED
-                self._drop_draft(seq)
-                self.scheduler.finish_request(seq)
         self.metrics.inc("deepinfer:request_aborted")
         self.hooks.deepinfer_request_aborted(request_id=request_id)
         return True
@@ -157,16 +125,11 @@ class LLMEngine:
         outputs are made, so that the draft's device work runs meanwhile.
         """
         self.hooks.deepinfer_step_begin(engine=self)
-        if self._propose_error is not None:  # where the proposal would have raised it
-            error, self._propose_error = self._propose_error, None
-            raise error
-        touched: dict[str, RequestState] = {}
-        if self.drafter is not None and not self._proposed:
-            self._propose(touched)
-        self._proposed = False
+        touched: Touched = {}
+        if self.spec is not None:  # (first any failure of the last step's early proposal)
+            self.spec.begin_step(self.table.decoding, self._taker(touched))
         sched = self.scheduler.schedule()
-        for req in sched.preempted:
-            self._drop_draft(req)
+        self.table.preempted(sched.preempted)
         flight = self.runner.launch(sched) if not sched.empty else None
         if self._in_flight is not None:  # the previous step finished on the device meanwhile
             self._take_deferred(self._in_flight, touched)
@@ -178,210 +141,53 @@ class LLMEngine:
             self._begin_deferred(flight)
             self._in_flight = flight
         self.hooks.deepinfer_step_end(engine=self, num_tokens=sched.num_tokens)
-        if self.drafter is not None and self.early_propose and flight is not None and not defer:
-            # the next step's drafts now: its draft work is queued on the device while the host
-            # makes this step's text and outputs (the next step's schedule may still preempt
-            # or finish a request; its draft is then dropped as it would be otherwise). A failure
-            # is raised at the next step, as before: this step's outputs still go out
-            try:
-                self._propose(touched)
-                self._proposed = True
-            except Exception as e:  # noqa: BLE001 (not swallowed: raised at the next step)
-                self._propose_error = e
-        outputs = self._emit(touched)
+        if self.spec is not None and self.early_propose and flight is not None and not defer:
+            self.spec.propose_early(self.table.decoding)  # (the next step's drafts, before the outputs)
+        outputs = self.table.emit(touched, self.emit_unfinished)
         self._update_gauges()
         return outputs
 
-    def _account(self, sched: SchedulerOutput, result: RunnerOutput) -> None:
-        prompt = 0
-        for s in sched.scheduled:
-            req = s.request
-            start = req.num_computed_tokens
-            if start < req.num_prompt_tokens:
-                prompt += min(req.num_prompt_tokens, start + s.num_new_tokens) - start
-            if req.request_id in result.prompt_logprobs:  # (positions start + 1 on, from 0 at 0)
-                # a recomputation after a preemption gives positions held already: only the new ones
-                held = len(req.prompt_logprobs) - (0 if start == 0 else start + 1)
-                req.prompt_logprobs.extend(result.prompt_logprobs[req.request_id][max(0, held):])
-            if req.request_id in result.num_verified:
-                self._observe(req, result.num_verified[req.request_id], result.num_rejected[req.request_id])
-        self.metrics.inc("deepinfer:prompt_tokens_computed", prompt)
-
-    def _take(self, flight: StepInFlight, touched: dict[str, RequestState]) -> None:
+    def _take(self, flight: StepInFlight, touched: Touched) -> None:
         """Wait for a step and apply it: append its tokens, advance the requests, finish some."""
         result = self.runner.collect(flight)
-        sched = flight.sched
-        live = self._live(sched)
-        self._account(live, result)
-        finished = self._deliver([s.request for s in live.scheduled], result, touched)
-        self.scheduler.update_after_step(live, result.num_rejected)
-        self._finish(finished)
+        live = self.table.live(flight.sched)
+        self.table.account(live, result)
+        if self.spec is not None:
+            self.spec.observe(live, result)
+        finished = self.table.deliver([s.request for s in live.scheduled], result, touched)
+        self.table.advance(live, result.num_rejected)
+        self.table.finish(finished)
 
     def _begin_deferred(self, flight: StepInFlight) -> None:
         """A step left running: advance its requests now; those that sample get a placeholder."""
-        live = self._live(flight.sched)
-        self._account(live, flight.result)
-        self.scheduler.update_after_step(live, flight.result.num_rejected)
-        for req in flight.sampling:
-            if not req.status.finished:
-                req.all_token_ids.append(PLACEHOLDER_TOKEN)
+        live = self.table.live(flight.sched)
+        self.table.account(live, flight.result)
+        if self.spec is not None:
+            self.spec.observe(live, flight.result)
+        self.table.advance(live, flight.result.num_rejected)
+        self.table.hold_places(flight.sampling)
 
-    def _take_deferred(self, flight: StepInFlight, touched: dict[str, RequestState]) -> None:
+    def _take_deferred(self, flight: StepInFlight, touched: Touched) -> None:
         """The samples of a step left running replace its requests' placeholders."""
         result = self.runner.collect(flight)
-        owned = [r for r in flight.sampling if not r.status.finished and r.request_id in self._seq_owner]
-        finished = self._deliver(owned, result, touched)
-        self._finish(finished)
+        self.table.finish(self.table.deliver(self.table.owned(flight.sampling), result, touched))
 
-    def _live(self, sched: SchedulerOutput) -> SchedulerOutput:
-        """The step without requests that finished (or were aborted) since it was planned."""
-        if all(not s.request.status.finished for s in sched.scheduled):
-            return sched
-        return replace(sched, scheduled=tuple(s for s in sched.scheduled if not s.request.status.finished))
+    def _taker(self, touched: Touched) -> Callable[[], None] | None:
+        """Takes the step left running (None: there is none), for a drafter that needs its tokens."""
+        if self._in_flight is None:
+            return None
 
-    def _deliver(self, reqs: Sequence[Request], result: RunnerOutput, touched: dict[str, RequestState]) -> list[Request]:
-        now = time.monotonic()
-        finished: list[Request] = []
-        sampling = 0
-        for req in reqs:
-            tokens = result.sampled.get(req.request_id)
-            if tokens and tokens[0] == UNUSABLE_TOKEN:  # its logits were NaN or infinite: it alone ends
-                if req.all_token_ids[-1] == PLACEHOLDER_TOKEN:
-                    req.all_token_ids.pop()
-                req.status = RequestStatus.FINISHED_ERROR
-                touched[self._seq_owner[req.request_id].request_id] = self._seq_owner[req.request_id]
-                finished.append(req)
-            elif tokens:
-                sampling += 1
-                if self._append(req, tokens, result.logprobs.get(req.request_id), now, touched):
-                    finished.append(req)
-        self.metrics.inc("deepinfer:request_sampling_steps", sampling)
-        return finished
-
-    def _finish(self, finished: list[Request]) -> None:
-        for req in finished:
-            self._drop_draft(req)
-            self.scheduler.finish_request(req)
-
-    def _emit(self, touched: dict[str, RequestState]) -> list[RequestOutput]:
-        outputs = []
-        for rid, state in touched.items():
-            if not (state.finished or self.emit_unfinished):
-                continue
-            outputs.append(state.to_output())
-            if state.finished:
-                self.requests.pop(rid, None)
-                for seq in state.seqs:
-                    self._seq_owner.pop(seq.request_id, None)
-                failed = any(seq.status is RequestStatus.FINISHED_ERROR for seq in state.seqs)
-                self.metrics.inc("deepinfer:request_failed" if failed else "deepinfer:request_success")
-                self.hooks.deepinfer_request_finished(request_id=rid, output=outputs[-1])
-        return outputs
-
-    def _append(self, req: Request, tokens: list[int], logprobs, now: float,
-                touched: dict[str, RequestState]) -> bool:
-        """Append the step's tokens up to a stop; True if the request finished."""
-        state = self._seq_owner[req.request_id]
-        detok = state.detoks[state.seqs.index(req)]
-        touched[state.request_id] = state
-        if req.first_token_time is None:
-            req.first_token_time = now
-        later = not detok.stop  # no stop string: the text decides nothing here; it is made when read
-        for i, token in enumerate(tokens):
-            if i == 0 and req.all_token_ids[-1] == PLACEHOLDER_TOKEN:
-                req.all_token_ids[-1] = token  # sampled by a step that was left running
-            else:
-                req.all_token_ids.append(token)
-            if logprobs and logprobs[i] is not None:
-                req.logprobs.append(logprobs[i])
-            # an EOS or stop token id that ends the request adds no text unless asked to (vLLM's)
-            on_token = stops_on_token(req, token)
-            silent = on_token and not detok.include_stop
-            if check_stop(req, token, None if later or silent else detok.add([token]), on_token):
-                self.metrics.inc("deepinfer:generation_tokens", i + 1)
-                if later:
-                    detok.defer(tokens[:i + (0 if silent else 1)])
-                return True
-        self.metrics.inc("deepinfer:generation_tokens", len(tokens))
-        if later:
-            detok.defer(tokens)
-        return False
-
-    # ------------------------------------------------------------------------------ speculation
-    def _propose(self, touched: dict[str, RequestState]) -> None:
-        """Ask the drafter for drafts for every sequence that is decoding and may speculate; first
-        take the step left running if the drafter needs its tokens (``Drafter.needs_tokens``); none
-        while the drafter rests (``Drafter.rests_above``: every sequence's draft is then None)."""
-        sched = self.scheduler
-        if self._rest_above is not None and not sched.num_waiting and sched.num_running >= self._rest_above:
-            return
-        self._rest_above = None
-        decoding = self._decoding()
-        blind = self._in_flight is not None and bool(decoding)  # tokens may end in placeholders
-        if blind and self.drafter.needs_tokens(decoding):
+        def take() -> None:
             self._take_deferred(self._in_flight, touched)
-            self._in_flight, blind = None, False
-            decoding = self._decoding()  # (some may have finished)
-        proposals = self.drafter.propose(decoding) if decoding else {}
-        if blind and any(p.tokens for p in proposals.values()):
-            raise RuntimeError(f"the drafter {self.drafter.name!r} answered needs_tokens() False, then proposed "
-                               "drafts for requests whose last tokens were not known yet; after False it must "
-                               "propose nothing")
-        if not proposals:  # a round without drafts (every step, for some drafters at large batches)
-            for seq in decoding:
-                seq.draft = None
-            # a rest only while every sequence decodes (none waits or computes its prompt: a join is an add)
-            whole = bool(decoding) and not sched.num_waiting and len(decoding) == sched.num_running
-            self._rest_above = self.drafter.rests_above() if whole else None
-            return
-        for seq in decoding:
-            prop = proposals.get(seq.request_id)
-            seq.draft = None
-            if prop is None or not prop.tokens:
-                continue
-            if not prop.verified:  # drafted, none worth verifying (deepspark): proposed all the same
-                self._count_drafts(len(prop.tokens))
-                continue
-            # the drafts and the token after them stay within the context and max_tokens (tokens
-            # past either would be cut: verifying them would cost KV and compute for nothing)
-            room = seq.max_model_len - seq.num_tokens - 1
-            if seq.params.max_tokens is not None:
-                room = min(room, seq.params.max_tokens - seq.num_output_tokens - 1)
-            if room > 0:
-                if len(prop.verified) > room:  # (only the leading ones: lossless whatever their values)
-                    prop = replace(prop, num_verify=room)
-                seq.draft = prop  # (counted once verified: _observe; a preemption or abort drops it)
+            self._in_flight = None
+        return take
 
-    def _decoding(self) -> list[Request]:
-        running = RequestStatus.RUNNING
-        return [seq for state in self.requests.values() for seq in state.seqs
-                if seq.status is running and seq.num_computed_tokens == len(seq.all_token_ids) - 1
-                and len(seq.all_token_ids) >= seq.plain_from]  # (penalties, min_tokens: plainly)
-
-    def _count_drafts(self, num_tokens: int) -> None:
-        """One request's proposal, once verified (or once the drafter proposed it for no
-        verification): a draft round of ``num_tokens`` tokens proposed."""
-        self.metrics.inc("deepinfer:spec_decode_num_drafts")
-        self.metrics.inc("deepinfer:spec_decode_num_draft_tokens", num_tokens)
-
-    def _observe(self, req: Request, num_verified: int, num_rejected: int) -> None:
-        accepted = num_verified - num_rejected
-        m = self.metrics
-        self._count_drafts(len(req.draft.tokens))  # (the proposal verified, its tokens until now)
-        m.inc("deepinfer:spec_decode_num_verified_tokens", num_verified)
-        m.inc("deepinfer:spec_decode_num_accepted_tokens", accepted)
-        names = self._position_names
-        while len(names) < accepted:
-            names.append(f"deepinfer:spec_decode_num_accepted_tokens_pos_{len(names)}")
-        for pos in range(accepted):
-            m.inc(names[pos])
-        self.drafter.observe(req, num_verified, accepted)
-        req.draft = None
-
-    def _drop_draft(self, req: Request) -> None:
-        req.draft = None
-        if self.drafter is not None:
-            self.drafter.release(req)
+    def _release(self, req: Request) -> None:
+        """The request finished or was preempted: its draft goes (and the drafter's state for it)."""
+        if self.spec is not None:
+            self.spec.release(req)
+        else:
+            req.draft = None
 
     def _update_gauges(self) -> None:
         m = self.metrics

@@ -358,7 +358,12 @@ class SchedulerOutput:
 
 
 class Scheduler(Plugin, ABC):
-    """Chooses each step's requests and token counts within the budgets; preempts when short.
+    """Chooses each step's requests and token counts within the budgets, and which running request
+    to preempt when blocks run out. It only chooses, through ``ctx.kv`` (``match_prefix``,
+    ``allocate``, and ``preempt`` for a victim, which frees its blocks and resets it to be computed
+    again); the core does the rest for every scheduler: it appends the step's tokens, runs the stop
+    checks, advances ``num_computed_tokens``, sets a request's status, and finishes requests
+    (``remove_request``, then their blocks freed).
 
     With ``overlap`` the engine schedules step N+1 while step N runs on the device: a request
     that samples in step N then ends in a placeholder token (``PLACEHOLDER_TOKEN``) until step
@@ -372,22 +377,17 @@ class Scheduler(Plugin, ABC):
         return False
 
     @abstractmethod
-    def add_request(self, request: Request) -> None: ...
+    def add_request(self, request: Request) -> None:
+        """Queue a new request (status ``WAITING``)."""
 
     @abstractmethod
-    def schedule(self) -> SchedulerOutput: ...
+    def schedule(self) -> SchedulerOutput:
+        """The next step: requests (with blocks allocated for their tokens) and the victims
+        preempted to make room (each passed to ``ctx.kv.preempt`` and queued again)."""
 
     @abstractmethod
-    def update_after_step(self, output: SchedulerOutput, num_rejected: dict[str, int] | None = None) -> None:
-        """The step ran and its tokens are appended: advance each request's computed tokens by
-        what it scheduled less its rejected drafts (never past ``num_tokens``)."""
-
-    @abstractmethod
-    def finish_request(self, request: Request) -> None:
-        """Remove a finished or aborted request and release its blocks."""
-
-    @abstractmethod
-    def has_unfinished_requests(self) -> bool: ...
+    def remove_request(self, request: Request) -> None:
+        """Forget a finished or aborted request (the core frees its blocks next)."""
 
     @property
     @abstractmethod
@@ -396,3 +396,6 @@ class Scheduler(Plugin, ABC):
     @property
     @abstractmethod
     def num_waiting(self) -> int: ...
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.num_running or self.num_waiting)

@@ -5,7 +5,7 @@ from collections.abc import Sequence
 
 from deepinfer.core.block_pool import Block, BlockPool
 from deepinfer.core.interfaces import CachePolicy, PrefixMatch
-from deepinfer.core.request import Request
+from deepinfer.core.request import Request, RequestStatus
 
 
 class SlidingKV:
@@ -110,6 +110,8 @@ class KVCacheManager:
                 self._start_window(request, match)
             request.num_computed_tokens += match.num_tokens
             request.replay_until = match.replay_until
+            if request.num_cached_tokens < 0:  # (its first admission: what the cache gave it)
+                request.num_cached_tokens = match.num_tokens
         need = self.num_blocks_needed(request, num_new_tokens)
         if need:
             blocks.extend(self.pool.allocate(need))
@@ -172,6 +174,15 @@ class KVCacheManager:
             self.sliding.pool.free(b for b in reversed(table) if b is not None)
         request.sliding_block_ids = []
         request.replay_until = 0
+
+    def preempt(self, request: Request) -> None:
+        """A scheduler's victim: release its blocks and reset it to be computed again from its first
+        token (it keeps the tokens it generated). The scheduler only chooses the victim and queues it
+        again; this is the one place the reset lives."""
+        self.free(request)
+        request.num_computed_tokens = 0
+        request.status = RequestStatus.PREEMPTED
+        request.num_preemptions += 1
 
     @property
     def usage(self) -> float:

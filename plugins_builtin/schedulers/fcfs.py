@@ -5,7 +5,7 @@ from collections import deque
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from deepinfer.plugins import Request, RequestStatus, ScheduledRequest, Scheduler, SchedulerOutput
+from deepinfer.plugins import Request, ScheduledRequest, Scheduler, SchedulerOutput
 
 
 class FCFSOptions(BaseModel):
@@ -21,10 +21,9 @@ class FCFSScheduler(Scheduler):
     """Running requests first (decodes and unfinished prefills), then waiting ones in arrival order.
 
     Each step spends at most ``max_num_batched_tokens`` tokens over at most ``max_num_seqs``
-    requests; a prompt longer than what is left is prefilled in chunks over several steps. When
-    blocks run out, the newest running request is preempted: its blocks are freed and it is
-    recomputed later from its prompt and the tokens it had generated. With ``overlap`` (the
-    default) the engine plans each step while the one before it runs on the device.
+    requests; a longer prompt is prefilled in chunks over several steps. When blocks run out, the
+    newest running request is preempted (the core frees its blocks and resets it, to be computed
+    again later with the tokens it had generated). It only chooses: the core updates the requests.
     """
 
     name = "fcfs"
@@ -38,7 +37,6 @@ class FCFSScheduler(Scheduler):
         self.chunk_cap = options.long_prefill_token_threshold or self.max_tokens
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
-        ctx.metrics.counter("deepinfer:num_preemptions", "requests preempted for lack of KV blocks")
 
     def add_request(self, request: Request) -> None:
         self.waiting.append(request)
@@ -55,9 +53,6 @@ class FCFSScheduler(Scheduler):
     def num_waiting(self) -> int:
         return len(self.waiting)
 
-    def has_unfinished_requests(self) -> bool:
-        return bool(self.waiting or self.running)
-
     def schedule(self) -> SchedulerOutput:
         budget = self.max_tokens
         scheduled: list[ScheduledRequest] = []
@@ -66,8 +61,8 @@ class FCFSScheduler(Scheduler):
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
+            i += 1
             if req.length_capped:  # ends with the token a running step is sampling
-                i += 1
                 continue
             base = req.num_tokens - req.num_computed_tokens
             proposed = req.draft.verified if req.draft is not None else []
@@ -75,17 +70,16 @@ class FCFSScheduler(Scheduler):
             if n > base:
                 drafts[req.request_id] = proposed[:n - base]
             while not self.kv.allocate(req, n):
-                victim = self.running.pop()  # the newest running request
-                self._preempt(victim)
+                victim = self.running.pop()  # the newest running request: the core resets it
+                self.kv.preempt(victim)
+                self.waiting.appendleft(victim)
                 preempted.append(victim)
                 if victim is req:
                     break
-            else:
-                scheduled.append(ScheduledRequest(req, n))
-                budget -= n
-                i += 1
-                continue
-            break
+            if preempted and preempted[-1] is req:
+                break
+            scheduled.append(ScheduledRequest(req, n))
+            budget -= n
         for victim in preempted:
             drafts.pop(victim.request_id, None)
         if not preempted:
@@ -104,34 +98,14 @@ class FCFSScheduler(Scheduler):
             n = min(todo, budget, self.chunk_cap)
             if not self.kv.allocate(req, n, match):
                 break
-            if req.num_cached_tokens < 0:
-                req.num_cached_tokens = match.num_tokens
-            self.waiting.popleft()
-            req.status = RequestStatus.RUNNING
-            self.running.append(req)
+            self.running.append(self.waiting.popleft())
             scheduled.append(ScheduledRequest(req, n))
             budget -= n
         self.waiting.extendleft(reversed(deferred))
         return budget
 
-    def _preempt(self, req: Request) -> None:
-        self.kv.free(req)
-        req.num_computed_tokens = 0
-        req.status = RequestStatus.PREEMPTED
-        req.num_preemptions += 1
-        self.waiting.appendleft(req)
-        self.ctx.metrics.inc("deepinfer:num_preemptions")
-
-    def update_after_step(self, output: SchedulerOutput, num_rejected: dict[str, int] | None = None) -> None:
-        for s in output.scheduled:
-            req = s.request
-            rejected = num_rejected.get(req.request_id, 0) if num_rejected else 0
-            req.num_computed_tokens = min(req.num_computed_tokens + s.num_new_tokens - rejected, req.num_tokens)
-            self.kv.on_computed(req)
-
-    def finish_request(self, request: Request) -> None:
+    def remove_request(self, request: Request) -> None:
         if request in self.running:
             self.running.remove(request)
         elif request in self.waiting:
             self.waiting.remove(request)
-        self.kv.free(request)

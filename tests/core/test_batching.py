@@ -117,7 +117,7 @@ def test_requests_with_penalties_or_before_min_tokens_decode_without_drafts(mode
         eng.add_request(name, [9, 10, 11, 9, 10, 11, 9, 10], params)
     offered = []
     while eng.has_unfinished_requests():
-        decoding = {r.request_id: r.num_output_tokens for r in eng._decoding()}
+        decoding = {r.request_id: r.num_output_tokens for r in eng.table.decoding()}
         offered.append(decoding)
         eng.step()
     outputs = [n for step in offered for rid, n in step.items() if rid == "min4"]

@@ -234,7 +234,7 @@ def test_plain_steps_held_to_a_batchs_end_let_the_engine_skip_proposals():
     while eng.has_unfinished_requests():
         if len(steps) == 8:  # a request joins: the engine asks again
             eng.add_request("4", prompts[4], params[4])
-        before, running = len(asked), len(eng._seq_owner)
+        before, running = len(asked), len(eng.table.owner)
         for out in eng.step():
             tokens[out.request_id] = out.outputs[0].token_ids
         steps.append((running, len(asked) > before))

@@ -1,0 +1,219 @@
+"""The core request table: every request the engine holds, and what happens to it after a step.
+
+The scheduler only chooses (which requests run, how many tokens each computes, which to preempt);
+everything a step's results change is done here, once, for every scheduler: the tokens appended
+and the stop checks, ``num_computed_tokens`` advanced (less rejected drafts), the cache policies
+told (``KVCacheManager.on_computed``), a request's status, and a finished request's blocks
+released. A preemption's reset lives in the core too (``KVCacheManager.preempt``).
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any
+
+from deepinfer.core.detokenizer import IncrementalDetokenizer
+from deepinfer.core.interfaces import Scheduler, SchedulerOutput
+from deepinfer.core.kv_manager import KVCacheManager
+from deepinfer.core.metrics import Metrics
+from deepinfer.core.model_runner import RunnerOutput
+from deepinfer.core.output import RequestState, check_stop, stops_on_token
+from deepinfer.core.request import PLACEHOLDER_TOKEN, Request, RequestOutput, RequestStatus
+from deepinfer.core.sampler import UNUSABLE_TOKEN
+from deepinfer.core.sampling_params import SamplingParams
+from deepinfer.core.tokenizer import Tokenizer
+
+#: user request id -> its state, for the requests touched by a step (the ones to report)
+Touched = dict[str, RequestState]
+
+
+class RequestTable:
+    """The engine's requests by id, each with its sequences; updated from each step's results."""
+
+    def __init__(self, scheduler: Scheduler, kv: KVCacheManager, metrics: Metrics, hooks: Any,
+                 tokenizer: Tokenizer | None, eos_token_ids: frozenset[int], max_model_len: int,
+                 release: Callable[[Request], None]) -> None:
+        self.scheduler = scheduler
+        self.kv = kv
+        self.metrics = metrics
+        self.hooks = hooks
+        self.tokenizer = tokenizer
+        self.eos_token_ids = eos_token_ids
+        self.max_model_len = max_model_len
+        self.release = release  # a sequence finished or was preempted (the drafter drops its state)
+        self.requests: dict[str, RequestState] = {}
+        self.owner: dict[str, RequestState] = {}  # sequence id -> its user request
+
+    def __contains__(self, request_id: str) -> bool:
+        return request_id in self.requests
+
+    def __bool__(self) -> bool:
+        return bool(self.requests)
+
+    # ------------------------------------------------------------------------------- add, abort
+    def add(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, prompt: str | None,
+            cache_salt: str | None) -> None:
+        """One sequence a sample (``params.n``), each with its detokenizer, handed to the scheduler."""
+        seqs, detoks = [], []
+        for i in range(params.n):
+            p = params
+            if params.n > 1:
+                # (the prompt's logprobs come from the first sequence: the others skip computing them)
+                p = params.model_copy(update={"n": 1, "seed": None if params.seed is None else params.seed + i}
+                                      | ({"prompt_logprobs": None} if i else {}))
+            seq_id = request_id if params.n == 1 else f"{request_id}#{i}"
+            seqs.append(Request(seq_id, list(prompt_token_ids), p, self.eos_token_ids, cache_salt,
+                                self.max_model_len))
+            detoks.append(IncrementalDetokenizer(self.tokenizer, tuple(p.stop), p.include_stop_str_in_output,
+                                                 p.skip_special_tokens, min_tokens=p.min_tokens))
+        state = RequestState(request_id, prompt, list(prompt_token_ids), seqs, detoks)
+        self.requests[request_id] = state
+        for seq in seqs:
+            self.owner[seq.request_id] = state
+            self.scheduler.add_request(seq)
+
+    def abort(self, request_id: str) -> bool:
+        """Stop a request now and free its blocks; False if it is not (or no longer) held."""
+        state = self.requests.pop(request_id, None)
+        if state is None:
+            return False
+        for seq in state.seqs:
+            self.owner.pop(seq.request_id, None)
+            if not seq.status.finished:
+                seq.status = RequestStatus.FINISHED_ABORTED
+                self.finish([seq])
+        return True
+
+    def finish(self, finished: Sequence[Request]) -> None:
+        """Finished (or aborted) sequences leave the scheduler and release their blocks."""
+        for req in finished:
+            self.release(req)
+            self.scheduler.remove_request(req)
+            self.kv.free(req)
+
+    # ------------------------------------------------------------------------- after a schedule
+    def preempted(self, preempted: Sequence[Request]) -> None:
+        """The schedule's victims (reset already by ``KVCacheManager.preempt``): counted, and their
+        drafter state dropped."""
+        for req in preempted:
+            self.release(req)
+        if preempted:
+            self.metrics.inc("deepinfer:num_preemptions", len(preempted))
+
+    # ----------------------------------------------------------------------------- after a step
+    @staticmethod
+    def live(sched: SchedulerOutput) -> SchedulerOutput:
+        """The step without requests that finished (or were aborted) since it was planned."""
+        if all(not s.request.status.finished for s in sched.scheduled):
+            return sched
+        return replace(sched, scheduled=tuple(s for s in sched.scheduled if not s.request.status.finished))
+
+    def account(self, sched: SchedulerOutput, result: RunnerOutput) -> None:
+        """A launched step's requests run; their prompt logprobs are kept and prompt tokens counted."""
+        prompt = 0
+        running = RequestStatus.RUNNING
+        for s in sched.scheduled:
+            req = s.request
+            req.status = running  # (admitted by this step, or running already)
+            start = req.num_computed_tokens
+            if start < req.num_prompt_tokens:
+                prompt += min(req.num_prompt_tokens, start + s.num_new_tokens) - start
+            if req.request_id in result.prompt_logprobs:  # (positions start + 1 on, from 0 at 0)
+                # a recomputation after a preemption gives positions held already: only the new ones
+                held = len(req.prompt_logprobs) - (0 if start == 0 else start + 1)
+                req.prompt_logprobs.extend(result.prompt_logprobs[req.request_id][max(0, held):])
+        self.metrics.inc("deepinfer:prompt_tokens_computed", prompt)
+
+    def advance(self, sched: SchedulerOutput, num_rejected: dict[str, int]) -> None:
+        """The step ran: each request's computed tokens advance by what it scheduled less its
+        rejected drafts (never past ``num_tokens``), and the cache policies are told."""
+        kv = self.kv
+        for s in sched.scheduled:
+            req = s.request
+            rejected = num_rejected.get(req.request_id, 0) if num_rejected else 0
+            req.num_computed_tokens = min(req.num_computed_tokens + s.num_new_tokens - rejected, req.num_tokens)
+            kv.on_computed(req)
+
+    def hold_places(self, sampling: Sequence[Request]) -> None:
+        """A step left running: each request sampling in it ends in a placeholder until it is taken."""
+        for req in sampling:
+            if not req.status.finished:
+                req.all_token_ids.append(PLACEHOLDER_TOKEN)
+
+    def owned(self, reqs: Sequence[Request]) -> list[Request]:
+        """Those of ``reqs`` still held and unfinished (a step left running may outlive some)."""
+        return [r for r in reqs if not r.status.finished and r.request_id in self.owner]
+
+    def deliver(self, reqs: Sequence[Request], result: RunnerOutput, touched: Touched) -> list[Request]:
+        """Append each request's sampled tokens up to a stop; return the ones that finished."""
+        now = time.monotonic()
+        finished: list[Request] = []
+        sampling = 0
+        for req in reqs:
+            tokens = result.sampled.get(req.request_id)
+            if tokens and tokens[0] == UNUSABLE_TOKEN:  # its logits were NaN or infinite: it alone ends
+                if req.all_token_ids[-1] == PLACEHOLDER_TOKEN:
+                    req.all_token_ids.pop()
+                req.status = RequestStatus.FINISHED_ERROR
+                touched[self.owner[req.request_id].request_id] = self.owner[req.request_id]
+                finished.append(req)
+            elif tokens:
+                sampling += 1
+                if self._append(req, tokens, result.logprobs.get(req.request_id), now, touched):
+                    finished.append(req)
+        self.metrics.inc("deepinfer:request_sampling_steps", sampling)
+        return finished
+
+    def _append(self, req: Request, tokens: list[int], logprobs, now: float, touched: Touched) -> bool:
+        """Append the step's tokens up to a stop; True if the request finished."""
+        state = self.owner[req.request_id]
+        detok = state.detoks[state.seqs.index(req)]
+        touched[state.request_id] = state
+        if req.first_token_time is None:
+            req.first_token_time = now
+        later = not detok.stop  # no stop string: the text decides nothing here; it is made when read
+        for i, token in enumerate(tokens):
+            if i == 0 and req.all_token_ids[-1] == PLACEHOLDER_TOKEN:
+                req.all_token_ids[-1] = token  # sampled by a step that was left running
+            else:
+                req.all_token_ids.append(token)
+            if logprobs and logprobs[i] is not None:
+                req.logprobs.append(logprobs[i])
+            # an EOS or stop token id that ends the request adds no text unless asked to (vLLM's)
+            on_token = stops_on_token(req, token)
+            silent = on_token and not detok.include_stop
+            if check_stop(req, token, None if later or silent else detok.add([token]), on_token):
+                self.metrics.inc("deepinfer:generation_tokens", i + 1)
+                if later:
+                    detok.defer(tokens[:i + (0 if silent else 1)])
+                return True
+        self.metrics.inc("deepinfer:generation_tokens", len(tokens))
+        if later:
+            detok.defer(tokens)
+        return False
+
+    def emit(self, touched: Touched, unfinished: bool) -> list[RequestOutput]:
+        """The touched requests' outputs (with ``unfinished`` False, finished ones only); finished
+        requests leave the table."""
+        outputs = []
+        for rid, state in touched.items():
+            if not (state.finished or unfinished):
+                continue
+            outputs.append(state.to_output())
+            if state.finished:
+                self.requests.pop(rid, None)
+                for seq in state.seqs:
+                    self.owner.pop(seq.request_id, None)
+                failed = any(seq.status is RequestStatus.FINISHED_ERROR for seq in state.seqs)
+                self.metrics.inc("deepinfer:request_failed" if failed else "deepinfer:request_success")
+                self.hooks.deepinfer_request_finished(request_id=rid, output=outputs[-1])
+        return outputs
+
+    def decoding(self) -> list[Request]:
+        """Sequences that are decoding: running, every token but the last computed, and past the
+        tokens that must be sampled plainly (penalties, min_tokens)."""
+        running = RequestStatus.RUNNING
+        return [seq for state in self.requests.values() for seq in state.seqs
+                if seq.status is running and seq.num_computed_tokens == len(seq.all_token_ids) - 1
+                and len(seq.all_token_ids) >= seq.plain_from]
