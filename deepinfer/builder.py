@@ -20,7 +20,7 @@ from deepinfer.core.model_runner import ModelRunner
 from deepinfer.core.sampler import Sampler
 from deepinfer.core.tokenizer import Tokenizer
 from deepinfer.plugins import hookspecs
-from deepinfer.plugins.discovery import MODELS_GROUP, PluginError, model_entry_points
+from deepinfer.plugins.discovery import MODELS_GROUP, PluginError, fresh, model_entry_points
 from deepinfer.plugins.selection import Selection, instantiate_hooks, select
 
 
@@ -41,7 +41,7 @@ def model_registry() -> ModelRegistry:
                                      f"{type(exc).__name__}: {exc}")
 
     names = [ep.name for ep in model_entry_points()]
-    for ext in NamedExtensionManager(MODELS_GROUP, names=names, on_load_failure_callback=broken):
+    for ext in NamedExtensionManager(fresh(MODELS_GROUP), names=names, on_load_failure_callback=broken):
         reg.register(ext.name, ext.plugin)
     return reg
 

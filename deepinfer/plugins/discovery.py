@@ -4,11 +4,12 @@ NamedExtensionManager for the plugins of a slot that takes several."""
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
-from functools import cache
+from functools import lru_cache
 from importlib.metadata import EntryPoint, distributions
 
-from stevedore import DriverManager, NamedExtensionManager
+from stevedore import DriverManager, ExtensionManager, NamedExtensionManager
 from stevedore.exception import MultipleMatches, NoMatches
 
 from deepinfer.plugins.groups import MODELS_GROUP, SLOTS, Slot
@@ -37,8 +38,10 @@ class PluginInfo:
         return self.entry_point.value
 
 
-@cache
-def _distribution_index() -> dict[tuple[str, str, str], str]:
+@lru_cache(maxsize=8)
+def _distribution_index(path: tuple[str, ...]) -> dict[tuple[str, str, str], str]:
+    """(group, name, value) -> "distribution version" of every deepinfer entry point on ``path``
+    (stevedore's listing keeps no distribution: this names it)."""
     index = {}
     for dist in distributions():
         for ep in dist.entry_points:
@@ -56,13 +59,22 @@ def distribution_of(group: str, ep: EntryPoint) -> str:
 
 
 def _distribution_of(group: str, name: str, value: str) -> str:
-    return _distribution_index().get((group, name, value), "(unknown distribution)")
+    return _distribution_index(tuple(sys.path)).get((group, name, value), "(unknown distribution)")
+
+
+def fresh(group: str) -> str:
+    """``group``, its listing dropped from stevedore's cache first: stevedore keeps a group's listing
+    for the process (``ExtensionManager.ENTRY_POINT_CACHE``), and a plugin package put on sys.path
+    later (installed meanwhile, or a test's site) must be seen. Its own cache by sys.path and the
+    entry-point files' times stays."""
+    ExtensionManager.ENTRY_POINT_CACHE.pop(group, None)
+    return group
 
 
 def group_entry_points(group: str) -> list[EntryPoint]:
     """The entry points of ``group``, none imported: stevedore's listing (a manager asked for no
     names loads nothing)."""
-    return NamedExtensionManager(group, names=[]).list_entry_points()
+    return NamedExtensionManager(fresh(group), names=[]).list_entry_points()
 
 
 def allow_list() -> set[str] | None:
@@ -92,7 +104,7 @@ def load(info: PluginInfo) -> type:
         errors.append(exc)
 
     try:
-        cls = DriverManager(info.slot.group, info.name, on_load_failure_callback=failed).driver
+        cls = DriverManager(fresh(info.slot.group), info.name, on_load_failure_callback=failed).driver
     except MultipleMatches:
         where = ", ".join(distribution_of(info.slot.group, ep) for ep in group_entry_points(info.slot.group)
                           if ep.name == info.name)
@@ -120,7 +132,7 @@ def load_several(infos: list[PluginInfo]) -> list[type]:
     def failed(_mgr, ep, exc: BaseException) -> None:
         errors.setdefault(ep.name, exc)
 
-    mgr = NamedExtensionManager(slot.group, names=[i.name for i in infos], name_order=True,
+    mgr = NamedExtensionManager(fresh(slot.group), names=[i.name for i in infos], name_order=True,
                                 on_load_failure_callback=failed, on_missing_entrypoints_callback=lambda names: None)
     by_name = {ext.name: ext.plugin for ext in mgr}
     out = []
