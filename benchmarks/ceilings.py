@@ -12,19 +12,12 @@ import statistics
 
 import torch
 
-from deepinfer.bench.ceilings import RECORDED, measure
+from deepinfer.bench.ceilings import RECORDED, mean_seconds, measure
 
 
-def mean_ms(fn, calls: int = 10, warmups: int = 3) -> float:
-    for _ in range(warmups):
-        fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(calls):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / calls
+def mean_ms(fn, calls: int = 10) -> float:
+    """Milliseconds one call takes (deepinfer.bench.ceilings.mean_seconds: three warm-ups first)."""
+    return mean_seconds(fn, calls, torch.device("cuda")) * 1e3
 
 
 def copy_tbs(dev: torch.device, nbytes: int) -> float:

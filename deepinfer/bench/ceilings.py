@@ -87,17 +87,17 @@ def measure(device: torch.device, seconds: float = 1.0) -> Ceiling:
 def _copy_rate(device: torch.device, nbytes: int, seconds: float) -> float:
     src = torch.empty(nbytes, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
-    once = _mean_s(lambda: dst.copy_(src), 1, device)
-    return 2 * nbytes / _mean_s(lambda: dst.copy_(src), max(10, int(seconds / once)), device)
+    once = mean_seconds(lambda: dst.copy_(src), 1, device)
+    return 2 * nbytes / mean_seconds(lambda: dst.copy_(src), max(10, int(seconds / once)), device)
 
 
 def _matmul_rate(device: torch.device, m: int) -> float:
     a = torch.randn(m, m, dtype=torch.bfloat16, device=device)
     b = torch.randn(m, m, dtype=torch.bfloat16, device=device)
-    return 2 * m ** 3 / statistics.median(_mean_s(lambda: torch.mm(a, b), 10, device) for _ in range(5))
+    return 2 * m ** 3 / statistics.median(mean_seconds(lambda: torch.mm(a, b), 10, device) for _ in range(5))
 
 
-def _mean_s(fn: Callable[[], object], calls: int, device: torch.device, warmups: int = 3) -> float:
+def mean_seconds(fn: Callable[[], object], calls: int, device: torch.device, warmups: int = 3) -> float:
     """Seconds one call takes: the mean of ``calls`` timed with device events, after ``warmups``."""
     for _ in range(warmups):
         fn()
