@@ -58,7 +58,7 @@ class LLMEngine:
         device = ctx.device
         self.overlap = (scheduler.overlap and (drafter is None or drafter.skips_rounds)
                         and (device is None or device.asynchronous))
-        self._in_flight: StepInFlight | None = None
+        self.in_flight: StepInFlight | None = None  # the step left running on the device
         #: with a drafter, propose the next step's drafts as soon as a step's tokens are taken, before
         #: the step's text and outputs are made: a speculative round's device then waits only for
         #: the host work its drafts depend on. On a device that runs queued work asynchronously
@@ -115,71 +115,68 @@ class LLMEngine:
 
     # -------------------------------------------------------------------------------------- step
     def step(self) -> list[RequestOutput]:
-        """Run one scheduled step; return the requests that changed (or finished, see
+        """Schedule, execute, update; return the requests that changed (or finished, see
         ``emit_unfinished``).
 
-        With overlap, the step is launched on the device and left running: the previous step's
-        results are taken in meanwhile, and this step's next call. Steps that need host-side
-        state (drafts, logprobs, penalties) are waited for at once; with a drafter
-        (``early_propose``), the next step's drafts are then proposed before this step's text and
-        outputs are made, so that the draft's device work runs meanwhile.
+        With overlap, a launched step is left running on the device (``in_flight``) while the next
+        is planned and launched; it is taken in the next call. Steps that need host-side state
+        (drafts, logprobs, penalties) are taken at once; with a drafter (``early_propose``), the
+        next step's drafts are then proposed before this step's text and outputs are made, so that
+        the draft's device work runs meanwhile.
         """
         self.hooks.deepinfer_step_begin(engine=self)
         touched: Touched = {}
-        if self.spec is not None:  # (first any failure of the last step's early proposal)
-            self.spec.begin_step(self.table.decoding, self._taker(touched))
-        sched = self.scheduler.schedule()
+        if self.spec is not None:  # (a drafter that needs every token takes the step in flight first)
+            self.spec.begin_step(self.table.decoding, self._take_in_flight(touched))
+        sched = self.scheduler.schedule()                                   # schedule
         self.table.preempted(sched.preempted)
-        flight = self.runner.launch(sched) if not sched.empty else None
-        if self._in_flight is not None:  # the previous step finished on the device meanwhile
-            self._take_deferred(self._in_flight, touched)
-            self._in_flight = None
-        defer = flight is not None and self.overlap and not flight.must_sync
-        if flight is not None and not defer:
-            self._take(flight, touched)
-        if defer:
-            self._begin_deferred(flight)
-            self._in_flight = flight
+        flight = self.runner.launch(sched) if not sched.empty else None     # execute
+        if self.in_flight is not None:                                      # update: the step before
+            self._update(self.in_flight, touched)
+            self.in_flight = None
+        if flight is not None and self.overlap and not flight.must_sync:
+            self._leave_running(flight)
+        elif flight is not None:                                            # update: this step
+            self._update(flight, touched)
         self.hooks.deepinfer_step_end(engine=self, num_tokens=sched.num_tokens)
-        if self.spec is not None and self.early_propose and flight is not None and not defer:
+        if self.spec is not None and self.early_propose and flight is not None and self.in_flight is None:
             self.spec.propose_early(self.table.decoding)  # (the next step's drafts, before the outputs)
         outputs = self.table.emit(touched, self.emit_unfinished)
         self._update_gauges()
         return outputs
 
-    def _take(self, flight: StepInFlight, touched: Touched) -> None:
-        """Wait for a step and apply it: append its tokens, advance the requests, finish some."""
+    def _leave_running(self, flight: StepInFlight) -> None:
+        """A step left running: its requests advance now, and those that sample hold a pending token."""
+        flight.left_running = True
+        live = self.table.live(flight.sched)
+        self.table.account(live, flight.result)
+        self.table.advance(live, flight.result.num_rejected)
+        self.table.hold_pending(flight.sampling)
+        self.in_flight = flight
+
+    def _update(self, flight: StepInFlight, touched: Touched) -> None:
+        """Wait for a step and apply its results: tokens appended up to a stop, requests advanced
+        (a step left running advanced them at launch), finished ones released."""
         result = self.runner.collect(flight)
+        if flight.left_running:
+            self.table.finish(self.table.deliver(self.table.owned(flight.sampling), result, touched))
+            return
         live = self.table.live(flight.sched)
         self.table.account(live, result)
         if self.spec is not None:
             self.spec.observe(live, result)
         finished = self.table.deliver([s.request for s in live.scheduled], result, touched)
-        self.table.advance(live, result.num_rejected)
+        self.table.advance(live, result.num_rejected)  # (after the tokens: accepted drafts count)
         self.table.finish(finished)
 
-    def _begin_deferred(self, flight: StepInFlight) -> None:
-        """A step left running: advance its requests now; those that sample get a placeholder."""
-        live = self.table.live(flight.sched)
-        self.table.account(live, flight.result)
-        if self.spec is not None:
-            self.spec.observe(live, flight.result)
-        self.table.advance(live, flight.result.num_rejected)
-        self.table.hold_places(flight.sampling)
-
-    def _take_deferred(self, flight: StepInFlight, touched: Touched) -> None:
-        """The samples of a step left running replace its requests' placeholders."""
-        result = self.runner.collect(flight)
-        self.table.finish(self.table.deliver(self.table.owned(flight.sampling), result, touched))
-
-    def _taker(self, touched: Touched) -> Callable[[], None] | None:
+    def _take_in_flight(self, touched: Touched) -> Callable[[], None] | None:
         """Takes the step left running (None: there is none), for a drafter that needs its tokens."""
-        if self._in_flight is None:
+        if self.in_flight is None:
             return None
 
         def take() -> None:
-            self._take_deferred(self._in_flight, touched)
-            self._in_flight = None
+            self._update(self.in_flight, touched)
+            self.in_flight = None
         return take
 
     def _release(self, req: Request) -> None:

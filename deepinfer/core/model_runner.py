@@ -13,7 +13,7 @@ from deepinfer.core.host_copy import HostCopy
 from deepinfer.core.interfaces import AttentionBackend, DeviceGraphs, SchedulerOutput
 from deepinfer.core.logprobs import TokenLogprobs
 from deepinfer.core.model_registry import CausalLM
-from deepinfer.core.request import PLACEHOLDER_TOKEN, Request
+from deepinfer.core.request import Request
 from deepinfer.core.sampler import Sampler, mark_unusable, plain_greedy
 from deepinfer.core.step_batch import build_step_batch
 
@@ -66,6 +66,8 @@ class StepInFlight:
     #: finished and at most one is in flight (graph replays refill their host buffers two steps
     #: apart). Not for verifications, waited for at launch (not the drafter's work queued behind)
     done: Any = None
+    #: the engine left it running while it planned the next (its requests advanced at launch)
+    left_running: bool = False
 
 
 class ModelRunner:
@@ -147,12 +149,13 @@ class ModelRunner:
             r, n = sch.request, sch.num_new_tokens
             drafts = out.draft_tokens.get(r.request_id, [])
             start = r.num_computed_tokens
-            tokens = r.all_token_ids[start:start + n - len(drafts)]
-            if tokens and tokens[-1] == PLACEHOLDER_TOKEN:
+            end = start + n - len(drafts)
+            tokens = r.all_token_ids[start:end]
+            if end > len(r.all_token_ids):  # its pending token: the step left running samples it
                 row = self._prev_rows.get(r.request_id)
-                if row is None:
+                if row is None or end - len(r.all_token_ids) != 1:
                     raise RuntimeError(f"request {r.request_id} waits for a token no launched step samples")
-                tokens[-1] = -(row + 1)
+                tokens.append(-(row + 1))
                 prev = _one_source(prev, self._prev_tokens)
             if drafts and r.draft is not None and r.draft.source is not None:
                 prev = _one_source(prev, r.draft.source.tokens)

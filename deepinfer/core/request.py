@@ -11,11 +11,6 @@ import torch
 from deepinfer.core.logprobs import TokenLogprobs
 from deepinfer.core.sampling_params import SamplingParams
 
-#: the last token of a request whose next token is being sampled by a step still on the device
-#: (overlap scheduling); replaced by the real token when that step's results arrive
-PLACEHOLDER_TOKEN = -1
-
-
 class RequestStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
@@ -48,6 +43,9 @@ class Request:
     max_model_len: int = 1 << 30
     arrival_time: float = field(default_factory=time.monotonic)
     all_token_ids: list[int] = field(default_factory=list)
+    #: tokens being sampled by a step still on the device (overlap scheduling): they count in
+    #: ``num_tokens`` (the next step computes them) and join ``all_token_ids`` when that step is taken
+    num_pending: int = 0
     num_computed_tokens: int = 0
     num_cached_tokens: int = -1  # prompt tokens found in the cache at first schedule
     block_ids: list[int] = field(default_factory=list)
@@ -93,7 +91,8 @@ class Request:
 
     @property
     def num_tokens(self) -> int:
-        return len(self.all_token_ids)
+        """Its tokens, the pending ones included."""
+        return len(self.all_token_ids) + self.num_pending
 
     @property
     def output_token_ids(self) -> list[int]:
@@ -101,11 +100,12 @@ class Request:
 
     @property
     def num_output_tokens(self) -> int:
-        return len(self.all_token_ids) - len(self.prompt_token_ids)
+        """Its output tokens, the pending ones included."""
+        return self.num_tokens - len(self.prompt_token_ids)
 
     @property
     def length_capped(self) -> bool:
-        """Its tokens (placeholders included) reach max_tokens or the context: it ends with them."""
+        """Its tokens (pending ones included) reach max_tokens or the context: it ends with them."""
         p = self.params
         return ((p.max_tokens is not None and self.num_output_tokens >= p.max_tokens)
                 or self.num_tokens >= self.max_model_len)

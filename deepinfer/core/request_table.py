@@ -19,7 +19,7 @@ from deepinfer.core.kv_manager import KVCacheManager
 from deepinfer.core.metrics import Metrics
 from deepinfer.core.model_runner import RunnerOutput
 from deepinfer.core.output import RequestState, check_stop, stops_on_token
-from deepinfer.core.request import PLACEHOLDER_TOKEN, Request, RequestOutput, RequestStatus
+from deepinfer.core.request import Request, RequestOutput, RequestStatus
 from deepinfer.core.sampler import UNUSABLE_TOKEN
 from deepinfer.core.sampling_params import SamplingParams
 from deepinfer.core.tokenizer import Tokenizer
@@ -135,11 +135,11 @@ class RequestTable:
             req.num_computed_tokens = min(req.num_computed_tokens + s.num_new_tokens - rejected, req.num_tokens)
             kv.on_computed(req)
 
-    def hold_places(self, sampling: Sequence[Request]) -> None:
-        """A step left running: each request sampling in it ends in a placeholder until it is taken."""
+    def hold_pending(self, sampling: Sequence[Request]) -> None:
+        """A step left running: each request sampling in it has a token pending until it is taken."""
         for req in sampling:
             if not req.status.finished:
-                req.all_token_ids.append(PLACEHOLDER_TOKEN)
+                req.num_pending += 1
 
     def owned(self, reqs: Sequence[Request]) -> list[Request]:
         """Those of ``reqs`` still held and unfinished (a step left running may outlive some)."""
@@ -153,8 +153,7 @@ class RequestTable:
         for req in reqs:
             tokens = result.sampled.get(req.request_id)
             if tokens and tokens[0] == UNUSABLE_TOKEN:  # its logits were NaN or infinite: it alone ends
-                if req.all_token_ids[-1] == PLACEHOLDER_TOKEN:
-                    req.all_token_ids.pop()
+                req.num_pending = 0
                 req.status = RequestStatus.FINISHED_ERROR
                 touched[self.owner[req.request_id].request_id] = self.owner[req.request_id]
                 finished.append(req)
@@ -173,11 +172,10 @@ class RequestTable:
         if req.first_token_time is None:
             req.first_token_time = now
         later = not detok.stop  # no stop string: the text decides nothing here; it is made when read
+        if req.num_pending:  # the first was sampled by a step that was left running
+            req.num_pending -= 1
         for i, token in enumerate(tokens):
-            if i == 0 and req.all_token_ids[-1] == PLACEHOLDER_TOKEN:
-                req.all_token_ids[-1] = token  # sampled by a step that was left running
-            else:
-                req.all_token_ids.append(token)
+            req.all_token_ids.append(token)
             if logprobs and logprobs[i] is not None:
                 req.logprobs.append(logprobs[i])
             # an EOS or stop token id that ends the request adds no text unless asked to (vLLM's)
@@ -215,5 +213,5 @@ class RequestTable:
         tokens that must be sampled plainly (penalties, min_tokens)."""
         running = RequestStatus.RUNNING
         return [seq for state in self.requests.values() for seq in state.seqs
-                if seq.status is running and seq.num_computed_tokens == len(seq.all_token_ids) - 1
-                and len(seq.all_token_ids) >= seq.plain_from]
+                if seq.status is running and seq.num_computed_tokens == seq.num_tokens - 1
+                and seq.num_tokens >= seq.plain_from]

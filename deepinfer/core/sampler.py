@@ -64,8 +64,7 @@ def _adjust(logits: torch.Tensor, rows: Sequence[tuple[int, Request]], stops: bo
     then presence and frequency penalties, then (with ``stops``) the stop tokens of requests whose
     EOS is held back masked with -inf. Each kind is one indexed update over every row's (row,
     token) pairs, each pair listed once, its factors and terms in float32 (as a float32 row's
-    arithmetic with the penalties as numbers); negative ids (placeholders for tokens a step in
-    flight has yet to give) are no tokens and are left out. The pairs and factors of every kind
+    arithmetic with the penalties as numbers). The pairs and factors of every kind
     travel in one float64 array (``filters.send_rows``: pinned, not waiting, on a CUDA device)."""
     rep: tuple[list, ...] = ([], [], [])          # row, token, penalty
     pen: tuple[list, ...] = ([], [], [], [], [])  # row, token, count, frequency, presence
@@ -74,12 +73,12 @@ def _adjust(logits: torch.Tensor, rows: Sequence[tuple[int, Request]], stops: bo
     for i, req in rows:
         p = req.params
         if p.repetition_penalty != 1.0:
-            seen = [t for t in set(req.all_token_ids) if t >= 0]
+            seen = list(set(req.all_token_ids))
             rep[0].extend([i] * len(seen))
             rep[1].extend(seen)
             rep[2].extend([p.repetition_penalty] * len(seen))
         if p.presence_penalty or p.frequency_penalty:
-            counts = Counter(t for t in req.output_token_ids if t >= 0)
+            counts = Counter(req.output_token_ids)
             pen[0].extend([i] * len(counts))
             pen[1].extend(counts)
             pen[2].extend(counts.values())

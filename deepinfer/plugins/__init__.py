@@ -26,7 +26,7 @@ from deepinfer.core.interfaces import (
 )
 from deepinfer.core.kv_manager import KVCacheManager, SlidingKV
 from deepinfer.core.metrics import Metrics
-from deepinfer.core.request import PLACEHOLDER_TOKEN, Request, RequestStatus
+from deepinfer.core.request import Request, RequestStatus
 from deepinfer.core.sampler import draw, draw_rows, filter_logits, sample_rows
 from deepinfer.core.sampling_params import SamplingParams
 from deepinfer.core.spec import accept_greedy
@@ -38,7 +38,6 @@ from deepinfer.plugins.hookspecs import hookimpl
 
 __all__ = [
     "GREEDY",
-    "PLACEHOLDER_TOKEN",
     "SLOTS",
     "AttentionBackend",
     "AttentionLayerSpec",

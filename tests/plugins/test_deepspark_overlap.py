@@ -14,7 +14,6 @@ import random
 import pytest
 
 from deepinfer import LLM, SamplingParams
-from deepinfer.core.request import PLACEHOLDER_TOKEN
 from tests.plugins.test_spec_decode import _assert_pools_free
 from tests.tiny_models import make_model
 
@@ -56,17 +55,17 @@ def _engine(pair, seed: int):
     eng.overlap = True
     eng.drafter.rates.speculate = lambda batch, *rest: (rng.random() < 0.5, False)
     seen = {"deferred": 0, "verified": 0, True: 0, False: 0}
-    propose, launch, begin, needs = (eng.drafter.runner.propose, eng.runner.launch, eng._begin_deferred,
+    propose, launch, begin, needs = (eng.drafter.runner.propose, eng.runner.launch, eng._leave_running,
                                      eng.drafter.needs_tokens)
 
     def drafting(requests, *a, **kw):
-        assert not any(PLACEHOLDER_TOKEN in r.all_token_ids for r in requests)
+        assert not any(r.num_pending for r in requests)
         return propose(requests, *a, **kw)
 
     def launching(sched):
         if sched.draft_tokens:
             seen["verified"] += 1
-            assert eng._in_flight is None  # no verification while a step is left running
+            assert eng.in_flight is None  # no verification while a step is left running
         return launch(sched)
 
     def deferring(flight):
@@ -78,7 +77,7 @@ def _engine(pair, seed: int):
         seen[answer] += 1
         return answer
 
-    eng.drafter.runner.propose, eng.runner.launch, eng._begin_deferred = drafting, launching, deferring
+    eng.drafter.runner.propose, eng.runner.launch, eng._leave_running = drafting, launching, deferring
     eng.drafter.needs_tokens = asked
     return llm, seen
 
@@ -114,7 +113,7 @@ def test_joins_aborts_and_sampling_with_overlapped_plain_rounds(pair, reference,
         steps += 1
         live = [r for r in eng.requests if r.startswith("g")]
         # two aborts, each at the first step from 7 (then 13) that leaves a step in flight
-        if len(aborted) < 2 and steps >= 7 + 6 * len(aborted) and live and eng._in_flight is not None:
+        if len(aborted) < 2 and steps >= 7 + 6 * len(aborted) and live and eng.in_flight is not None:
             victim = live[rng.randrange(len(live))]
             assert eng.abort_request(victim)
             aborted.add(victim)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from deepinfer import LLM, SamplingParams
-from deepinfer.core.request import PLACEHOLDER_TOKEN, Request
+from deepinfer.core.request import Request
 from deepinfer.core.spec import verify, verify_batch
 from deepinfer_builtin.devices import cpu
 from deepinfer_builtin.drafters.ngram import SuffixIndex, ngram_continuation
@@ -214,12 +214,12 @@ def test_deepspark_mixing_plain_and_speculative_rounds_is_lossless(demo_referenc
                                             "overlap_plain_rounds": overlap, "skip_margin": 0.3}})
     assert llm.engine.overlap is False and llm.engine.drafter.skips_rounds is overlap  # (a synchronous CPU)
     assert llm.engine.drafter.rates.margin == 0.3
-    llm.engine.overlap, deferred, begin = overlap, [], llm.engine._begin_deferred
-    llm.engine._begin_deferred = lambda flight: (deferred.append(flight.sched.num_tokens), begin(flight))
+    llm.engine.overlap, deferred, begin = overlap, [], llm.engine._leave_running
+    llm.engine._leave_running = lambda flight: (deferred.append(flight.sched.num_tokens), begin(flight))
     runner, propose = llm.engine.drafter.runner, llm.engine.drafter.runner.propose
 
-    def drafting(requests, *a, **kw):  # the draft reads every token: none may still be a placeholder
-        assert not any(PLACEHOLDER_TOKEN in r.all_token_ids for r in requests)
+    def drafting(requests, *a, **kw):  # the draft reads every token: none may still be pending
+        assert not any(r.num_pending for r in requests)
         return propose(requests, *a, **kw)
 
     runner.propose = drafting
