@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from safetensors.torch import load_file, save_file
 
 from deepinfer import LLM, SamplingParams
-from deepinfer.core.engine import PromptTooLongError
+from deepinfer.core.request_table import PromptTooLongError
 from deepinfer.core.loader import WeightsError
 from deepinfer.core.model_config import ModelConfigError
 from deepinfer.core.model_registry import UnsupportedArchitectureError

@@ -15,10 +15,6 @@ from deepinfer.core.speculation import Speculation
 from deepinfer.core.tokenizer import Tokenizer
 
 
-class PromptTooLongError(ValueError):
-    """A prompt does not fit the model's context."""
-
-
 class _NoHooks:
     """Stands in for the hook relay when no observer is registered."""
 
@@ -45,7 +41,7 @@ class LLMEngine:
         self.drafter = drafter
         self.hooks = hooks if hooks is not None else _NoHooks()
         self.table = RequestTable(scheduler, kv, self.metrics, self.hooks, tokenizer, self.eos_token_ids,
-                                  max_model_len, self._release)
+                                  max_model_len, ctx.model_config.get("vocab_size"), self._release)
         self.requests = self.table.requests  # user request id -> RequestState
         self.plugin_names: dict[str, list[str]] = {}  # slot -> plugin names, filled by the builder
         #: report requests after every step (streaming); off, step() returns finished ones only,
@@ -67,10 +63,6 @@ class LLMEngine:
         self.early_propose = device is None or device.asynchronous
         if drafter is not None and self.early_propose:  # (a drafter may queue its next round early)
             runner.on_verified = drafter.on_verified
-        self.metrics.counter("deepinfer:num_preemptions", "requests preempted for lack of KV blocks")
-        for name in ("prompt_tokens", "prompt_tokens_computed", "generation_tokens",
-                     "request_success", "request_aborted", "request_failed", "request_sampling_steps"):
-            self.metrics.counter(f"deepinfer:{name}")
         for name in ("kv_cache_usage", "num_requests_running", "num_requests_waiting"):
             self.metrics.gauge(f"deepinfer:{name}")
         self.spec = Speculation(drafter, scheduler, self.metrics) if drafter is not None else None
@@ -78,31 +70,14 @@ class LLMEngine:
     # ---------------------------------------------------------------------------------- requests
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                     prompt: str | None = None, cache_salt: str | None = None) -> None:
-        if request_id in self.requests:
-            raise ValueError(f"request id {request_id!r} is already in use")
-        if not prompt_token_ids:
-            raise ValueError("the prompt is empty: give at least one token")
-        vocab = self.ctx.model_config.get("vocab_size")
-        if vocab is not None and (max(prompt_token_ids) >= vocab or min(prompt_token_ids) < 0):
-            raise ValueError(f"prompt token ids must lie in [0, {vocab}) for this model")
-        n = len(prompt_token_ids)
-        if n >= self.max_model_len:
-            raise PromptTooLongError(
-                f"the prompt has {n} tokens but max_model_len is {self.max_model_len}: it must leave "
-                "room for at least one new token; shorten the prompt or raise max_model_len")
+        """Check a request (ValueError, PromptTooLongError: what is wrong) and queue it."""
+        self.table.add(request_id, prompt_token_ids, params, prompt, cache_salt)
         if self.spec is not None:
             self.spec.joined()
-        self.table.add(request_id, prompt_token_ids, params, prompt, cache_salt)
-        self.metrics.inc("deepinfer:prompt_tokens", n * params.n)
-        self.hooks.deepinfer_request_added(request_id=request_id, num_prompt_tokens=n)
 
     def abort_request(self, request_id: str) -> bool:
         """Stop a request now and free its blocks; False if it is not (or no longer) running."""
-        if not self.table.abort(request_id):
-            return False
-        self.metrics.inc("deepinfer:request_aborted")
-        self.hooks.deepinfer_request_aborted(request_id=request_id)
-        return True
+        return self.table.abort(request_id)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
@@ -130,6 +105,8 @@ class LLMEngine:
             self.spec.begin_step(self.table.decoding, self._take_in_flight(touched))
         sched = self.scheduler.schedule()                                   # schedule
         self.table.preempted(sched.preempted)
+        if self.spec is not None:
+            sched = self.spec.with_drafts(sched)
         flight = self.runner.launch(sched) if not sched.empty else None     # execute
         if self.in_flight is not None:                                      # update: the step before
             self._update(self.in_flight, touched)

@@ -346,6 +346,8 @@ class SchedulerOutput:
 
     scheduled: tuple[ScheduledRequest, ...]
     preempted: tuple[Request, ...] = ()
+    #: each request's drafts to verify, filled by the core from the tokens a request was scheduled
+    #: past its ``num_tokens`` (a scheduler only counts them: ``Request.num_draft_tokens``)
     draft_tokens: dict[str, list[int]] = field(default_factory=dict)
 
     @property

@@ -11,6 +11,7 @@ import torch
 from deepinfer.core.logprobs import TokenLogprobs
 from deepinfer.core.sampling_params import SamplingParams
 
+
 class RequestStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
@@ -109,6 +110,12 @@ class Request:
         p = self.params
         return ((p.max_tokens is not None and self.num_output_tokens >= p.max_tokens)
                 or self.num_tokens >= self.max_model_len)
+
+    @property
+    def num_draft_tokens(self) -> int:
+        """Drafts to verify in its next step: a scheduler may schedule up to this many tokens past
+        ``num_tokens``, and the core verifies the ones it schedules."""
+        return len(self.draft.verified) if self.draft is not None else 0
 
     @property
     def finish_reason(self) -> str | None:

@@ -28,12 +28,16 @@ from deepinfer.core.tokenizer import Tokenizer
 Touched = dict[str, RequestState]
 
 
+class PromptTooLongError(ValueError):
+    """A prompt does not fit the model's context."""
+
+
 class RequestTable:
     """The engine's requests by id, each with its sequences; updated from each step's results."""
 
     def __init__(self, scheduler: Scheduler, kv: KVCacheManager, metrics: Metrics, hooks: Any,
                  tokenizer: Tokenizer | None, eos_token_ids: frozenset[int], max_model_len: int,
-                 release: Callable[[Request], None]) -> None:
+                 vocab_size: int | None, release: Callable[[Request], None]) -> None:
         self.scheduler = scheduler
         self.kv = kv
         self.metrics = metrics
@@ -41,9 +45,14 @@ class RequestTable:
         self.tokenizer = tokenizer
         self.eos_token_ids = eos_token_ids
         self.max_model_len = max_model_len
+        self.vocab_size = vocab_size
         self.release = release  # a sequence finished or was preempted (the drafter drops its state)
         self.requests: dict[str, RequestState] = {}
         self.owner: dict[str, RequestState] = {}  # sequence id -> its user request
+        metrics.counter("deepinfer:num_preemptions", "requests preempted for lack of KV blocks")
+        for name in ("prompt_tokens", "prompt_tokens_computed", "generation_tokens",
+                     "request_success", "request_aborted", "request_failed", "request_sampling_steps"):
+            metrics.counter(f"deepinfer:{name}")
 
     def __contains__(self, request_id: str) -> bool:
         return request_id in self.requests
@@ -54,7 +63,20 @@ class RequestTable:
     # ------------------------------------------------------------------------------- add, abort
     def add(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, prompt: str | None,
             cache_salt: str | None) -> None:
-        """One sequence a sample (``params.n``), each with its detokenizer, handed to the scheduler."""
+        """One sequence a sample (``params.n``), each with its detokenizer, handed to the scheduler;
+        a request that cannot run is refused first (ValueError saying what is wrong)."""
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        if not prompt_token_ids:
+            raise ValueError("the prompt is empty: give at least one token")
+        vocab = self.vocab_size
+        if vocab is not None and (max(prompt_token_ids) >= vocab or min(prompt_token_ids) < 0):
+            raise ValueError(f"prompt token ids must lie in [0, {vocab}) for this model")
+        n = len(prompt_token_ids)
+        if n >= self.max_model_len:
+            raise PromptTooLongError(
+                f"the prompt has {n} tokens but max_model_len is {self.max_model_len}: it must leave "
+                "room for at least one new token; shorten the prompt or raise max_model_len")
         seqs, detoks = [], []
         for i in range(params.n):
             p = params
@@ -72,6 +94,8 @@ class RequestTable:
         for seq in seqs:
             self.owner[seq.request_id] = state
             self.scheduler.add_request(seq)
+        self.metrics.inc("deepinfer:prompt_tokens", n * params.n)
+        self.hooks.deepinfer_request_added(request_id=request_id, num_prompt_tokens=n)
 
     def abort(self, request_id: str) -> bool:
         """Stop a request now and free its blocks; False if it is not (or no longer) held."""
@@ -83,6 +107,8 @@ class RequestTable:
             if not seq.status.finished:
                 seq.status = RequestStatus.FINISHED_ABORTED
                 self.finish([seq])
+        self.metrics.inc("deepinfer:request_aborted")
+        self.hooks.deepinfer_request_aborted(request_id=request_id)
         return True
 
     def finish(self, finished: Sequence[Request]) -> None:

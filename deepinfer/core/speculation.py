@@ -104,6 +104,21 @@ class Speculation:
                     prop = replace(prop, num_verify=room)
                 seq.draft = prop  # (counted once verified: observe; a preemption or abort drops it)
 
+    @staticmethod
+    def with_drafts(sched: SchedulerOutput) -> SchedulerOutput:
+        """The schedule with each request's drafts: those of the tokens it was given past its
+        ``num_tokens`` (the scheduler counts them; the leading ones of its proposal are verified)."""
+        drafts = {}
+        for s in sched.scheduled:
+            req = s.request
+            extra = s.num_new_tokens - (req.num_tokens - req.num_computed_tokens)
+            if extra > 0:
+                if extra > req.num_draft_tokens:
+                    raise RuntimeError(f"the scheduler gave request {req.request_id} {extra} tokens past its last, "
+                                       f"but it has {req.num_draft_tokens} drafts to verify (Request.num_draft_tokens)")
+                drafts[req.request_id] = req.draft.verified[:extra]
+        return replace(sched, draft_tokens=drafts) if drafts else sched
+
     def _count_drafts(self, num_tokens: int) -> None:
         """One request's proposal, once verified (or once the drafter proposed it for no
         verification): a draft round of ``num_tokens`` tokens proposed."""

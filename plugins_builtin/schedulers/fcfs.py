@@ -57,18 +57,14 @@ class FCFSScheduler(Scheduler):
         budget = self.max_tokens
         scheduled: list[ScheduledRequest] = []
         preempted: list[Request] = []
-        drafts: dict[str, list[int]] = {}
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
             i += 1
             if req.length_capped:  # ends with the token a running step is sampling
                 continue
-            base = req.num_tokens - req.num_computed_tokens
-            proposed = req.draft.verified if req.draft is not None else []
-            n = min(base + len(proposed), budget, self.chunk_cap)
-            if n > base:
-                drafts[req.request_id] = proposed[:n - base]
+            # (tokens past num_tokens are drafts, which the core verifies)
+            n = min(req.num_tokens - req.num_computed_tokens + req.num_draft_tokens, budget, self.chunk_cap)
             while not self.kv.allocate(req, n):
                 victim = self.running.pop()  # the newest running request: the core resets it
                 self.kv.preempt(victim)
@@ -80,11 +76,9 @@ class FCFSScheduler(Scheduler):
                 break
             scheduled.append(ScheduledRequest(req, n))
             budget -= n
-        for victim in preempted:
-            drafts.pop(victim.request_id, None)
         if not preempted:
             budget = self._admit(scheduled, budget)
-        return SchedulerOutput(tuple(scheduled), tuple(preempted), drafts)
+        return SchedulerOutput(tuple(scheduled), tuple(preempted))
 
     def _admit(self, scheduled: list[ScheduledRequest], budget: int) -> int:
         deferred: list[Request] = []  # waiting for a running request to finish a shared prefix

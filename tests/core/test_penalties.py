@@ -16,7 +16,8 @@ from deepinfer.core.sampling_params import SamplingParams
 def test_penalties_follow_their_definitions():
     params = SamplingParams(repetition_penalty=2.0, presence_penalty=0.5, frequency_penalty=0.25)
     req = Request("r", [1], params)
-    req.all_token_ids += [2, 2, 3, -1]  # (-1: a placeholder, no token: the last logit stays)
+    req.all_token_ids += [2, 2, 3]
+    req.num_pending = 1  # (a token a step in flight samples: no token yet, the last logit stays)
     logits = torch.tensor([1.0, 2.0, -2.0, 4.0, 1.0])
     out = apply_penalties(logits.clone(), req)
     expected = torch.tensor([1.0, 1.0, -4.0 - 0.5 - 0.5, 2.0 - 0.5 - 0.25, 1.0])
