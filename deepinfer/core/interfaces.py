@@ -365,12 +365,13 @@ class Scheduler(Plugin, ABC):
     ``allocate``, and ``preempt`` for a victim, which frees its blocks and resets it to be computed
     again); the core does the rest for every scheduler: it appends the step's tokens, runs the stop
     checks, advances ``num_computed_tokens``, sets a request's status, and finishes requests
-    (``remove_request``, then their blocks freed).
+    (``remove_request``, then their blocks freed). A request with drafts may be given up to
+    ``Request.num_draft_tokens`` tokens past its ``num_tokens``: the core verifies that many.
 
     With ``overlap`` the engine schedules step N+1 while step N runs on the device: a request
-    that samples in step N then ends in a placeholder token (``PLACEHOLDER_TOKEN``) until step
-    N's results arrive; it is scheduled as usual (its next input comes from the device), and a
-    request whose length limit is reached (``Request.length_capped``) should not be scheduled.
+    that samples in step N then counts a pending token in ``num_tokens`` until step N's results
+    arrive; it is scheduled as usual (its next input comes from the device), and a request whose
+    length limit is reached (``Request.length_capped``) should not be scheduled.
     """
 
     @property
