@@ -77,10 +77,10 @@ class FCFSScheduler(Scheduler):
             scheduled.append(ScheduledRequest(req, n))
             budget -= n
         if not preempted:
-            budget = self._admit(scheduled, budget)
+            self._admit(scheduled, budget)
         return SchedulerOutput(tuple(scheduled), tuple(preempted))
 
-    def _admit(self, scheduled: list[ScheduledRequest], budget: int) -> int:
+    def _admit(self, scheduled: list[ScheduledRequest], budget: int) -> None:
         deferred: list[Request] = []  # waiting for a running request to finish a shared prefix
         while self.waiting and budget > 0 and len(self.running) < self.max_seqs:
             req = self.waiting[0]
@@ -96,7 +96,6 @@ class FCFSScheduler(Scheduler):
             scheduled.append(ScheduledRequest(req, n))
             budget -= n
         self.waiting.extendleft(reversed(deferred))
-        return budget
 
     def remove_request(self, request: Request) -> None:
         if request in self.running:
