@@ -56,7 +56,7 @@ def test_the_readme_has_examples_and_its_set_up_is_the_two_commands():
     assert [commands(t) for t in setup] == [
         ['python3 -m venv .venv && .venv/bin/pip install -q torch==2.13.0 -e . && .venv/bin/deepinfer serve'],
         [('python3 -m venv .venv && .venv/bin/pip install -q torch==2.13.0 -e ".[test]" && .venv/bin/python -m '
-          'pytest -q -p no:cacheprovider')]]
+          'pytest -q -p no:cacheprovider -n auto --dist worksteal')]]
     assert {lang for lang, _ in README} == {"python", "bash"}
     assert not any("MODEL" in text or "path/to" in text.split("#")[0] for _, text in README)
 
