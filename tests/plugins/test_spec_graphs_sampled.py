@@ -30,7 +30,7 @@ def test_sampled_rounds_in_loop_graphs_give_the_eager_tokens_in_the_interpreter(
     near_draft(target, tmp_path / "near")
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     res = subprocess.run([sys.executable, "-m", "tests.plugins.test_spec_graphs_sampled", str(tmp_path)],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200, check=False)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     check_sampled_graphs(json.loads(res.stdout.strip().splitlines()[-1]))
 
@@ -80,7 +80,8 @@ def sampled_both(model_dir: str, graphs_factory, **engine) -> dict:
     out = {}
     try:
         for mode, options in modes.items():
-            for name in ("eager", "graphs"):
+            # (eager steps have no loop graphs: drafting step by step is the sampled mode's eager run)
+            for name in ("eager", "graphs") if mode != "stepwise" else ("graphs",):
                 counts.clear()
                 kinds.clear()
                 llm = LLM(model_dir, plugins=["triton", "draft-model"], progress=False, enforce_eager=True,
@@ -105,7 +106,7 @@ def sampled_both(model_dir: str, graphs_factory, **engine) -> dict:
 
 def check_sampled_graphs(got: dict) -> None:
     for mode in ("sampled", "stepwise", "greedy"):
-        eager, graphs = got[f"{mode}/eager"], got[f"{mode}/graphs"]
+        eager, graphs = got["sampled/eager" if mode == "stepwise" else f"{mode}/eager"], got[f"{mode}/graphs"]
         # the same seeded tokens with graphs as without: the same drafts, verified alike
         assert graphs["tokens"] == eager["tokens"], mode
         assert eager["loops"] == {} and eager["accepted"] > 0 and graphs["accepted"] == eager["accepted"], mode
@@ -118,8 +119,6 @@ def check_sampled_graphs(got: dict) -> None:
             assert set(loops) <= {"None"}, loops
         else:  # argmax drafts: the greedy loop graph
             assert set(loops) == {"None"} and loops["None"] > 0, loops
-    # drawn step by step or in a loop graph: the same numbers
-    assert got["sampled/eager"]["tokens"] == got["stepwise/graphs"]["tokens"]
     # drafting the argmax changes which drafts are proposed, so the random numbers fall otherwise
     assert got["sampled/eager"]["tokens"] != got["greedy/eager"]["tokens"]
 
