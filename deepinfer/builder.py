@@ -6,12 +6,12 @@ from pathlib import Path
 import pluggy
 from stevedore import NamedExtensionManager
 
-from deepinfer.core.block_pool import BlockPool
 from deepinfer.core.config import EngineConfig
 from deepinfer.core.context import EngineContext
 from deepinfer.core.engine import LLMEngine
 from deepinfer.core.graphs import default_batch_sizes, default_prefill_sizes, usable_prefill_sizes
-from deepinfer.core.kv_manager import KVCacheManager, SlidingKV
+from deepinfer.core.kv_groups import build_kv_cache, kv_group_specs, windowed_policy
+from deepinfer.core.kv_manager import KVCacheManager
 from deepinfer.core.loader import load_model, resolve_dtype
 from deepinfer.core.metrics import Metrics
 from deepinfer.core.model_config import ModelConfigError, read_model_config
@@ -54,76 +54,30 @@ def plugin_manager(sel: Selection) -> pluggy.PluginManager:
     return pm
 
 
-def build_kv_cache(ctx: EngineContext, model, attention, policies: list, dtype,
-                   max_model_len: int) -> tuple[KVCacheManager, list]:
-    """Size the KV pool(s) and allocate every layer's cache.
-
-    One pool holds every layer's KV unless a cache policy asks for a pool of its own for the
-    sliding-window layers (KV group 1, ``CachePolicy.sliding_pool_blocks``). Then that pool gets the
-    blocks the policy asks for plus a null block, and the full-attention pool what is left of the
-    budget (with ``num_kv_blocks`` set, exactly that many)."""
-    config, device = ctx.config, ctx.device
-    bs = config.block_size
-    per_block = attention.kv_cache_bytes_per_block(ctx.layers, bs, dtype)
+def assemble_kv_cache(ctx: EngineContext, model, attention, policies: list, dtype,
+                      max_model_len: int) -> tuple[KVCacheManager, list]:
+    """Group the model's layers into KV groups (the sliding-window ones apart where a cache policy
+    asks, ``SeparatesWindowedKV``), check that the attention plugin can serve them, and size and
+    allocate their pools (``deepinfer.core.kv_groups``)."""
+    config = ctx.config
+    windowed = windowed_policy(policies)
+    groups = kv_group_specs(ctx.layers, windowed is not None, config.block_size, max_model_len,
+                            config.max_num_batched_tokens)
+    if windowed is not None:
+        _check_windowed_groups(attention, windowed, groups)
+    ctx.layers = model.assign_kv_groups({s.layer_idx: g.group_id for g in groups for s in g.layers})
     model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    budget = 0 if config.num_kv_blocks else device.kv_cache_budget(model_bytes)
-    shared = config.num_kv_blocks or budget // per_block
-    num_sliding = next((n for p in policies if (n := p.sliding_pool_blocks(shared)) is not None), None)
-    sliding_layers = [s for s in ctx.layers if s.sliding_window is not None]
-    num_blocks = shared
-    if num_sliding is not None:
-        _check_sliding_pool(attention, sliding_layers, num_sliding, bs, config, max_model_len)
-        ctx.layers = model.assign_kv_groups({s.layer_idx: 1 for s in sliding_layers})
-        sliding_layers = [s for s in ctx.layers if s.kv_group == 1]
-        full_layers = [s for s in ctx.layers if s.kv_group == 0]
-        per_full = attention.kv_cache_bytes_per_block(full_layers, bs, dtype) if full_layers else 0
-        per_sliding = attention.kv_cache_bytes_per_block(sliding_layers, bs, dtype)
-        if not config.num_kv_blocks and per_full:
-            num_blocks = (budget - (num_sliding + 1) * per_sliding) // per_full
-    needed = -(-max_model_len // bs)
-    if num_blocks < needed:
-        raise ValueError(f"the KV pool has {num_blocks} blocks of {bs} tokens, fewer than one "
-                         f"max_model_len ({max_model_len}) request needs ({needed}); give more KV memory "
-                         "(num_kv_blocks, kv_cache_memory_gb) or lower max_model_len")
-    tdev = device.torch_device
-    if num_sliding is None:
-        kv_caches = attention.allocate_kv_cache(ctx.layers, num_blocks, bs, dtype, tdev)
-        kv = KVCacheManager(BlockPool(num_blocks, bs), policies)
-    else:
-        by_layer = dict(zip((s.layer_idx for s in full_layers),
-                            attention.allocate_kv_cache(full_layers, num_blocks, bs, dtype, tdev) if full_layers
-                            else [], strict=True))
-        # one block more than the pool hands out: the null block of out-of-window table entries
-        by_layer.update(zip((s.layer_idx for s in sliding_layers),
-                            attention.allocate_kv_cache(sliding_layers, num_sliding + 1, bs, dtype, tdev),
-                            strict=True))
-        kv_caches = [by_layer[s.layer_idx] for s in ctx.layers]
-        sliding = SlidingKV(BlockPool(num_sliding, bs), max(s.sliding_window for s in sliding_layers))
-        sliding.bytes_per_block = per_sliding
-        kv = KVCacheManager(BlockPool(num_blocks, bs), policies, sliding)
-    for policy in policies:
-        kv.pool.add_evict_listener(policy.on_evict)
-        if kv.sliding is not None:
-            kv.sliding.pool.add_evict_listener(policy.on_evict)
-    return kv, kv_caches
+    return build_kv_cache(ctx, groups, attention, policies, dtype, model_bytes, max_model_len)
 
 
-def _check_sliding_pool(attention, sliding_layers: list, num_blocks: int, bs: int, config: EngineConfig,
-                        max_model_len: int) -> None:
+def _check_windowed_groups(attention, policy, groups) -> None:
     if not attention.supports_kv_groups:
         raise PluginError(f"attention plugin {attention.name!r} cannot keep the sliding-window layers' KV in a "
-                          "pool of their own, which the selected cache policy needs; use attention torch or "
-                          "triton, or drop that cache policy")
-    if not sliding_layers:
-        raise PluginError("a cache policy asked for a KV pool for sliding-window layers, but the model has none")
-    window = max(s.sliding_window for s in sliding_layers)
-    step = min(max_model_len, window - 1 + config.max_num_batched_tokens)
-    need = -(-step // bs) + 1
-    if num_blocks < need:
-        raise ValueError(f"the sliding-window KV pool has {num_blocks} blocks of {bs} tokens; one request "
-                         f"needs {need} (its window of {window} plus one step of up to "
-                         f"{config.max_num_batched_tokens} tokens); give it more blocks (the cache policy's "
-                         "sliding_pool_blocks option, for swa-replay) or lower max_num_batched_tokens")
+                          f"pool of their own (it does not declare supports_kv_groups), which cache policy "
+                          f"{policy.name!r} needs; choose an attention plugin that does, or drop that cache policy")
+    if len(groups) == 1:
+        raise PluginError(f"cache policy {policy.name!r} asked for a KV pool for sliding-window layers, but the "
+                          "model has none")
 
 
 def build_engine(config: EngineConfig, progress: bool = True) -> LLMEngine:
@@ -169,7 +123,7 @@ def build_engine(config: EngineConfig, progress: bool = True) -> LLMEngine:
     ctx.layers = model.attention_layers()
 
     policies = [sel.classes[i.name](sel.options[i.name], ctx) for i in sel.all("cache_policy")]
-    kv, kv_caches = build_kv_cache(ctx, model, attention, policies, dtype, max_model_len)
+    kv, kv_caches = assemble_kv_cache(ctx, model, attention, policies, dtype, max_model_len)
     ctx.kv = kv
     sched_name = sel.one("scheduler").name
     scheduler = sel.classes[sched_name](sel.options[sched_name], ctx)
@@ -197,7 +151,7 @@ def build_engine(config: EngineConfig, progress: bool = True) -> LLMEngine:
         sampler.argmax = ops.argmax
     runner = ModelRunner(model, attention, kv_caches, config.block_size, device.torch_device, sampler,
                          kv_groups=1 if kv.sliding is None else 2)
-    # graphs replay single-group decode steps (swa-replay's separate sliding-window pool runs eagerly)
+    # graphs replay steps of one KV group (sliding-window layers in a pool of their own run eagerly)
     graphs = None if config.enforce_eager or kv.sliding is not None else device.graphs()
     if graphs is not None and attention.supports_graphs:
         sizes = config.cuda_graph_sizes or default_batch_sizes(config.max_num_seqs)

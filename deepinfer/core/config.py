@@ -142,7 +142,7 @@ def parse_plugin_options(text: str, source: str = "--plugin-options") -> dict[st
         value = json.loads(text)
     except json.JSONDecodeError as e:
         raise ValueError(f"{source} is not valid JSON ({e}); give an object such as "
-                         '\'{"fcfs": {"overlap": false}}\'') from None
+                         '\'{"<plugin name>": {"<option>": <value>}}\'') from None
     return check_plugin_options(value, source)
 
 
@@ -150,7 +150,7 @@ def check_plugin_options(value: Any, source: str = "plugin_options") -> dict[str
     """``value`` if it is a mapping of plugin names to mappings of options, else a ValueError."""
     if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, dict) for k, v in value.items()):
         raise ValueError(f"{source} must map plugin names to objects of their options, e.g. "
-                         f'{{"fcfs": {{"overlap": false}}}}; got {json.dumps(value, default=str)[:200]}')
+                         f'{{"<plugin name>": {{"<option>": <value>}}}}; got {json.dumps(value, default=str)[:200]}')
     return value
 
 
@@ -159,7 +159,7 @@ def build_config(file: str | None = None, overrides: dict[str, Any] | None = Non
     """Merge defaults < file < environment < explicit overrides (flags or keyword arguments).
 
     Top-level keys of the file that are not engine options are taken as per-plugin sections
-    (``prefix-cache: {...}``) and checked later against the selected plugins. Plugin options merge
+    (``<plugin name>: {...}``) and checked later against the selected plugins. Plugin options merge
     option by option across the sources (a later source's value for an option wins; the plugin's
     other options stay).
     """

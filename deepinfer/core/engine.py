@@ -4,6 +4,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from deepinfer.core.capabilities import SkipsRounds
 from deepinfer.core.context import EngineContext
 from deepinfer.core.interfaces import Drafter, Scheduler
 from deepinfer.core.kv_manager import KVCacheManager
@@ -49,10 +50,11 @@ class LLMEngine:
         self.emit_unfinished = True
         #: plan step N+1 while step N runs: the scheduler's choice, on a device that runs queued
         #: work asynchronously, without a drafter (which needs every token on the host) or with
-        #: one that says before each proposal whether it drafts (Drafter.skips_rounds); tests set
+        #: one that says before each proposal whether it drafts (SkipsRounds); tests set
         #: it to exercise the overlapped path on the CPU
         device = ctx.device
-        self.overlap = (scheduler.overlap and (drafter is None or drafter.skips_rounds)
+        self.overlap = (scheduler.overlap
+                        and (drafter is None or isinstance(drafter, SkipsRounds) and drafter.skips_rounds)
                         and (device is None or device.asynchronous))
         self.in_flight: StepInFlight | None = None  # the step left running on the device
         #: with a drafter, propose the next step's drafts as soon as a step's tokens are taken, before

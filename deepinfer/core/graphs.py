@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from deepinfer.core.fused_ops import FusedOps
 from deepinfer.core.interfaces import AttentionBackend, DeviceGraphs
 from deepinfer.core.model_registry import CausalLM
 from deepinfer.core.packed_inputs import PackedInputs
@@ -59,7 +60,7 @@ def usable_prefill_sizes(sizes: Sequence[int], max_tokens: int) -> list[int]:
 
 
 def resolve_placeholders(ids: torch.Tensor, prev_tokens: torch.Tensor, out: torch.Tensor | None = None,
-                         ops: Any = None) -> torch.Tensor:
+                         ops: FusedOps | None = None) -> torch.Tensor:
     """``ids`` with each negative entry -(r+1) replaced by ``prev_tokens[r]``, on the device (into
     ``out``, which may be ``ids`` itself): in one launch where the device's fused ``ops`` offer
     ``resolve_placeholders``, else in five small torch kernels."""
@@ -205,7 +206,7 @@ class DecodeGraphs:
         return self.captured_work(batch)
 
     @property
-    def fused_ops(self) -> Any:
+    def fused_ops(self) -> FusedOps | None:
         """The device's fused kernels the model was given (None: plain torch)."""
         return getattr(self.model, "fused_ops", None)
 

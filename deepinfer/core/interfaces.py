@@ -1,5 +1,6 @@
 """The five slots of deepinfer: what a device, attention backend, cache policy, drafter and
-scheduler each own. Built-in and third-party plugins implement these the same way."""
+scheduler each own. Built-in and third-party plugins implement these the same way; what only some
+plugins of a slot do is an optional capability (``deepinfer.core.capabilities``)."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -13,6 +14,7 @@ from pydantic import BaseModel, ConfigDict
 if TYPE_CHECKING:
     from deepinfer.core.block_pool import Block
     from deepinfer.core.context import EngineContext
+    from deepinfer.core.fused_ops import FusedOps
     from deepinfer.core.host_copy import HostCopy
     from deepinfer.core.request import Request
     from deepinfer.core.step import StepBatch
@@ -64,28 +66,10 @@ class Device(Plugin, ABC):
     def synchronize(self) -> None:
         """Wait for queued work on the device."""
 
-    def fused_ops(self) -> Any | None:
-        """Fused kernels the models should use here: an object with ``rms_norm(x, weight, eps,
-        residual=None)``, ``apply_rotary(q, k, cos, sin, positions, q_norm=None, k_norm=None,
-        eps=1e-6)`` (with per-head RMSNorm weights, q and k are normalised first) and
-        ``silu_and_mul(x)`` (deepinfer_kernels' signatures), or None for plain torch. Optionally
-        also ``gemv(x, weight, norm_weight=, eps=, residual=, silu_mul=)`` and ``gemv_qkv_rotary``:
-        with them, the models run steps of a single token through those, and the LM head of one
-        row; with ``takes_rows(rows, head_dim, weights)`` also, steps of the few tokens it accepts (see
-        deepinfer_kernels.gemv and gemv_rows;
-        ``gemv_qkv_rotary(..., kv_cache=)`` is given what the attention backend's ``fused_kv_write``
-        offers, and must then write the key and value there);
-        and ``argmax(logits)``, which greedy sampling then uses (one that also takes ``out=``, an
-        int64 tensor [B], writes the tokens there, saving a copy); optionally ``argmax_prob(logits)``
-        (the greedy token and its softmax probability, as ``logits.float().softmax(-1).max(-1)``),
-        which a draft model's captured rounds use for their confidences, and
-        ``resolve_placeholders(ids, values, out=None)`` (``ids`` with each -(r+1) replaced by
-        ``values[r]``), which graph replays and eager steps then use for placeholder tokens, and
-        ``stage_inputs(src, turn, dst, n_ids, values)`` (deepinfer_kernels') with
-        ``stage_max_bytes``, with which replays of batches whose inputs take at most that many
-        bytes read them from host memory in their first kernel instead of a copy before it;
-        optionally ``embedding(ids, weight)`` (``weight[ids]``), which the models then use for
-        the token embedding of steps of a single token."""
+    def fused_ops(self) -> FusedOps | None:
+        """Fused kernels the models (and the core's sampling and graph replays) should use here, or
+        None (the default): plain torch. See ``FusedOps`` for what each kernel does and which are
+        optional."""
         return None
 
     def linear_op(self, dtype: torch.dtype) -> Callable[..., torch.Tensor] | None:
@@ -134,8 +118,8 @@ class AttentionLayerSpec:
     head_dim: int
     sliding_window: int | None = None  # a token attends to itself and the W-1 before it
     scale: float = 1.0
-    #: which KV pool and block table the layer uses: 0, or 1 for sliding-window layers when a
-    #: cache policy keeps them apart (CachePolicy.sliding_pool_blocks)
+    #: its KV group (``KVGroupSpec``): the pool and block table it uses; 0, or 1 for sliding-window
+    #: layers when a cache policy keeps them apart (``SeparatesWindowedKV``)
     kv_group: int = 0
 
 
@@ -147,12 +131,9 @@ class AttentionBackend(Plugin, ABC):
     #: (a sequence of length 0 is padding: its output is ignored and a negative slot is never
     #: written) and take ``max_seq_len`` as an upper bound, never as the exact maximum
     supports_graphs: ClassVar[bool] = False
-    #: in graphs of several query rows per sequence (speculative verification), gives the
-    #: sequences flagged in ``StepBatch.single_runs`` what it gives a one-token run in an eager
-    #: step; without it, verification steps with a one-token run are not replayed from graphs
-    handles_single_runs: ClassVar[bool] = False
     #: reads each layer's block table and slots from ``StepBatch.kv_groups[layer.kv_group]`` and
-    #: skips negative slots, so sliding-window layers may keep a KV pool of their own
+    #: skips negative slots, so each KV group (``KVGroupSpec``) may keep a pool of its own, as a
+    #: cache policy that ``SeparatesWindowedKV`` asks
     supports_kv_groups: ClassVar[bool] = False
 
     @abstractmethod
@@ -173,15 +154,8 @@ class AttentionBackend(Plugin, ABC):
     def forward(self, layer: AttentionLayerSpec, q: torch.Tensor, k: torch.Tensor | None,
                 v: torch.Tensor | None, kv_cache: Any, metadata: Any) -> torch.Tensor:
         """Write k/v into the cache at the step's slots, attend; q is [T, H, D], returns [T, H, D].
-        k and v are None only after ``fused_kv_write`` offered the cache: they are written already."""
-
-    def fused_kv_write(self, layer: AttentionLayerSpec, kv_cache: Any,
-                       metadata: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-        """For a step the device's GEMVs run (one token, or a few): (k_cache, v_cache, slots [T]),
-        caches [num_slots, kv_heads, D], for the device's fused qkv kernel to write each token's key
-        and value into (a negative slot: not written); ``forward`` then gets k and v None. None (the
-        default): forward writes them."""
-        return None
+        k and v are None only where the backend offered its cache to the device's fused qkv kernel
+        (``FusedKVWrite``): they are written already."""
 
 
 # ----------------------------------------------------------------------------------- cache policy
@@ -218,11 +192,6 @@ class CachePolicy(Plugin, ABC):
 
     def on_evict(self, block: Block) -> None:
         """The pool is reusing a block that still carried this policy's hash."""
-
-    def sliding_pool_blocks(self, shared_blocks: int) -> int | None:
-        """Blocks of a KV pool of its own for the sliding-window layers (KV group 1), or None to keep
-        every layer in one pool; ``shared_blocks`` is what one pool of every layer would hold."""
-        return None
 
 
 # ---------------------------------------------------------------------------------------- drafter
@@ -276,31 +245,6 @@ class Drafter(Plugin, ABC):
     @abstractmethod
     def propose(self, requests: Sequence[Request]) -> dict[str, DraftProposal]:
         """Proposals per request id (requests left out do not speculate this step)."""
-
-    def needs_tokens(self, requests: Sequence[Request]) -> bool:
-        """Asked of a drafter that ``skips_rounds``, before ``propose``, when the engine's previous
-        step is still running and some request decodes: whether that proposal needs the requests'
-        latest tokens on the host. Their tokens may then end in PLACEHOLDER_TOKEN: read none. True:
-        the engine takes that step first. False promises that the ``propose`` right after drafts
-        nothing (it gets the same requests, placeholders included; the engine refuses drafts
-        then), and the step stays running (overlap scheduling)."""
-        return True
-
-    @property
-    def skips_rounds(self) -> bool:
-        """Whether ``needs_tokens`` may answer False: with such a drafter the engine keeps overlap
-        scheduling on (and calls ``propose`` directly when no step is left running); with others it
-        plans each step only after the previous one has finished."""
-        return False
-
-    def rests_above(self) -> int | None:
-        """Asked after a proposal that drafted nothing: n promises that the drafter would draft
-        nothing for the sequences decoding then, or any of them, while at least n of them run,
-        none waits and no request is added; the engine (where every running sequence was decoding
-        and none waited) then skips the proposal (and its list of decoding sequences) until a
-        request is added, one waits (a preemption) or fewer than n run. None (the default): no
-        promise."""
-        return None
 
     def observe(self, request: Request, num_verified: int, num_accepted: int) -> None:
         """Learn from a verification result."""

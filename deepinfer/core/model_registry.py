@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from deepinfer.core.fused_ops import FusedOps
 from deepinfer.core.interfaces import AttentionBackend, AttentionLayerSpec
 from deepinfer.core.model_config import ModelConfig
 
@@ -20,7 +21,7 @@ class CausalLM(nn.Module, ABC):
         super().__init__()
         self.config = config
         self.attention = attention
-        self.fused_ops: Any = None  # the device's fused kernels, if it offers them (use_fused_ops)
+        self.fused_ops: FusedOps | None = None  # the device's fused kernels, if it offers them (use_fused_ops)
         self.linear_op: Any = None  # the device's matmul for linear layers, if it offers one (use_linear_op)
 
     @abstractmethod
@@ -36,7 +37,7 @@ class CausalLM(nn.Module, ABC):
         """Logits [R, vocab] of R rows of ``forward``'s hidden states: the final norm, then the LM
         head (so that a step normalises only the rows it samples from)."""
 
-    def use_fused_ops(self, ops: Any) -> None:
+    def use_fused_ops(self, ops: FusedOps | None) -> None:
         """Route norms, rotary embedding and activations through a device's fused kernels."""
         for module in self.modules():
             if hasattr(module, "fused_ops"):

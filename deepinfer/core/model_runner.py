@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from deepinfer.core.capabilities import HandlesSingleRuns
 from deepinfer.core.graphs import DecodeGraphs, PrefillGraphs
 from deepinfer.core.host_copy import HostCopy
 from deepinfer.core.interfaces import AttentionBackend, DeviceGraphs, SchedulerOutput
@@ -106,11 +107,12 @@ class ModelRunner:
 
     def _check_graphs(self) -> None:
         if self.kv_groups > 1:
-            raise ValueError("device graphs replay steps with one KV group; sliding-window layers with a pool "
-                             "of their own (swa-replay) run eagerly")
+            raise ValueError(f"device graphs replay steps with one KV group, and this engine has {self.kv_groups} "
+                             "(a cache policy keeps the sliding-window layers' KV in a pool of their own): its steps "
+                             "run eagerly; turn graphs off (enforce_eager)")
         if not self.attention.supports_graphs:
-            raise ValueError(f"the attention plugin {self.attention.name!r} cannot run in device graphs; "
-                             "use one that can (triton) or turn graphs off (enforce_eager)")
+            raise ValueError(f"the attention plugin {self.attention.name!r} cannot run in device graphs (it does not "
+                             "declare supports_graphs); use one that does, or turn graphs off (enforce_eager)")
 
     def enable_prefill_graphs(self, graphs: DeviceGraphs, token_sizes: Sequence[int], max_seq_len: int) -> None:
         """Capture steps of one sequence computing up to each of ``token_sizes`` tokens (see
@@ -132,7 +134,7 @@ class ModelRunner:
             raise ValueError("enable decode graphs first (enable_graphs)")
         args = (self.model, self.attention, self.kv_caches, graphs, self.device, self.block_size, batch_sizes,
                 max_seq_len, query_len)
-        singles = self.attention.handles_single_runs
+        singles = isinstance(self.attention, HandlesSingleRuns) and self.attention.handles_single_runs
         self.verify_graphs = DecodeGraphs(*args, single_runs=singles, greedy_head=True)
         self.verify_graphs.capture()
         if singles:

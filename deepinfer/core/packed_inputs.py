@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import numpy as np
 import torch
+
+from deepinfer.core.fused_ops import FusedOps
 
 
 class PackedInputs:
@@ -67,7 +68,7 @@ class PackedInputs:
         """Staged size b's fields in the turn the next replay reads, as arrays to fill."""
         return self._staged_views[self._stage_parity][b]
 
-    def stage(self, b: int, values: torch.Tensor, ops: Any) -> None:
+    def stage(self, b: int, values: torch.Tensor, ops: FusedOps) -> None:
         """Staged size b's fields into the device buffer, in one kernel: what a replay runs first
         (placeholder ids resolved from ``values`` on the way)."""
         ops.stage_inputs(self.stage_host, self.stage_turn, self.device_buffer[:self.layouts[b][1]],

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
+from deepinfer.core.capabilities import Rests, SkipsRounds
 from deepinfer.core.interfaces import Drafter, Scheduler, SchedulerOutput
 from deepinfer.core.metrics import Metrics
 from deepinfer.core.model_runner import RunnerOutput
@@ -25,7 +26,8 @@ class Speculation:
         self.scheduler = scheduler
         self.metrics = metrics
         self._proposed = False  # this step's drafts were proposed at the end of the last step
-        self._rest_above: int | None = None  # the drafter rests while at least this many run (Drafter.rests_above)
+        self._rest_above: int | None = None  # the drafter rests while at least this many run (Rests)
+        self._skips, self._rests = isinstance(drafter, SkipsRounds), isinstance(drafter, Rests)  # (asked once)
         self._error: Exception | None = None  # an early proposal's, raised at the next step
         for name in ("num_drafts", "num_draft_tokens", "num_verified_tokens", "num_accepted_tokens"):
             metrics.counter(f"deepinfer:spec_decode_{name}")
@@ -62,7 +64,7 @@ class Speculation:
     def propose(self, decoding: Callable[[], list[Request]], take: Callable[[], None] | None) -> None:
         """Ask the drafter for drafts for every sequence that is decoding (``decoding()``) and may
         speculate; with a step left running (``take`` takes it), first take it if the drafter needs
-        its tokens (``Drafter.needs_tokens``); none while the drafter rests (``Drafter.rests_above``:
+        its tokens (``SkipsRounds.needs_tokens``); none while the drafter rests (``Rests.rests_above``:
         every sequence's draft is then None)."""
         sched = self.scheduler
         if self._rest_above is not None and not sched.num_waiting and sched.num_running >= self._rest_above:
@@ -70,7 +72,7 @@ class Speculation:
         self._rest_above = None
         seqs = decoding()
         blind = take is not None and bool(seqs)  # tokens may end in placeholders
-        if blind and self.drafter.needs_tokens(seqs):
+        if blind and (not self._skips or self.drafter.needs_tokens(seqs)):
             take()
             blind = False
             seqs = decoding()  # (some may have finished)
@@ -84,7 +86,7 @@ class Speculation:
                 seq.draft = None
             # a rest only while every sequence decodes (none waits or computes its prompt: a join is an add)
             whole = bool(seqs) and not sched.num_waiting and len(seqs) == sched.num_running
-            self._rest_above = self.drafter.rests_above() if whole else None
+            self._rest_above = self.drafter.rests_above() if whole and self._rests else None
             return
         for seq in seqs:
             prop = proposals.get(seq.request_id)

@@ -2,11 +2,10 @@
 table, for an eager forward (graph replays fill static inputs instead: graphs.py)."""
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import torch
 
+from deepinfer.core.fused_ops import FusedOps
 from deepinfer.core.graphs import resolve_placeholders
 from deepinfer.core.step import KVGroupBatch, StepBatch
 
@@ -26,7 +25,7 @@ def _group(slots: np.ndarray, tables: np.ndarray, device: torch.device) -> KVGro
 
 def build_step_batch(seqs: list[tuple[list[int], int, list[int]]], block_size: int,
                      device: torch.device, sliding: list[tuple[list[int], int]] | None = None,
-                     prev_tokens: torch.Tensor | None = None, ops: Any = None) -> StepBatch:
+                     prev_tokens: torch.Tensor | None = None, ops: FusedOps | None = None) -> StepBatch:
     """A StepBatch from (token ids to compute, position of the first, block table) per sequence.
 
     ``sliding``, when sliding-window layers keep a KV pool of their own: per sequence, that pool's

@@ -9,6 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from deepinfer.core.fused_ops import FusedOps
+
 
 class RMSNorm(nn.Module):
     """RMSNorm computed in float32, optionally adding a residual first (returns the new residual)."""
@@ -17,7 +19,7 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
-        self.fused_ops: Any = None  # set by CausalLM.use_fused_ops
+        self.fused_ops: FusedOps | None = None  # set by CausalLM.use_fused_ops
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         if self.fused_ops is not None:
@@ -67,7 +69,7 @@ class RotaryEmbedding(nn.Module):
         rope_inv_freq(head_dim, theta, scaling)  # reject unsupported scaling at construction
         self.cos: torch.Tensor | None = None
         self.sin: torch.Tensor | None = None
-        self.fused_ops: Any = None
+        self.fused_ops: FusedOps | None = None
 
     def build(self, device: torch.device, dtype: torch.dtype) -> None:
         inv = rope_inv_freq(self.head_dim, self.theta, self.scaling)
@@ -118,7 +120,7 @@ class GatedMLP(nn.Module):
         self.intermediate = intermediate
         self.gate_up_proj = Linear(hidden, 2 * intermediate, bias=False)
         self.down_proj = Linear(intermediate, hidden, bias=False)
-        self.fused_ops: Any = None
+        self.fused_ops: FusedOps | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.fused_ops is not None:

@@ -1,13 +1,15 @@
 """The Llama family: Llama, Mistral, Qwen2 (qkv bias) and Qwen3 (q/k norm, hybrid sliding window)."""
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from deepinfer.core.capabilities import FusedKVWrite
+from deepinfer.core.fused_ops import FusedOps
 from deepinfer.core.interfaces import AttentionBackend, AttentionLayerSpec
 from deepinfer.core.loader import WeightsError
 from deepinfer.core.model_config import ModelConfig
@@ -27,6 +29,8 @@ class Attention(nn.Module):
         self.o_proj = Linear(self.q_size, cfg.hidden_size, bias=False)
         self.q_norm = RMSNorm(d, cfg.rms_norm_eps) if qk_norm else None
         self.k_norm = RMSNorm(d, cfg.rms_norm_eps) if qk_norm else None
+        #: the backend's ``fused_kv_write`` where it has one (FusedKVWrite; set by the model)
+        self.kv_write: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None] | None = None
 
     def forward(self, x, positions, rotary, backend: AttentionBackend, kv_cache, meta):
         s = self.spec
@@ -38,13 +42,13 @@ class Attention(nn.Module):
         out = backend.forward(s, q, k, v, kv_cache, meta)
         return self.o_proj(out.reshape(-1, self.q_size))
 
-    def forward_one(self, ops, residual, norm: RMSNorm, positions, rotary, backend, kv_cache, meta):
+    def forward_one(self, ops: FusedOps, residual, norm: RMSNorm, positions, rotary, backend, kv_cache, meta):
         """One token (or a few, where the device's ``takes_rows``), through the device's GEMV
         kernels: the input norm, the q/k norms and the rotary embedding ride in the qkv projection;
         returns the attention output [M, H * D]."""
         s = self.spec
         # the backend may let the qkv kernel write the key and value into its cache directly
-        cache = backend.fused_kv_write(s, kv_cache, meta)
+        cache = None if self.kv_write is None else self.kv_write(s, kv_cache, meta)
         qkv = ops.gemv_qkv_rotary(residual, self.qkv_proj.weight, norm.weight, norm.eps, rotary.cos, rotary.sin,
                                   positions, s.num_heads, s.num_kv_heads,
                                   self.q_norm.weight if self.q_norm is not None else None,
@@ -60,7 +64,7 @@ class Attention(nn.Module):
         return out.reshape(-1, self.q_size).contiguous()
 
 
-def _takes_rows(ops, rows: int, head_dim: int | None, weights: int) -> bool:
+def _takes_rows(ops: FusedOps | None, rows: int, head_dim: int | None, weights: int) -> bool:
     """Whether the device's GEMVs take a step of ``rows`` tokens (a few, on a CUDA device, of a
     small enough model) through projections of at most ``weights`` weights."""
     takes = getattr(ops, "takes_rows", None)
@@ -98,7 +102,7 @@ class DecoderLayer(nn.Module):
         x, residual = self.post_attention_layernorm(x, residual)
         return self.mlp(x), residual
 
-    def _forward_one(self, ops, x, residual, positions, rotary, backend, kv_cache, meta):
+    def _forward_one(self, ops: FusedOps, x, residual, positions, rotary, backend, kv_cache, meta):
         """A step of one token (or a few) in four kernels besides attention: norm + qkv + rotary
         (+ the KV write); o + residual add; norm + gate/up + SiLU-mul; down + residual add.
         Returns (None, residual)."""
@@ -140,6 +144,9 @@ class LlamaForCausalLM(CausalLM):
             for i in range(config.num_hidden_layers)
         ]
         self.model = Decoder(config, specs, bias, self.qk_norm)
+        kv_write = attention.fused_kv_write if isinstance(attention, FusedKVWrite) else None  # (asked once)
+        for layer in self.model.layers:
+            layer.self_attn.kv_write = kv_write
         self.lm_head = None if config.tie_word_embeddings else Linear(
             config.hidden_size, config.vocab_size, bias=False)
         self.rotary = RotaryEmbedding(config.head_dim, config.max_position_embeddings,

@@ -36,6 +36,12 @@ from deepinfer.plugins.discovery import PluginError, PluginInfo, discover, load
 from deepinfer.plugins.groups import SLOTS, Slot
 from deepinfer.plugins.hookspecs import hookimpl
 
+# isort: split
+# optional capabilities of a slot's plugins (deepinfer.core.capabilities), the device's fused kernels, KV groups
+from deepinfer.core.capabilities import FusedKVWrite, HandlesSingleRuns, Rests, SeparatesWindowedKV, SkipsRounds
+from deepinfer.core.fused_ops import FusedOps
+from deepinfer.core.kv_groups import KVGroupSpec
+
 __all__ = [
     "GREEDY",
     "SLOTS",
@@ -82,4 +88,13 @@ __all__ = [
     "needs_sort",
     "sample_rows",
     "sampling_rows",
+]
+__all__ += [
+    "FusedKVWrite",
+    "FusedOps",
+    "HandlesSingleRuns",
+    "KVGroupSpec",
+    "Rests",
+    "SeparatesWindowedKV",
+    "SkipsRounds",
 ]

@@ -24,7 +24,15 @@ from typing import Any
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from deepinfer.plugins import AttentionBackend, AttentionLayerSpec, EngineContext, PluginError, StepBatch
+from deepinfer.plugins import (
+    AttentionBackend,
+    AttentionLayerSpec,
+    EngineContext,
+    FusedKVWrite,
+    HandlesSingleRuns,
+    PluginError,
+    StepBatch,
+)
 
 NEEDS = "needs an NVIDIA GPU, or TRITON_INTERPRET=1 to run in the Triton interpreter on CPU"
 
@@ -92,7 +100,7 @@ class TritonAttentionMetadata:
         return (self.slot_mapping, self.block_tables, self.decode_tables) if g == 0 else self.extra_groups[g - 1]
 
 
-class TritonAttention(AttentionBackend):
+class TritonAttention(AttentionBackend, HandlesSingleRuns, FusedKVWrite):
     """Paged attention with Triton kernels: KV write, split-KV decode, prefill/extend over the cache."""
 
     name = "triton"

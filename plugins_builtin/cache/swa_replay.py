@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from deepinfer.plugins import Block, CachePolicy, PluginError, PrefixMatch, Request
+from deepinfer.plugins import Block, CachePolicy, KVGroupSpec, PluginError, PrefixMatch, Request, SeparatesWindowedKV
 
 NAME = "swa-replay"
 _SLIDING = ("swa-replay checkpoint",)  # block_hash of sliding-pool blocks some checkpoint keeps
@@ -51,7 +51,7 @@ class _State:
     chain: list = field(default_factory=list)
 
 
-class SwaReplay(CachePolicy):
+class SwaReplay(CachePolicy, SeparatesWindowedKV):
     """Checkpoints of sliding-window KV every R tokens; hits resume from the nearest one."""
 
     name = NAME
@@ -92,7 +92,7 @@ class SwaReplay(CachePolicy):
         m.gauge("deepinfer:swa_replay_kept_bytes_per_cached_token",
                 "sliding-window bytes kept per token held by the prefix cache")
 
-    def sliding_pool_blocks(self, shared_blocks: int) -> int | None:
+    def windowed_pool_blocks(self, group: KVGroupSpec, shared_blocks: int) -> int:
         return self.options.sliding_pool_blocks or shared_blocks
 
     def _state(self, req: Request) -> _State:

@@ -7,7 +7,7 @@ from typing import ClassVar
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from deepinfer.plugins import Device, DeviceGraphs
+from deepinfer.plugins import Device, DeviceGraphs, FusedOps
 
 
 class CUDAOptions(BaseModel):
@@ -120,7 +120,7 @@ class CUDADevice(Device):
     def synchronize(self) -> None:
         torch.cuda.synchronize(self.torch_device)
 
-    def fused_ops(self):
+    def fused_ops(self) -> FusedOps | None:
         if not self.options.fused_kernels:
             return None
         try:

@@ -210,7 +210,7 @@ def demo_reference_two():
 @pytest.mark.slow
 def test_plain_steps_held_to_a_batchs_end_let_the_engine_skip_proposals():
     """Once deepspark holds plain steps to a closed batch's end, the engine asks for no proposal
-    (Drafter.rests_above) until a request is added or fewer than skip_min_batch are left; then
+    (Rests.rests_above) until a request is added or fewer than skip_min_batch are left; then
     it asks again at once. The greedy tokens stay the target's and every block comes back."""
     prompts = [[10 + (7 * i + 3 * j) % 400 for j in range(5 + i)] for i in range(5)]
     lengths = [6, 10, 14, 26, 8]

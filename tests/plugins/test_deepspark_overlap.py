@@ -1,5 +1,5 @@
 """deepspark's plain rounds with overlap scheduling (``overlap_plain_rounds``): the engine leaves a
-step running while the drafter chooses the next round's kind (``Drafter.needs_tokens``), takes it
+step running while the drafter chooses the next round's kind (``SkipsRounds.needs_tokens``), takes it
 first for a round that drafts, and nothing changes but the order: the same greedy tokens as the
 target alone, through preemption, stops, aborts with a step in flight, requests joining at any
 step and every kind of sampling; no placeholder ever reaches the draft, no verification starts

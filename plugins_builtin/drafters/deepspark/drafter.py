@@ -61,7 +61,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from deepinfer.plugins import DraftProposal, Request, hookimpl
+from deepinfer.plugins import DraftProposal, Request, Rests, SkipsRounds, hookimpl
 from deepinfer_builtin.drafters.deepspark.lookup import LookupDrafts
 from deepinfer_builtin.drafters.deepspark.options import DeepSparkOptions
 from deepinfer_builtin.drafters.deepspark.round_rates import (
@@ -94,7 +94,7 @@ class _Round:
     checked: bool = False  # its step ended as expected
 
 
-class DeepSparkDrafter(DraftModelDrafter):
+class DeepSparkDrafter(DraftModelDrafter, SkipsRounds, Rests):
     """Drafts five tokens with the draft model; verifies the prefix whose acceptance is likely."""
 
     name = "deepspark"
