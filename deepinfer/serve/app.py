@@ -6,6 +6,7 @@ import ctypes
 import hmac
 import json
 import logging
+import traceback
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -128,7 +129,10 @@ class Guard:
             if started:
                 raise  # (uvicorn closes the connection: the response cannot be completed)
             self.metrics.errors.labels(status="500").inc()
-            log.exception("internal error while serving %s", path)
+            # (the traceback with any text that UTF-8 cannot encode escaped: a log file or a test
+            # runner's pipe would otherwise fail on it, the bug it reports)
+            trace = "".join(traceback.format_exception(e)).encode("utf-8", "backslashreplace").decode("utf-8")
+            log.error("internal error while serving %s\n%s", ascii(path)[1:-1], trace)
             # (ascii(): a message may hold text that JSON could not encode, the bug it reports)
             await _error(500, f"internal error: {type(e).__name__}: {ascii(str(e))[1:-1]}", "server_error",
                          code="internal_error")(scope, receive, send)

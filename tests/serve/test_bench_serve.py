@@ -5,8 +5,12 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from deepinfer.bench.serve_load import make_workload, percentiles
 from tests.serve.conftest import API_KEY, ROOT
+
+pytestmark = pytest.mark.slow  # bench serve runs against a real server
 
 
 def test_percentiles_are_nearest_rank():

@@ -14,6 +14,8 @@ import pytest
 
 from tests.serve.conftest import ROOT, SERVE, ServerProcess, free_port
 
+pytestmark = pytest.mark.slow  # real server processes: signals, kills, grace periods
+
 
 def children(pid: int) -> list[int]:
     out = []

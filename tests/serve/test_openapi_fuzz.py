@@ -16,6 +16,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+pytestmark = pytest.mark.slow  # about 2,000 generated requests against a served app
+
 BUDGET_S = 45.0
 
 JSON_VALUES = st.recursive(

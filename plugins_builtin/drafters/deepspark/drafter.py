@@ -324,7 +324,7 @@ class DeepSparkDrafter(DraftModelDrafter, SkipsRounds, Rests):
                 return looked_up
             # the lookups' requests join the loop graph's round (drafts unused): no long catch-up later
             if not (self.in_graphs and self.runner.loop_size(
-                    len(requests), max(r.num_tokens for r in requests), self.k, requests) is not None):
+                    len(requests), max(len(r.all_token_ids) for r in requests), self.k, requests) is not None):
                 requests = rest
         # a round the loop graph takes drafts all k (then the rule chooses); the others step by step
         budget = self.options.verify_budget

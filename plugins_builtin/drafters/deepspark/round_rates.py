@@ -309,7 +309,7 @@ def rounds_left(requests, gained: dict[str, list[int]], gain: float, prior: floa
         return None
     spec, plain = [], []
     for r in requests:
-        left = r.max_model_len - r.num_tokens
+        left = r.max_model_len - len(r.all_token_ids)
         if r.params.max_tokens is not None:
             left = min(left, r.params.max_tokens - r.num_output_tokens)
         tokens, rounds = gained.get(r.request_id, (0, 0))
