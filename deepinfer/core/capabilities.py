@@ -31,10 +31,10 @@ class SkipsRounds(Protocol):
 
     def needs_tokens(self, requests: Sequence[Request]) -> bool:
         """Asked before ``propose`` while the previous step still runs and some request decodes:
-        whether that proposal needs the requests' latest tokens on the host (they may end in
-        PLACEHOLDER_TOKEN: read none). True: the engine takes that step first. False promises that
-        the ``propose`` right after drafts nothing (it gets the same requests, placeholders
-        included; the engine refuses drafts then), and the step stays running."""
+        whether that proposal needs the requests' latest tokens on the host (a request's last token
+        may still be pending, ``Request.num_pending``). True: the engine takes that step first.
+        False promises that the ``propose`` right after drafts nothing (it gets the same requests,
+        tokens pending; the engine refuses drafts then), and the step stays running."""
         ...
 
 

@@ -71,7 +71,7 @@ class Speculation:
             return
         self._rest_above = None
         seqs = decoding()
-        blind = take is not None and bool(seqs)  # tokens may end in placeholders
+        blind = take is not None and bool(seqs)  # (a last token may be pending)
         if blind and (not self._skips or self.drafter.needs_tokens(seqs)):
             take()
             blind = False
@@ -93,7 +93,7 @@ class Speculation:
             seq.draft = None
             if prop is None or not prop.tokens:
                 continue
-            if not prop.verified:  # drafted, none worth verifying (deepspark): proposed all the same
+            if not prop.verified:  # drafted, none worth verifying: proposed all the same
                 self._count_drafts(len(prop.tokens))
                 continue
             # the drafts and the token after them stay within the context and max_tokens (tokens
