@@ -3,7 +3,7 @@
 A plugin subclasses one of the slot interfaces below, declares an ``Options`` pydantic model if
 it takes options, and is registered as an entry point in its slot's group (see ``SLOTS``).
 """
-from deepinfer.core.block_pool import Block, BlockPool, NoFreeBlocksError
+from deepinfer.core.block_pool import Block, BlockPool
 from deepinfer.core.context import EngineContext
 from deepinfer.core.filters import GREEDY, distributions, needs_sort, sampling_rows
 from deepinfer.core.graphs import DecodeGraphs
@@ -18,28 +18,21 @@ from deepinfer.core.interfaces import (
     Drafter,
     DraftProposal,
     NoOptions,
-    Plugin,
     PrefixMatch,
     ScheduledRequest,
     Scheduler,
     SchedulerOutput,
 )
-from deepinfer.core.kv_manager import KVCacheManager, SlidingKV
-from deepinfer.core.metrics import Metrics
-from deepinfer.core.request import PLACEHOLDER_TOKEN, Request, RequestStatus
-from deepinfer.core.sampler import draw, draw_rows, filter_logits, sample_rows
-from deepinfer.core.sampling_params import SamplingParams
+from deepinfer.core.request import Request, RequestStatus
+from deepinfer.core.sampler import draw_rows, sample_rows
 from deepinfer.core.spec import accept_greedy
 from deepinfer.core.step import KVGroupBatch, StepBatch
 from deepinfer.core.step_batch import build_step_batch
-from deepinfer.plugins.discovery import PluginError, PluginInfo, discover, load
-from deepinfer.plugins.groups import SLOTS, Slot
+from deepinfer.plugins.discovery import PluginError
 from deepinfer.plugins.hookspecs import hookimpl
 
 __all__ = [
     "GREEDY",
-    "PLACEHOLDER_TOKEN",
-    "SLOTS",
     "AttentionBackend",
     "AttentionLayerSpec",
     "Block",
@@ -53,33 +46,21 @@ __all__ = [
     "Drafter",
     "EngineContext",
     "HostCopy",
-    "KVCacheManager",
     "KVGroupBatch",
-    "Metrics",
-    "NoFreeBlocksError",
     "NoOptions",
-    "Plugin",
     "PluginError",
-    "PluginInfo",
     "PrefixMatch",
     "Request",
     "RequestStatus",
-    "SamplingParams",
     "ScheduledRequest",
     "Scheduler",
     "SchedulerOutput",
-    "SlidingKV",
-    "Slot",
     "StepBatch",
     "accept_greedy",
     "build_step_batch",
-    "discover",
     "distributions",
-    "draw",
     "draw_rows",
-    "filter_logits",
     "hookimpl",
-    "load",
     "needs_sort",
     "sample_rows",
     "sampling_rows",
