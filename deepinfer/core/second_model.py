@@ -5,7 +5,7 @@ and rounds of k decode steps in one replay.
 A step is given as feeds, one a sequence: (the token ids to compute, the position of the first,
 the sequence's block table in this model's pool), as ``build_step_batch`` takes them. The caller
 keeps its sequences: which tokens each has in this model's cache, and its block list, grown with
-``reserve`` and given back with ``free``.
+``reserve`` and given back with ``free``. Steps run in torch's inference mode.
 """
 from __future__ import annotations
 
@@ -123,6 +123,7 @@ class SecondModel:
         return 0 if self.loop is None else self.loop.steps
 
     # -------------------------------------------------------------------------------------- steps
+    @torch.inference_mode()
     def step(self, feeds: list[Feed], argmax: bool = True
              ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """One step over the feeds: (the float32 logits [n, V] of each feed's last token, and with
@@ -139,6 +140,7 @@ class SecondModel:
         best_p, best = logits.softmax(-1).max(-1)
         return logits, best_p, best
 
+    @torch.inference_mode()
     def last_logits(self, feeds: list[Feed]) -> torch.Tensor:
         """Logits (float32) of each feed's last token, after computing the feeds' tokens: from the
         graphs where they cover the step (a longer feed caught up first: ``_catch_up``), else eagerly."""
@@ -224,6 +226,7 @@ class SecondModel:
         loop = self._loop_for(requests)[0]
         return None if loop is None or loop.steps != k else loop.size_for(num_seqs, longest + k - 1)
 
+    @torch.inference_mode()
     def run_loop(self, feeds: list[Feed], k: int, requests: Sequence[Request] | None = None,
                  generators: Sequence[torch.Generator] | None = None, lazy: bool = False) -> LoopRound | None:
         """A round of k steps for every feed from one loop graph, each step's token the next
@@ -251,6 +254,7 @@ class SecondModel:
         out, q = loop.run_sampled(size, tokens, starts, tables, rows, uniforms)
         return LoopRound(out[:len(feeds)], lazy, q)
 
+    @torch.inference_mode()
     def run_chained(self, size: int, best: torch.Tensor, drafts: torch.Tensor, bases: Sequence[int],
                     vstarts: Sequence[int], dstarts: Sequence[int], tables: Sequence[Sequence[int]]) -> LoopRound:
         """The greedy round after a verification, queued before the host has read it: ``best``

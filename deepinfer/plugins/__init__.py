@@ -33,7 +33,7 @@ __all__ = [
     "NoOptions",           # the Options model of a plugin that takes none
     "PluginError",         # raise it to refuse a configuration, with a sentence for people
     "hookimpl",            # marks a hook implementation (specs: deepinfer/plugins/hookspecs.py)
-    "Request",             # one sequence: its tokens, sampling params, status and KV blocks
+    "Request",             # one sequence: its tokens, sampling params, status and KV block ids
     "RequestStatus",       # WAITING, RUNNING, PREEMPTED, FINISHED_*
     # device
     "Device",              # the slot: torch device, availability, memory budget, optional kernels
@@ -46,7 +46,7 @@ __all__ = [
     # cache policy
     "CachePolicy",         # the slot: which cached blocks a request reuses, what stays reusable
     "PrefixMatch",         # a policy's answer to match(): blocks reused and tokens they cover
-    "Block",               # one KV block of the pool: id, reference count, a policy's key
+    "Block",               # one block of the KV pool: id, reference count, a policy's key (block_hash)
     # drafter
     "Drafter",             # the slot: proposes draft tokens; the core verifies them
     "DraftProposal",       # one request's drafts (and the distributions they were drawn from)
