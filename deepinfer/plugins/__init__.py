@@ -27,32 +27,27 @@ from deepinfer.core.step import KVGroupBatch, StepBatch
 from deepinfer.plugins.discovery import PluginError
 from deepinfer.plugins.hookspecs import hookimpl
 
+# (each name's slot in brackets; docs/writing-a-plugin.md, "The API", says more)
 __all__ = [
-    # every plugin
-    "EngineContext",       # what a plugin is built with: config, metrics, device, layers, KV manager
-    "NoOptions",           # the Options model of a plugin that takes none
-    "PluginError",         # raise it to refuse a configuration, with a sentence for people
-    "hookimpl",            # marks a hook implementation (specs: deepinfer/plugins/hookspecs.py)
-    "Request",             # one sequence: its tokens, sampling params, status and KV block ids
-    "RequestStatus",       # WAITING, RUNNING, PREEMPTED, FINISHED_*
-    # device
-    "Device",              # the slot: torch device, availability, memory budget, optional kernels
-    "DeviceGraphs",        # what Device.graphs() returns: captures a step for replay
-    # attention
-    "AttentionBackend",    # the slot: KV layout and allocation, per-step metadata, forward
-    "AttentionLayerSpec",  # one attention layer's heads, head size, window and KV group
-    "StepBatch",           # one step's flattened inputs, as build_metadata receives them
-    "KVGroupBatch",        # one KV group's slots and block tables in a StepBatch (kv_groups)
-    # cache policy
-    "CachePolicy",         # the slot: which cached blocks a request reuses, what stays reusable
-    "PrefixMatch",         # a policy's answer to match(): blocks reused and tokens they cover
-    "Block",               # one block of the KV pool: id, reference count, a policy's key (block_hash)
-    # drafter
-    "Drafter",             # the slot: proposes draft tokens; the core verifies them
-    "DraftProposal",       # one request's drafts (and the distributions they were drawn from)
-    "SecondModel",         # a second model beside the target, for a drafter that runs one
-    # scheduler
-    "Scheduler",           # the slot: picks each step's requests and token counts
-    "ScheduledRequest",    # one request of a step and how many tokens it computes
-    "SchedulerOutput",     # one step's schedule: requests, preempted victims, drafts to verify
+    "AttentionBackend",    # [attention] the slot: KV layout and allocation, per-step metadata, forward
+    "AttentionLayerSpec",  # [attention] one layer's heads, head size, scale, window and KV group
+    "Block",               # [cache policy] one block of the KV pool: id, reference count, a policy's key
+    "CachePolicy",         # [cache policy] the slot: which cached blocks a request reuses, what stays reusable
+    "Device",              # [device] the slot: torch device, availability, memory budget, optional kernels
+    "DeviceGraphs",        # [device] what Device.graphs() returns: captures a step for replay
+    "DraftProposal",       # [drafter] one request's drafts (and the distributions they were drawn from)
+    "Drafter",             # [drafter] the slot: proposes draft tokens; the core verifies them
+    "EngineContext",       # [every plugin] what it is built with: config, metrics, device, layers, KV manager
+    "KVGroupBatch",        # [attention] one KV group's slots and block tables in a step (StepBatch.kv_groups)
+    "NoOptions",           # [every plugin] the Options model of a plugin that takes none
+    "PluginError",         # [every plugin] raise it to refuse a configuration, saying what to do
+    "PrefixMatch",         # [cache policy] match()'s answer: the blocks reused and the tokens they cover
+    "Request",             # [every plugin] one sequence: its tokens, sampling params, status, KV block ids
+    "RequestStatus",       # [every plugin] waiting, running, preempted, or finished and why
+    "ScheduledRequest",    # [scheduler] one request of a step and how many tokens it computes
+    "Scheduler",           # [scheduler] the slot: picks each step's requests and token counts
+    "SchedulerOutput",     # [scheduler] one step: the requests, preempted victims, drafts to verify
+    "SecondModel",         # [drafter] a second model beside the target, for a drafter that runs one
+    "StepBatch",           # [attention] one step's flattened inputs, as build_metadata receives them
+    "hookimpl",            # [hooks] marks a hook implementation (specs: deepinfer/plugins/hookspecs.py)
 ]
