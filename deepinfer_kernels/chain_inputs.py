@@ -8,8 +8,8 @@ the accepted drafts, behind the last draft when all were accepted), their positi
 lengths, and the positions, slots and lengths of the k - 1 one-token steps after it. One program a
 sequence; a sequence whose base is negative is padding (length 0, slot -1, position 0).
 
-Its reference is the torch version the draft loop falls back on (``deepinfer_builtin.drafters.draft_model.loop
-.chain_inputs``, which this package may not import); the tests compare both with a plain-Python
+Its reference is the torch version the draft loop falls back on (``deepinfer.core.loop_graphs.chain_inputs``,
+which this package may not import); the tests compare both with a plain-Python
 layout of the same rule.
 """
 from __future__ import annotations

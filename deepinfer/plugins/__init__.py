@@ -1,100 +1,63 @@
 """The public plugin API: everything a plugin (built-in or third-party) may import from deepinfer.
 
 A plugin subclasses one of the slot interfaces below, declares an ``Options`` pydantic model if
-it takes options, and is registered as an entry point in its slot's group (see ``SLOTS``).
+it takes options, and is registered as an entry point in its slot's group (docs/writing-a-plugin.md).
+The machinery that finds and loads plugins (``deepinfer.plugins.discovery``, ``groups``,
+``selection``) is the engine's, not a plugin's.
 """
-from deepinfer.core.block_pool import Block, BlockPool, NoFreeBlocksError
+from deepinfer.core.block_pool import Block
+from deepinfer.core.capabilities import FusedKVWrite, HandlesSingleRuns, Rests, SeparatesWindowedKV, SkipsRounds
 from deepinfer.core.context import EngineContext
-from deepinfer.core.filters import GREEDY, distributions, needs_sort, sampling_rows
-from deepinfer.core.graphs import DecodeGraphs
-from deepinfer.core.host_copy import HostCopy
+from deepinfer.core.fused_ops import FusedOps
 from deepinfer.core.interfaces import (
     AttentionBackend,
     AttentionLayerSpec,
     CachePolicy,
     Device,
     DeviceGraphs,
-    DeviceTokens,
     Drafter,
     DraftProposal,
     NoOptions,
-    Plugin,
     PrefixMatch,
     ScheduledRequest,
     Scheduler,
     SchedulerOutput,
 )
-from deepinfer.core.kv_manager import KVCacheManager, SlidingKV
-from deepinfer.core.metrics import Metrics
+from deepinfer.core.kv_groups import KVGroupSpec
 from deepinfer.core.request import Request, RequestStatus
-from deepinfer.core.sampler import draw, draw_rows, filter_logits, sample_rows
-from deepinfer.core.sampling_params import SamplingParams
-from deepinfer.core.spec import accept_greedy
+from deepinfer.core.second_model import SecondModel
 from deepinfer.core.step import KVGroupBatch, StepBatch
-from deepinfer.core.step_batch import build_step_batch
-from deepinfer.plugins.discovery import PluginError, PluginInfo, discover, load
-from deepinfer.plugins.groups import SLOTS, Slot
+from deepinfer.plugins.discovery import PluginError
 from deepinfer.plugins.hookspecs import hookimpl
 
-# isort: split
-# optional capabilities of a slot's plugins (deepinfer.core.capabilities), the device's fused kernels, KV groups
-from deepinfer.core.capabilities import FusedKVWrite, HandlesSingleRuns, Rests, SeparatesWindowedKV, SkipsRounds
-from deepinfer.core.fused_ops import FusedOps
-from deepinfer.core.kv_groups import KVGroupSpec
-
+# (each name's slot in brackets; docs/writing-a-plugin.md, "The API", says more)
 __all__ = [
-    "GREEDY",
-    "SLOTS",
-    "AttentionBackend",
-    "AttentionLayerSpec",
-    "Block",
-    "BlockPool",
-    "CachePolicy",
-    "DecodeGraphs",
-    "Device",
-    "DeviceGraphs",
-    "DeviceTokens",
-    "DraftProposal",
-    "Drafter",
-    "EngineContext",
-    "HostCopy",
-    "KVCacheManager",
-    "KVGroupBatch",
-    "Metrics",
-    "NoFreeBlocksError",
-    "NoOptions",
-    "Plugin",
-    "PluginError",
-    "PluginInfo",
-    "PrefixMatch",
-    "Request",
-    "RequestStatus",
-    "SamplingParams",
-    "ScheduledRequest",
-    "Scheduler",
-    "SchedulerOutput",
-    "SlidingKV",
-    "Slot",
-    "StepBatch",
-    "accept_greedy",
-    "build_step_batch",
-    "discover",
-    "distributions",
-    "draw",
-    "draw_rows",
-    "filter_logits",
-    "hookimpl",
-    "load",
-    "needs_sort",
-    "sample_rows",
-    "sampling_rows",
-]
-__all__ += [
-    "FusedKVWrite",
-    "FusedOps",
-    "HandlesSingleRuns",
-    "KVGroupSpec",
-    "Rests",
-    "SeparatesWindowedKV",
-    "SkipsRounds",
+    "AttentionBackend",    # [attention] the slot: KV layout and allocation, per-step metadata, forward
+    "AttentionLayerSpec",  # [attention] one layer's heads, head size, scale, window and KV group
+    "Block",               # [cache policy] one block of the KV pool: id, reference count, a policy's key
+    "CachePolicy",         # [cache policy] the slot: which cached blocks a request reuses, what stays reusable
+    "Device",              # [device] the slot: torch device, availability, memory budget, optional kernels
+    "DeviceGraphs",        # [device] what Device.graphs() returns: captures a step for replay
+    "DraftProposal",       # [drafter] one request's drafts (and the distributions they were drawn from)
+    "Drafter",             # [drafter] the slot: proposes draft tokens; the core verifies them
+    "EngineContext",       # [every plugin] what it is built with: config, metrics, device, layers, KV manager
+    "FusedKVWrite",        # [attention] optional capability: the device's fused qkv kernel writes the KV cache
+    "FusedOps",            # [device] what Device.fused_ops() returns: the fused kernels' signatures
+    "HandlesSingleRuns",   # [attention] optional capability: one-token runs inside verification graphs
+    "KVGroupBatch",        # [attention] one KV group's slots and block tables in a step (StepBatch.kv_groups)
+    "KVGroupSpec",         # [cache policy] one KV group: its layers, window, and most live blocks per request
+    "NoOptions",           # [every plugin] the Options model of a plugin that takes none
+    "PluginError",         # [every plugin] raise it to refuse a configuration, saying what to do
+    "PrefixMatch",         # [cache policy] match()'s answer: the blocks reused and the tokens they cover
+    "Request",             # [every plugin] one sequence: its tokens, sampling params, status, KV block ids
+    "RequestStatus",       # [every plugin] waiting, running, preempted, or finished and why
+    "Rests",               # [drafter] optional capability: rests_above(), no drafts while n or more decode
+    "ScheduledRequest",    # [scheduler] one request of a step and how many tokens it computes
+    "Scheduler",           # [scheduler] the slot: picks each step's requests and token counts
+    "SchedulerOutput",     # [scheduler] one step: the requests, preempted victims, drafts to verify
+    "SecondModel",         # [drafter] a second model beside the target, for a drafter that runs one
+    "SeparatesWindowedKV", # [cache policy] optional capability: a KV pool of its own for sliding-window layers
+    "SkipsRounds",         # [drafter] optional capability: says before a round whether it drafts (overlap stays on)
+    "StepBatch",           # [attention] one step's flattened inputs, as build_metadata receives them
+    "hookimpl",            # [hooks] marks a hook implementation (specs: deepinfer/plugins/hookspecs.py)
 ]

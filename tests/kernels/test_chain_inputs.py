@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from deepinfer_builtin.drafters.draft_model.loop import chain_inputs as torch_chain_inputs
+from deepinfer.core.loop_graphs import chain_inputs as torch_chain_inputs
 from deepinfer_kernels import chain_inputs
 
 K, BS, MB = 5, 4, 6

@@ -168,7 +168,7 @@ def test_a_bf16_draft_model_gets_it_too(monkeypatch, kernel_calls):
     monkeypatch.setattr(cpu, "slow_bf16_matmul", lambda: True)
     # the demo pair; the draft of a bfloat16 target is bfloat16 where the device has a bfloat16 matmul
     llm = LLM(progress=False, plugins=["draft-model"], plugin_options={"draft-model": {"compile": False}})
-    draft = llm.engine.drafter.runner.model
+    draft = llm.engine.drafter.runner.draft.model
     assert draft is not llm.engine.runner.model and draft.model.embed_tokens.weight.dtype == torch.bfloat16
     linears = [m for m in draft.modules() if hasattr(m, "linear_op")]
     assert linears and all(m.linear_op is not None for m in linears)

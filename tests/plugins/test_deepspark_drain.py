@@ -196,7 +196,7 @@ def test_deepspark_compares_drains_only_when_no_request_waits(demo_reference_two
     assert all(waiting == 0 for closed, waiting in seen if closed)
     assert d._gained == {}
     llm.engine.kv.pool.check_all_free()
-    d.runner.pool.check_all_free()
+    d.runner.draft.pool.check_all_free()
 
 
 @pytest.fixture(scope="module")
@@ -246,4 +246,4 @@ def test_plain_steps_held_to_a_batchs_end_let_the_engine_skip_proposals():
     # below skip_min_batch deepspark drafts again
     assert llm.get_metrics()["deepinfer:spec_decode_num_drafts"] > 0
     eng.kv.pool.check_all_free()
-    d.runner.pool.check_all_free()
+    d.runner.draft.pool.check_all_free()

@@ -9,8 +9,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from deepinfer.plugins import HostCopy
-from deepinfer_builtin.drafters.draft_model.loop import ChainedRound, LoopRound
+from deepinfer.core.host_copy import HostCopy
+from deepinfer.core.loop_graphs import LoopRound
+from deepinfer_builtin.drafters.draft_model.rounds import ChainedRound
 from deepinfer_builtin.drafters.draft_model.runner import DraftRunner
 from deepinfer_builtin.drafters.draft_model.seq import DraftSeq
 

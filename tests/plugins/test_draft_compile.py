@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from deepinfer import LLM
-from deepinfer.plugins import AttentionLayerSpec, build_step_batch
+from deepinfer.core import compiled_step
+from deepinfer.core.step_batch import build_step_batch
+from deepinfer.plugins import AttentionLayerSpec
 from deepinfer_builtin.attention.torch_attn import TorchAttention
-from deepinfer_builtin.drafters.draft_model import compile as draft_compile
 
 
 @pytest.mark.slow
@@ -28,21 +29,21 @@ def test_compiled_draft_step_matches_the_eager_step(draft, dtype, tmp_path):
         make_model(tmp_path, "qwen3", **hybrid(6))
         llm = LLM(str(tmp_path), dtype=dtype, progress=False, plugins=["draft-model"],
                   plugin_options={"draft-model": {"model": str(tmp_path)}})
-    runner = llm.engine.drafter.runner
+    runner = llm.engine.drafter.runner.draft  # (the SecondModel)
     assert runner.dtype == getattr(torch, dtype)
     assert (draft == "sliding") == any(s.sliding_window for s in runner.model.attention_layers())
     tol = {"rtol": 1e-4, "atol": 1e-5} if dtype == "float32" else {"rtol": 2 ** -5, "atol": 2e-2}
     logits_tol = {"rtol": 1e-4, "atol": 1e-4} if dtype == "float32" else {"rtol": 2 ** -5, "atol": 0.1}
     step = runner.compiled
     assert step is not None and step.failed is None and step.warm, step and step.failed
-    assert draft_compile._default_stance()  # (so the calls below take the guard-skipping stance)
+    assert compiled_step._default_stance()  # (so the calls below take the guard-skipping stance)
     prompt = llm.get_tokenizer().encode("def read_config(path):\n    with open(path) as f:\n")
     n = len(prompt) + 18
     blocks = runner.pool.allocate(2 * -(-n // runner.block_size))
     table = [b.block_id for b in reversed(blocks)][::2]  # scattered and out of order
     bs = runner.block_size
     with torch.inference_mode():
-        runner._forward_last([(prompt, 0, table)])  # the prompt's KV, eagerly
+        runner.last_logits([(prompt, 0, table)])  # the prompt's KV, eagerly
         tokens, pos, i = [prompt[-1]], len(prompt), 0
         while pos + len(tokens) <= n:  # one and two new tokens in turn, at every length
             feed = [(tokens, pos, table)]
@@ -61,7 +62,7 @@ def test_compiled_draft_step_matches_the_eager_step(draft, dtype, tmp_path):
             assert torch.equal(checked[0], prob) and torch.equal(checked[1], best) and torch.equal(checked[2], logits)
             slots = [table[p // bs] * bs + p % bs for p in range(pos, pos + len(tokens))]
             compiled_kv = [c[:, slots].clone() for c in runner.kv_caches]
-            eager_logits = runner._forward_last(feed)  # rewrites the slots
+            eager_logits = runner.last_logits(feed)  # rewrites the slots
             eager_probs = eager_logits.softmax(-1)
             eager_p, eager_best = eager_probs.max(-1)
             assert logits.dtype == torch.float32 and logits.shape == eager_logits.shape
@@ -87,7 +88,7 @@ def test_compiled_draft_step_matches_the_eager_step(draft, dtype, tmp_path):
 def test_draft_compile_option():
     """Off by the option; on by default on the CPU (above)."""
     llm = LLM(progress=False, plugins=["deepspark"], plugin_options={"deepspark": {"compile": False}})
-    assert llm.engine.drafter.runner.compiled is None
+    assert llm.engine.drafter.runner.draft.compiled is None
 
 
 @pytest.mark.slow
@@ -100,7 +101,7 @@ def test_a_step_that_fails_to_compile_runs_eagerly(caplog):
     prompt = "class Stack:\n    def __init__(self):\n"
     want = LLM(progress=False).generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids
     llm = LLM(progress=False, plugins=["draft-model"])
-    step = llm.engine.drafter.runner.compiled
+    step = llm.engine.drafter.runner.draft.compiled
 
     def no_compiler(*args):
         raise RuntimeError("InvalidCxxCompiler: No working C++ compiler found")
@@ -112,7 +113,7 @@ def test_a_step_that_fails_to_compile_runs_eagerly(caplog):
     assert step.failed == "RuntimeError: InvalidCxxCompiler: No working C++ compiler found"
     assert "run eagerly" in caplog.text and not step.covers([([1], 5, [0])])
     assert llm.get_metrics()["deepinfer:spec_decode_num_accepted_tokens"] > 0
-    llm.engine.drafter.runner.pool.check_all_free()
+    llm.engine.drafter.runner.draft.pool.check_all_free()
 
 
 @pytest.mark.parametrize("windows", [(None, None), (None, 5)])
@@ -164,7 +165,7 @@ def test_sampled_drafts_come_from_the_compiled_step_and_change_nothing():
                 plugin_options={"draft-model": {**opts["draft-model"], "compile": False}})
     want = [[o.outputs[0].token_ids for o in eager.generate([p], s, use_tqdm=False)] for p, s in zip(prompts, params)]
     llm = LLM(progress=False, dtype="float32", plugins=["draft-model"], plugin_options=opts)
-    step = llm.engine.drafter.runner.compiled
+    step = llm.engine.drafter.runner.draft.compiled
     calls = []
     run = step.run
     step.run = lambda feeds: calls.append(feeds) or run(feeds)
@@ -172,5 +173,5 @@ def test_sampled_drafts_come_from_the_compiled_step_and_change_nothing():
     assert got == want
     assert len(calls) > 32 and step.failed is None  # (a sampled round drafts up to 5 a step)
     assert llm.get_metrics()["deepinfer:spec_decode_num_accepted_tokens"] > 0
-    llm.engine.drafter.runner.pool.check_all_free()
+    llm.engine.drafter.runner.draft.pool.check_all_free()
     llm.engine.kv.pool.check_all_free()

@@ -22,7 +22,7 @@ def _assert_pools_free(llm: LLM) -> None:
     llm.engine.kv.pool.check_all_free()
     runner = getattr(llm.engine.drafter, "runner", None)
     if runner is not None:
-        runner.pool.check_all_free()
+        runner.draft.pool.check_all_free()
         assert not runner.seqs
 
 
@@ -86,7 +86,8 @@ def test_drafts_left_on_the_device_are_verified_as_their_values(random_pair):
     the same proposal with the values would: ngram's drafts, handed over that way in an eager
     engine with preemption, give the reference's greedy tokens and the same acceptance; the values
     are read only after the verification step."""
-    from deepinfer.plugins import DeviceTokens, DraftProposal
+    from deepinfer.core.interfaces import DeviceTokens
+    from deepinfer.plugins import DraftProposal
 
     target, _ = random_pair
     prompts = [{"prompt_token_ids": [7 + i, 8, 9, 10, 11] * (2 + i % 3)} for i in range(6)]
@@ -279,7 +280,7 @@ def test_drafts_with_the_prefix_cache_stay_lossless(demo_reference):
     assert out.outputs[0].token_ids == demo_reference[0][40:48]
     assert out.num_cached_tokens >= 32
     llm.engine.kv.pool.check_all_free()
-    llm.engine.drafter.runner.pool.check_all_free()
+    llm.engine.drafter.runner.draft.pool.check_all_free()
 
 
 @pytest.mark.slow
@@ -305,8 +306,8 @@ def test_draft_dtype_follows_the_option_and_stays_lossless(monkeypatch):
         llm = LLM(progress=False, dtype="bfloat16", plugins=["deepspark"],
                   plugin_options={"deepspark": {**opts, "cost_aware": False}})
         runner = llm.engine.drafter.runner
-        assert runner.dtype == dtype and next(runner.model.parameters()).dtype == dtype
-        assert all(c.dtype == dtype for c in runner.kv_caches)
+        assert runner.draft.dtype == dtype and next(runner.draft.model.parameters()).dtype == dtype
+        assert all(c.dtype == dtype for c in runner.draft.kv_caches)
         for want, got in zip(ref, llm.generate(DEMO_PROMPTS[:2], params, use_tqdm=False), strict=True):
             w, g = want.outputs[0].token_ids, got.outputs[0].token_ids
             if g != w:  # the first token that differs: a near-tie of the target's

@@ -59,4 +59,4 @@ def test_sampled_tokens_follow_the_target_distribution_with_drafts(drafter, fixe
     chi2, dof = _chi2(counts, torch.outer(p, p).flatten())
     assert chi2 < CRITICAL[dof], ("pairs", chi2, counts.reshape(len(P), len(P)))
     llm.engine.kv.pool.check_all_free()
-    llm.engine.drafter.runner.pool.check_all_free()
+    llm.engine.drafter.runner.draft.pool.check_all_free()

@@ -62,7 +62,8 @@ def draft_both(model_dir: str, graphs_factory, drafter: str = "draft-model", loo
     sequence); plain "deepspark" has it off in both."""
     from deepinfer import LLM, SamplingParams
     from deepinfer.core.graphs import DecodeGraphs
-    from deepinfer_builtin.drafters.draft_model.loop import DraftLoopGraphs
+    from deepinfer.core.loop_graphs import DraftLoopGraphs
+    from deepinfer.core.second_model import SecondModel
     from deepinfer_builtin.drafters.draft_model.runner import DraftRunner
 
     lookup = drafter == "deepspark+lookup"
@@ -99,7 +100,7 @@ def draft_both(model_dir: str, graphs_factory, drafter: str = "draft-model", loo
     draft_firsts: list = []  # the draft's graphs for a round's first step
     loop_firsts: Counter[int] = Counter()  # the loop replays' first steps, by their most new tokens a sequence
     run, run_padded, propose, catch_up = (DecodeGraphs.run, DecodeGraphs.run_padded, DraftRunner.propose,
-                                          DraftRunner._catch_up)
+                                          SecondModel._catch_up)
     take_chained, chained = DraftRunner._take_chained, Counter()  # rounds queued behind a verification: taken or not
     chained_accepted: Counter[int] = Counter()  # in the rounds taken, each request's drafts accepted before them
     run_chained = DraftLoopGraphs.run_chained
@@ -179,7 +180,7 @@ def draft_both(model_dir: str, graphs_factory, drafter: str = "draft-model", loo
                 for r in rounds], lazy
 
     DecodeGraphs.run, DecodeGraphs.run_padded, DraftRunner.propose = counting, counting_padded, recording
-    DraftRunner._catch_up, DraftRunner._take_chained = chunked, taking
+    SecondModel._catch_up, DraftRunner._take_chained = chunked, taking
     DraftLoopGraphs.run_chained, ModelRunner._verify = counting_chained, verifying
     try:
         for name in ("eager", "graphs"):
@@ -203,12 +204,12 @@ def draft_both(model_dir: str, graphs_factory, drafter: str = "draft-model", loo
                 # sequences grow to 67 tokens: the last rounds of the longest outgrow the graphs
                 # (a loop round needs room for its k - 1 later steps) and run eagerly
                 d.enable_graphs(graphs, [1, 2, 4], 64)
-                draft_firsts.append(d.runner.first_graphs)
+                draft_firsts.append(d.runner.draft.first_graphs)
                 llm.engine.runner.enable_graphs(graphs, [1, 2, 4], 64)
                 llm.engine.runner.enable_verify_graphs(graphs, [1, 2, 4], 64, d.max_draft_tokens + 1)
             res = llm.generate(prompts, params, use_tqdm=False)
             llm.engine.kv.pool.check_all_free()
-            llm.engine.drafter.runner.pool.check_all_free()
+            llm.engine.drafter.runner.draft.pool.check_all_free()
             drafted, lazy = values(proposals)
             out[name] = {"tokens": [o.outputs[0].token_ids for o in res], "proposals": drafted, "lazy": lazy,
                          "replayed": {kind: {str(k): v for k, v in c.items()} for kind, c in replayed.items()},
@@ -222,7 +223,7 @@ def draft_both(model_dir: str, graphs_factory, drafter: str = "draft-model", loo
             del llm
     finally:
         DecodeGraphs.run, DecodeGraphs.run_padded, DraftRunner.propose = run, run_padded, propose
-        DraftRunner._catch_up, DraftRunner._take_chained = catch_up, take_chained
+        SecondModel._catch_up, DraftRunner._take_chained = catch_up, take_chained
         DraftLoopGraphs.run_chained, ModelRunner._verify = run_chained, verify_fn
     return out
 

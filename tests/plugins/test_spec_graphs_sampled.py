@@ -53,7 +53,7 @@ def sampled_both(model_dir: str, graphs_factory, **engine) -> dict:
     each loop graph (by ``sampled``), the kinds of proposals (with distributions or without),
     accepted drafts."""
     from deepinfer import LLM, SamplingParams
-    from deepinfer_builtin.drafters.draft_model.loop import DraftLoopGraphs
+    from deepinfer.core.loop_graphs import DraftLoopGraphs
     from deepinfer_builtin.drafters.draft_model.runner import DraftRunner
 
     prompts = [{"prompt_token_ids": p} for p in _prompts([5, 3, 29, 8])]
@@ -94,7 +94,7 @@ def sampled_both(model_dir: str, graphs_factory, **engine) -> dict:
                     llm.engine.runner.enable_verify_graphs(graphs, [1, 2, 4], 64, d.max_draft_tokens + 1)
                 res = llm.generate(prompts, params, use_tqdm=False)
                 llm.engine.kv.pool.check_all_free()
-                llm.engine.drafter.runner.pool.check_all_free()
+                llm.engine.drafter.runner.draft.pool.check_all_free()
                 out[f"{mode}/{name}"] = {"tokens": [o.outputs[0].token_ids for o in res], "loops": dict(counts),
                                          "kinds": sorted(kinds),
                                          "accepted": llm.get_metrics()["deepinfer:spec_decode_num_accepted_tokens"]}

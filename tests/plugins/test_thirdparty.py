@@ -62,6 +62,7 @@ def test_plugins_list_shows_third_party_plugins_and_why_one_cannot_load(site):
     rows = {r["name"]: r for r in json.loads(res.stdout)}
     assert rows["example-counter"]["status"] == "ok"
     assert rows["example-counter"]["distribution"] == "deepinfer-example-plugins 0.0.1"
+    assert rows["example-draft"]["status"] == "ok" and rows["example-draft"]["slot"] == "drafter"
     assert "failed to load" in rows["example-broken"]["status"]
     assert rows["example-probe"]["status"] == "availability check failed: RuntimeError: probe exploded"
     assert rows["BrokenForCausalLM"]["slot"] == "model"

@@ -1,6 +1,7 @@
-"""The worked examples of docs/writing-a-plugin.md, one a slot, as the installed fixture package:
-each runs, and the oracle says it did its job (the same tokens as the built-in it stands in for,
-or counts of what it saw)."""
+"""The worked examples of docs/writing-a-plugin.md, one a slot, as the installed fixture package,
+and a model-based drafter written on the public API alone (``SecondModel``): each runs, and the
+oracle says it did its job (the same tokens as the built-in it stands in for, or counts of what it
+saw)."""
 from __future__ import annotations
 
 import json
@@ -26,7 +27,8 @@ ref, _ = run()
 found = {{}}
 for name, kw in {{"naive": dict(plugins=["example-naive"]), "serial": dict(plugins=["example-serial"]),
                  "repeat": dict(plugins=["example-repeat"], plugin_options={{"example-repeat": {{"k": 2}}}}),
-                 "finished": dict(plugins=["example-finished"])}}.items():
+                 "finished": dict(plugins=["example-finished"]),
+                 "draft": dict(plugins=["example-draft"], plugin_options={{"example-draft": {{"k": 2}}}})}}.items():
     tokens, m = run(**kw)
     found[name] = {{"same": tokens == ref, "metrics": m}}
 print(json.dumps(found))
@@ -55,6 +57,14 @@ def test_the_drafter_example_drafts_and_changes_no_token(found):
     assert found["repeat"]["same"]
     assert m["deepinfer:spec_decode_num_drafts"] > 0
     assert m["deepinfer:spec_decode_num_draft_tokens"] == 2 * m["deepinfer:spec_decode_num_drafts"]
+
+
+def test_a_model_based_drafter_on_the_public_api_drafts_and_changes_no_token(found):
+    """Its draft is the target itself, so its greedy drafts are accepted."""
+    m = found["draft"]["metrics"]
+    assert found["draft"]["same"]
+    assert m["deepinfer:spec_decode_num_draft_tokens"] == 2 * m["deepinfer:spec_decode_num_drafts"] > 0
+    assert m["deepinfer:spec_decode_num_accepted_tokens"] > 0
 
 
 def test_the_hook_example_counts_the_tokens_of_finished_requests(found):

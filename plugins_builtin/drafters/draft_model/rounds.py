@@ -1,81 +1,70 @@
-"""Rounds drafted in loop graphs: a round's k draft steps in one replay (DraftLoopGraphs), for
-greedy and sampled requests, and a greedy round chained right behind the verification of the last
-one, before the host has read it. DraftRunner takes these methods from ``LoopRounds``."""
+"""Rounds drafted in loop graphs: a round's k draft steps in one replay (``SecondModel.run_loop``),
+for greedy and sampled requests, and a greedy round chained right behind the verification of the
+last one, before the host has read it (``SecondModel.run_chained``). DraftRunner takes these
+methods from ``LoopRounds``."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
-import numpy as np
 import torch
 
-from deepinfer.plugins import HostCopy, Request, accept_greedy, needs_sort, sampling_rows
-from deepinfer_builtin.drafters.draft_model.loop import ChainedRound, DraftLoopGraphs, LoopRound
+from deepinfer.plugins import Request, SecondModel
 from deepinfer_builtin.drafters.draft_model.seq import Draft, DraftSeq
 
 
-class LoopRounds:
-    """DraftRunner's rounds in loop graphs. Uses the runner's ``loop``, ``sampled_loops``,
-    ``chained``, ``seqs``, ``vocab_size`` and ``greedy_sampled``, and its ``room``, ``_reserve``
-    and ``_catch_up``."""
+@dataclass(slots=True)
+class ChainedRound:
+    """A round queued behind a verification (``LoopRounds.chain``), for the next proposal."""
 
-    loop: DraftLoopGraphs | None
-    sampled_loops: dict[bool, DraftLoopGraphs]
+    round: Any  # the round (SecondModel.run_chained)
+    prev: Any   # the round whose drafts were verified (SecondModel.run_loop)
+    best: Any   # the verification's target tokens, copied to the host (on_verified's best_host)
+    #: request id -> (its row in the round, its draft sequence, its length before the verified
+    #: tokens, its first row in ``best``, its row in ``prev``)
+    rows: dict[str, tuple[int, DraftSeq, int, int, int]]
+
+
+class LoopRounds:
+    """DraftRunner's rounds in loop graphs. Uses the runner's ``draft``, ``chained``, ``seqs`` and
+    ``greedy_sampled``, and its ``room``."""
+
+    draft: SecondModel
     chained: ChainedRound | None
     seqs: dict[str, DraftSeq]
-    vocab_size: int
     greedy_sampled: bool
 
     def drafts_greedily(self, req: Request) -> bool:
         """Whether the request's drafts are the draft's argmax (greedy requests; sampled ones too
-        with ``greedy_sampled``), so that the loop graph may draft its rounds."""
+        with ``greedy_sampled``), so that the greedy loop graph may draft its rounds."""
         return req.params.greedy or self.greedy_sampled
 
-    def _loop_for(self, requests: Sequence[Request]) -> tuple[DraftLoopGraphs | None, np.ndarray | None]:
-        """The loop graphs that would draft a round of these requests (the greedy one when all
-        draft greedily, else the sampled set their filters need, if captured) and, for a sampled
-        set, the requests' ``sampling_rows``."""
-        if all(map(self.drafts_greedily, requests)):
-            return self.loop, None
-        if not self.sampled_loops:
-            return None, None
-        rows = sampling_rows(requests, self.vocab_size)
-        return self.sampled_loops[needs_sort(rows, self.vocab_size)], rows
+    def _sampled(self, requests: Sequence[Request]) -> Sequence[Request] | None:
+        """The requests as ``SecondModel.run_loop`` takes them: None where all draft greedily."""
+        return None if all(map(self.drafts_greedily, requests)) else requests
 
     def _propose_in_loop(self, live: list[tuple[Request, DraftSeq]], feeds, k: int,
                          lazy: bool) -> dict[str, Draft] | None:
         """Rounds of k drafts for every request from a loop graph, with one copy to the host
         (waited for here, or with ``lazy`` when first read): the greedy one where every request
-        drafts greedily, else a sampled one (``sampled_loops``), each sampled request's drafts
-        drawn with k numbers of its generator, the k it would take step by step. A sequence with
-        more new tokens than the loop's first step takes (after its prompt, or rounds it did not
-        draft) first computes the others (``_catch_up``). None when it does not cover the round (a
+        drafts greedily, else a sampled one, each sampled request's drafts drawn with k numbers of
+        its generator, the k it would take step by step. None when it does not cover the round (a
         batch or a length beyond the captured ones)."""
-        loop, rows = self._loop_for([r for r, _ in live])
-        longest = max(start + len(t) for t, start, _ in feeds)
-        if loop is None or loop.steps != k or (size := loop.size_for(len(feeds), longest + k - 1)) is None:
-            return None
-        feeds = self._catch_up(feeds, loop.query_len)
-        tokens, starts, tables = zip(*feeds, strict=True)
-        if rows is None:
-            rnd = LoopRound(loop.run_padded(size, tokens, starts, tables)[:len(feeds)], lazy)
-            return self._drafts(rnd, live, range(len(live)), k, lazy)
-        uniforms = np.zeros((len(live), k))
-        for i, (req, seq) in enumerate(live):
-            if not self.drafts_greedily(req):
-                uniforms[i] = torch.rand(k, generator=seq.generator, dtype=torch.float64).numpy()
-        out, q = loop.run_sampled(size, tokens, starts, tables, rows, uniforms)
-        rnd = LoopRound(out[:len(feeds)], lazy)
-        return self._drafts(rnd, live, range(len(live)), k, lazy, q)
+        sampled = self._sampled([r for r, _ in live])
+        generators = None if sampled is None else [seq.generator for _, seq in live]
+        rnd = self.draft.run_loop(feeds, k, sampled, generators, lazy)
+        return None if rnd is None else self._drafts(rnd, live, range(len(live)), k, lazy)
 
     @staticmethod
-    def _drafts(rnd: LoopRound, live: list[tuple[Request, DraftSeq]], rows: Sequence[int], k: int,
-                lazy: bool, q: torch.Tensor | None = None) -> dict[str, Draft]:
+    def _drafts(rnd: Any, live: list[tuple[Request, DraftSeq]], rows: Sequence[int], k: int,
+                lazy: bool) -> dict[str, Draft]:
         """The drafts of a loop round for each request, from its row of the round (and of its
-        distributions ``q`` [n, k, V], a sampled round's, for its sampled requests)."""
+        distributions ``rnd.q`` [n, k, V], a sampled round's, for its sampled requests)."""
         out = {}
         for (req, seq), i in zip(live, rows, strict=True):
             seq.pending = (rnd, i)  # the loop computed the KV of all but the last
-            probs = None if q is None or req.params.greedy else q[i]
+            probs = None if rnd.q is None or req.params.greedy else rnd.q[i]
             if not lazy:
                 seq.settle()
                 out[req.request_id] = Draft(rnd.tokens(i), probs, rnd.lists()[1][i])
@@ -86,15 +75,15 @@ class LoopRounds:
 
     @torch.inference_mode()
     def chain(self, verified: Sequence[tuple[Request, Sequence[int], int]], best: torch.Tensor,
-              best_host: HostCopy, k: int) -> None:
+              best_host: Any, k: int) -> None:
         """Queue the next greedy round right behind a verification, before the host has read it
         (``Drafter.on_verified``): where every request verified all k drafts of the last loop
         round, still on the device, the loop graph counts the accepted drafts from ``best`` itself
-        (``DraftLoopGraphs.run_chained``). The next ``propose`` takes the round if its requests are
+        (``SecondModel.run_chained``). The next ``propose`` takes the round if its requests are
         among these and their tokens are what the verification gave; else it is dropped (a later
         feed rewrites the draft's cache past the accepted tokens, which the host never counted)."""
         self.chained = prev = None
-        if self.loop is None or self.loop.steps != k or not verified:
+        if self.draft.loop_steps != k or not verified:
             return
         bases, vstarts, dstarts, rows = [], [], [], {}
         for i, (req, drafts, at) in enumerate(verified):
@@ -115,11 +104,11 @@ class LoopRounds:
             rows[req.request_id] = (i, seq, base, at, row)
         seqs = [(seq, base) for _, seq, base, _, _ in rows.values()]  # (reserved once every check has passed)
         if (size := self.loop_size(len(verified), max(bases) + k + 1, k)) is None or not all(
-                self._reserve(seq, base + 2 * k) for seq, base in seqs):
+                self.draft.reserve(seq.blocks, base + 2 * k) for seq, base in seqs):
             return
         tables = [[b.block_id for b in seq.blocks] for seq, _ in seqs]
-        out = self.loop.run_chained(size, best, prev.source.tokens, bases, vstarts, dstarts, tables)[:len(verified)]
-        self.chained = ChainedRound(LoopRound(out, lazy=True), prev, best_host, rows)
+        rnd = self.draft.run_chained(size, best, prev.source.tokens, bases, vstarts, dstarts, tables)
+        self.chained = ChainedRound(rnd, prev, best_host, rows)
 
     def _take_chained(self, chained: ChainedRound, requests: list[Request], k: int,
                       lazy: bool) -> dict[str, Draft] | None:
@@ -134,7 +123,7 @@ class LoopRounds:
             row, seq, base, at, prev_row = entry
             if self.seqs.get(req.request_id) is not seq or seq.pending is None or seq.pending[0] is not chained.prev:
                 return None
-            gave = accept_greedy(chained.prev.tokens(prev_row), best[at:at + k + 1])  # (the verification's rule)
+            gave = _accept_greedy(chained.prev.tokens(prev_row), best[at:at + k + 1])
             if req.all_token_ids[base:] != gave:
                 return None
             live.append((req, seq, base + min(len(gave) - 1, k - 1)))
@@ -150,5 +139,16 @@ class LoopRounds:
         """The loop graph's size for a round of k drafts over sequences of at most ``longest``
         tokens (of ``requests``: the loop graphs that would draft them; else a greedy round), or
         None where it does not take the round."""
-        loop = self.loop if requests is None else self._loop_for(requests)[0]
-        return None if loop is None or loop.steps != k else loop.size_for(num_seqs, longest + k - 1)
+        return self.draft.loop_size(num_seqs, longest, k, None if requests is None else self._sampled(requests))
+
+
+def _accept_greedy(drafts: list[int], best: list[int]) -> list[int]:
+    """What a greedy verification gives (the core's rule) from the target's argmax at each of the
+    ``len(drafts) + 1`` rows: the drafts while they equal it, then the target's token."""
+    out = []
+    for d, t in zip(drafts, best, strict=False):
+        if d != t:
+            break
+        out.append(d)
+    out.append(best[len(out)])
+    return out

@@ -4,11 +4,11 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
-from deepinfer.plugins import Block, DeviceTokens, Request
-from deepinfer_builtin.drafters.draft_model.loop import LoopRound
+from deepinfer.plugins import Block, Request
 
 
 @dataclass(slots=True)
@@ -19,9 +19,10 @@ class DraftSeq:
     committed: int = 0  # the request's length at the last proposal: history before it is shared
     blocks: list[Block] = field(default_factory=list)
     generator: torch.Generator | None = None
-    #: a round whose drafts are still on their way to the host, and this sequence's row: their
-    #: KV (all but the last's) is in the draft cache, their values join ``tokens`` when read
-    pending: tuple[LoopRound, int] | None = None
+    #: a loop round (``SecondModel.run_loop``) whose drafts are still on their way to the host, and
+    #: this sequence's row: their KV (all but the last's) is in the draft cache, their values join
+    #: ``tokens`` when read
+    pending: tuple[Any, int] | None = None
 
     def settle(self) -> None:
         if self.pending is not None:
@@ -31,14 +32,14 @@ class DraftSeq:
 
 
 class Draft:
-    """One request's drafts. ``tokens`` are placeholders for ``source`` (see ``DeviceTokens``)
-    when the round left them on the device; ``confidence`` (the draft's probability of each token
+    """One request's drafts. ``tokens`` are placeholders for ``source`` (a loop round's tokens on
+    the device: ``DraftProposal.source``) when the round left them there; ``confidence`` (the draft's probability of each token
     it proposed) is then read from the host copy when first asked for."""
 
     __slots__ = ("_confidence", "probs", "source", "tokens")
 
     def __init__(self, tokens: list[int], probs: torch.Tensor | None,
-                 confidence: list[float] | Callable[[], list[float]], source: DeviceTokens | None = None) -> None:
+                 confidence: list[float] | Callable[[], list[float]], source: Any = None) -> None:
         self.tokens = tokens
         self.probs = probs  # [k, vocab] draft distributions (None: deterministic, the draft's argmax)
         self._confidence = confidence

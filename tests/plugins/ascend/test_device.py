@@ -158,7 +158,8 @@ def test_an_unsupported_soc_is_refused_by_name(tmp_path, monkeypatch):
 @pytest.mark.parametrize(("given", "expected"), [({}, 128), ({"block_size": 256}, 256), ({"block_size": 16}, 16)])
 def test_block_size_defaults_to_128_unless_given(monkeypatch, given, expected):
     from deepinfer.core.config import EngineConfig
-    from deepinfer.plugins import EngineContext, Metrics
+    from deepinfer.core.metrics import Metrics
+    from deepinfer.plugins import EngineContext
     from deepinfer_builtin.devices.ascend.device import AscendDevice, AscendOptions
 
     fake = SimpleNamespace(npu=SimpleNamespace(set_device=lambda index: None))

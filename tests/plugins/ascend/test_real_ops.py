@@ -113,7 +113,8 @@ def test_rms_norm_and_rotary_ops_match_the_standins(torch_npu):
 
 def test_device_answers_memory_streams_events_and_graphs(torch_npu):
     from deepinfer.core.config import EngineConfig
-    from deepinfer.plugins import EngineContext, Metrics
+    from deepinfer.core.metrics import Metrics
+    from deepinfer.plugins import EngineContext
     from deepinfer_builtin.devices.ascend.device import AscendDevice, AscendOptions
 
     assert AscendDevice.unavailable_reason() is None

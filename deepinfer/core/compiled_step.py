@@ -1,5 +1,5 @@
-"""The draft model's one-token step compiled with torch.compile, for devices whose steps run
-eagerly (the CPU).
+"""A second model's one-token step compiled with torch.compile, for devices whose steps run
+eagerly (the CPU): a draft model's (``SecondModel.compile_steps``).
 
 There a small draft's step costs mostly the launch of its few hundred small torch ops, not its
 arithmetic: the demo draft's step (2 layers, hidden 256, an 8,192-token LM head) took 2.4 ms
@@ -13,7 +13,7 @@ sampled request's draft is drawn outside the compiled code; the number of keys i
 dynamic dimension, so one compilation serves every length. Its inputs are built for the one sequence (by the attention's
 ``sequence_metadata``), not through a StepBatch. Other steps (three tokens or more, several
 sequences) run eagerly. Inductor needs a C++ compiler: without one, or if the step fails to
-compile for any other reason, the draft runs eagerly and the reason is logged and kept in
+compile for any other reason, the model's steps run eagerly and the reason is logged and kept in
 ``failed``.
 
 Once ``warm_up`` has compiled both kinds of step, calls take torch.compile's
@@ -41,14 +41,14 @@ import numpy as np
 import torch
 import torch._dynamo.exc
 
-from deepinfer.plugins import BlockPool
+from deepinfer.core.block_pool import BlockPool
 
 log = logging.getLogger("deepinfer")
 
 
-class CompiledDraftStep:
-    """A draft model's one-token step for a batch of one, compiled on first use (``warm_up``
-    compiles it ahead, on a block of the draft's pool that it frees again)."""
+class CompiledStep:
+    """A second model's one-token step for a batch of one, compiled on first use (``warm_up``
+    compiles it ahead, on a block of the model's pool that it frees again)."""
 
     def __init__(self, model, attention, kv_caches: list, block_size: int, device: torch.device) -> None:
         self.model, self.attention, self.kv_caches = model, attention, kv_caches
@@ -57,7 +57,7 @@ class CompiledDraftStep:
         self.warm = False  # both kinds of step compiled (warm_up): calls may skip guards (module docstring)
         # a code object of its own: torch.compile keeps its compilations per code object, and up to
         # 8 of them; engines of one process (each draft a new instance) would share and exhaust them
-        fn = CompiledDraftStep._step_fn
+        fn = CompiledStep._step_fn
         own = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__)
         # (cpp_wrapper: the compiled code calls its kernels and ops from C++, not from a Python
         # wrapper; the demo draft's step took 457 against 793 us, session 38, compiling no slower)
@@ -107,7 +107,7 @@ class CompiledDraftStep:
 
     def warm_up(self, pool: BlockPool, token: int = 0) -> None:
         """Compile now, both kinds of step (one token, two): at the third slot of a block taken from
-        the draft's pool (its first two hold whatever they held; nothing reads them), then the
+        the model's pool (its first two hold whatever they held; nothing reads them), then the
         block goes back."""
         blocks = pool.allocate(1)
         try:

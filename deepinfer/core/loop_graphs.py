@@ -1,23 +1,29 @@
-"""A draft round's k steps in one device graph (greedy or sampled), and rounds chained behind a verification."""
+"""A second model's round of k decode steps in one device graph (greedy or sampled), and rounds
+chained behind a verification: a drafter's rounds (``SecondModel.run_loop``, ``run_chained``)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import replace
 
 import numpy as np
 import torch
 
-from deepinfer.plugins import GREEDY, DecodeGraphs, DeviceTokens, HostCopy, distributions, draw_rows
+from deepinfer.core.filters import GREEDY, distributions
+from deepinfer.core.graphs import DecodeGraphs
+from deepinfer.core.host_copy import HostCopy
+from deepinfer.core.interfaces import DeviceTokens
+from deepinfer.core.sampler import draw_rows
 
 
 class LoopRound:
     """A loop round's output [n, 2, k] (each step's token and its probability), copied to the
     host behind the round's device work; read (waiting for the copy) only when needed. ``source``:
-    its drafts as device tokens, when it leaves them on the device."""
+    its tokens as device tokens (``DraftProposal.source``), when it leaves them on the device;
+    ``q``: a sampled round's distributions [n, k, V] (None for a greedy round)."""
 
-    def __init__(self, out: torch.Tensor, lazy: bool) -> None:
+    def __init__(self, out: torch.Tensor, lazy: bool, q: torch.Tensor | None = None) -> None:
         self.copy = HostCopy(out)
+        self.q = q
         self._lists: list | None = None
         # (one kernel: the conversion writes the strided tokens out contiguously)
         tokens = out[:, 0].to(torch.long, memory_format=torch.contiguous_format).view(-1) if lazy else None
@@ -34,18 +40,6 @@ class LoopRound:
 
     def all_tokens(self) -> list[int]:
         return [int(t) for row in self.lists()[0] for t in row]
-
-
-@dataclass(slots=True)
-class ChainedRound:
-    """A round queued behind a verification (``DraftRunner.chain``), for the next proposal."""
-
-    round: LoopRound
-    prev: LoopRound  # the round whose drafts were verified
-    best: HostCopy   # the verification's target tokens, copied to the host
-    #: request id -> (its row in the round, its draft sequence, its length before the verified
-    #: tokens, its first row in ``best``, its row in ``prev``)
-    rows: dict[str, tuple[int, Any, int, int, int]]
 
 
 class DraftLoopGraphs(DecodeGraphs):
@@ -233,7 +227,7 @@ class DraftLoopGraphs(DecodeGraphs):
         drawn = draw_rows(q, ins["uniforms"][step]).clamp_(max=logits.shape[-1] - 1)
         best_p, best = self._pick_greedy(logits)
         greedy = ins["sampling"][GREEDY] > 0
-        # a drawn draft's confidence: its distribution's top probability (DraftRunner.propose)
+        # a drawn draft's confidence: its distribution's top probability (SecondModel.run_loop)
         return torch.where(greedy, best_p, q.amax(-1)), torch.where(greedy, best, drawn)
 
     def _argmax(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
