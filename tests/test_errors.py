@@ -10,10 +10,10 @@ from pydantic import ValidationError
 from safetensors.torch import load_file, save_file
 
 from deepinfer import LLM, SamplingParams
-from deepinfer.core.request_table import PromptTooLongError
 from deepinfer.core.loader import WeightsError
 from deepinfer.core.model_config import ModelConfigError
 from deepinfer.core.model_registry import UnsupportedArchitectureError
+from deepinfer.core.request_table import PromptTooLongError
 from deepinfer.plugins import PluginError
 
 
