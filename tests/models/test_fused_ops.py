@@ -63,7 +63,7 @@ def test_fused_kernels_match_plain_layers(tmp_path, arch):
     make_model(tmp_path, arch, with_tokenizer=False, **extra)
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
     res = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path)], capture_output=True, text=True,
-                         timeout=600, env=env, cwd=ROOT, check=False)
+                         timeout=1200, env=env, cwd=ROOT, check=False)
     assert res.returncode == 0, res.stderr[-3000:]
     out = json.loads(res.stdout.strip().splitlines()[-1])
     # two sequences: the multi-token kernels in every step, prompts and decode alike (T >= 2)

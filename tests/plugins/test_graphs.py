@@ -93,7 +93,7 @@ def test_graph_steps_give_the_eager_tokens_in_the_interpreter(tmp_path, fused):
     make_model(tmp_path, "qwen3", **hybrid(12))
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     res = subprocess.run([sys.executable, "-m", "tests.plugins.test_graphs", str(tmp_path)] + ["fused"] * fused,
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200, check=False)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     got = json.loads(res.stdout.strip().splitlines()[-1])
     assert got["graphs"] == got["eager"]

@@ -33,7 +33,7 @@ def test_speculative_steps_from_graphs_give_the_eager_drafts_and_tokens_in_the_i
         near_draft(target, tmp_path / "near")
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     res = subprocess.run([sys.executable, "-m", "tests.plugins.test_spec_graphs", str(tmp_path), drafter,
-                          str(int(loop))], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
+                          str(int(loop))], cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200, check=False)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     check_draft_graphs(json.loads(res.stdout.strip().splitlines()[-1]), drafter, loop)
 
