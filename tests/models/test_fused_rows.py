@@ -64,7 +64,7 @@ def _run(path, plugins, max_rows=16, max_weights=0):
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
     res = subprocess.run([sys.executable, "-c", CHILD, str(path), json.dumps(plugins), str(max_rows),
                           str(max_weights)],
-                         capture_output=True, text=True, timeout=600, env=env, cwd=ROOT, check=False)
+                         capture_output=True, text=True, timeout=1200, env=env, cwd=ROOT, check=False)
     assert res.returncode == 0, res.stderr[-3000:]
     return json.loads(res.stdout.strip().splitlines()[-1])
 
