@@ -22,6 +22,7 @@ from deepinfer.core.interfaces import DeviceGraphs
 from deepinfer.core.loop_graphs import DraftLoopGraphs, LoopRound, sampled_sizes
 from deepinfer.core.request import Request
 from deepinfer.core.sampler import sample_rows
+from deepinfer.core.spec import accept_greedy
 from deepinfer.core.step import StepBatch
 from deepinfer.core.step_batch import build_step_batch
 
@@ -39,6 +40,9 @@ class SecondModel:
     block size). It owns that pool and the model's steps; the caller owns its sequences."""
 
     CATCH_UP_CHUNKS = 4  # the most replays of the first-step graphs a catch-up takes (else one eager step)
+    #: what the core's greedy verification gives from the target's argmax rows (``accept_greedy(drafts,
+    #: best)``: the drafts while they equal it, then the target's token), for a round chained behind it
+    accept_greedy = staticmethod(accept_greedy)
 
     def __init__(self, ctx: EngineContext, model_dir: str, num_blocks: int, dtype: torch.dtype | None = None) -> None:
         self.block_size = ctx.config.block_size

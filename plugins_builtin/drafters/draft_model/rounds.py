@@ -123,7 +123,7 @@ class LoopRounds:
             row, seq, base, at, prev_row = entry
             if self.seqs.get(req.request_id) is not seq or seq.pending is None or seq.pending[0] is not chained.prev:
                 return None
-            gave = _accept_greedy(chained.prev.tokens(prev_row), best[at:at + k + 1])
+            gave = SecondModel.accept_greedy(chained.prev.tokens(prev_row), best[at:at + k + 1])
             if req.all_token_ids[base:] != gave:
                 return None
             live.append((req, seq, base + min(len(gave) - 1, k - 1)))
@@ -140,15 +140,3 @@ class LoopRounds:
         tokens (of ``requests``: the loop graphs that would draft them; else a greedy round), or
         None where it does not take the round."""
         return self.draft.loop_size(num_seqs, longest, k, None if requests is None else self._sampled(requests))
-
-
-def _accept_greedy(drafts: list[int], best: list[int]) -> list[int]:
-    """What a greedy verification gives (the core's rule) from the target's argmax at each of the
-    ``len(drafts) + 1`` rows: the drafts while they equal it, then the target's token."""
-    out = []
-    for d, t in zip(drafts, best, strict=False):
-        if d != t:
-            break
-        out.append(d)
-    out.append(best[len(out)])
-    return out
