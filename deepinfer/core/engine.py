@@ -1,7 +1,8 @@
 """The engine loop: add requests, step (schedule, run, sample, stop checks), abort."""
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 from deepinfer.core.capabilities import SkipsRounds
@@ -104,15 +105,14 @@ class LLMEngine:
         self.hooks.deepinfer_step_begin(engine=self)
         touched: Touched = {}
         if self.spec is not None:  # (a drafter that needs every token takes the step in flight first)
-            self.spec.begin_step(self.table.decoding, self._take_in_flight(touched))
+            self.spec.begin_step(self.table.decoding, partial(self._take, touched) if self.in_flight else None)
         sched = self.scheduler.schedule()                                   # schedule
         self.table.preempted(sched.preempted)
         if self.spec is not None:
             sched = self.spec.with_drafts(sched)
         flight = self.runner.launch(sched) if not sched.empty else None     # execute
         if self.in_flight is not None:                                      # update: the step before
-            self._update(self.in_flight, touched)
-            self.in_flight = None
+            self._take(touched)
         if flight is not None and self.overlap and not flight.must_sync:
             self._leave_running(flight)
         elif flight is not None:                                            # update: this step
@@ -148,15 +148,10 @@ class LLMEngine:
         self.table.advance(live, result.num_rejected)  # (after the tokens: accepted drafts count)
         self.table.finish(finished)
 
-    def _take_in_flight(self, touched: Touched) -> Callable[[], None] | None:
-        """Takes the step left running (None: there is none), for a drafter that needs its tokens."""
-        if self.in_flight is None:
-            return None
-
-        def take() -> None:
-            self._update(self.in_flight, touched)
-            self.in_flight = None
-        return take
+    def _take(self, touched: Touched) -> None:
+        """Wait for the step left running and apply its results."""
+        flight, self.in_flight = self.in_flight, None
+        self._update(flight, touched)
 
     def _release(self, req: Request) -> None:
         """The request finished or was preempted: its draft goes (and the drafter's state for it)."""
