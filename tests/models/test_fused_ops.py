@@ -6,13 +6,11 @@ when triton is first imported), float32.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.interpreter import run_interpreted
 from tests.tiny_models import hybrid, make_model
 
 pytestmark = pytest.mark.slow  # whole engines in the Triton interpreter, in subprocesses
@@ -61,9 +59,7 @@ print(json.dumps(out))
 def test_fused_kernels_match_plain_layers(tmp_path, arch):
     extra = hybrid(12) if arch == "qwen3" else {}
     make_model(tmp_path, arch, with_tokenizer=False, **extra)
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
-    res = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path)], capture_output=True, text=True,
-                         timeout=1200, env=env, cwd=ROOT, check=False)
+    res = run_interpreted(["-c", CHILD, str(tmp_path)])
     assert res.returncode == 0, res.stderr[-3000:]
     out = json.loads(res.stdout.strip().splitlines()[-1])
     # two sequences: the multi-token kernels in every step, prompts and decode alike (T >= 2)

@@ -8,13 +8,11 @@ takes.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.interpreter import run_interpreted
 from tests.tiny_models import hybrid, make_model
 
 pytestmark = pytest.mark.slow  # whole engines in the Triton interpreter, in subprocesses
@@ -61,10 +59,7 @@ print(json.dumps(out))
 
 
 def _run(path, plugins, max_rows=16, max_weights=0):
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
-    res = subprocess.run([sys.executable, "-c", CHILD, str(path), json.dumps(plugins), str(max_rows),
-                          str(max_weights)],
-                         capture_output=True, text=True, timeout=1200, env=env, cwd=ROOT, check=False)
+    res = run_interpreted(["-c", CHILD, str(path), json.dumps(plugins), str(max_rows), str(max_weights)])
     assert res.returncode == 0, res.stderr[-3000:]
     return json.loads(res.stdout.strip().splitlines()[-1])
 

@@ -9,8 +9,6 @@ imported). On a GPU the real CUDA graphs run.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
@@ -19,6 +17,7 @@ import pytest
 import torch
 
 from deepinfer.plugins import DeviceGraphs
+from tests.interpreter import run_interpreted
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -91,9 +90,7 @@ def test_graph_steps_give_the_eager_tokens_in_the_interpreter(tmp_path, fused):
     from tests.tiny_models import hybrid, make_model
 
     make_model(tmp_path, "qwen3", **hybrid(12))
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    res = subprocess.run([sys.executable, "-m", "tests.plugins.test_graphs", str(tmp_path)] + ["fused"] * fused,
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200, check=False)
+    res = run_interpreted(["-m", "tests.plugins.test_graphs", str(tmp_path)] + ["fused"] * fused)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     got = json.loads(res.stdout.strip().splitlines()[-1])
     assert got["graphs"] == got["eager"]

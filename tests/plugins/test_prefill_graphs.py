@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
 import torch
+
+from tests.interpreter import run_interpreted
 
 ROOT = Path(__file__).resolve().parents[2]
 # prompt lengths: 5 (pads to 8), 13 (16), 32 (32), 41 (more than the largest, 32: eager); then a
@@ -154,9 +154,7 @@ def test_prefill_steps_from_graphs_give_the_eager_tokens_in_the_interpreter(tmp_
     from tests.tiny_models import hybrid, make_model
 
     make_model(tmp_path, "qwen3", **hybrid(12))
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    res = subprocess.run([sys.executable, "-m", "tests.plugins.test_prefill_graphs", str(tmp_path)], cwd=ROOT,
-                         env=env, capture_output=True, text=True, timeout=600, check=False)
+    res = run_interpreted(["-m", "tests.plugins.test_prefill_graphs", str(tmp_path)])
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     got = json.loads(res.stdout.strip().splitlines()[-1])
     check(got["single"], [8, 16, 32], 1e-4)

@@ -8,8 +8,6 @@ in the interpreter, in a subprocess; on a GPU the real CUDA graphs run.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
@@ -17,7 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.plugins.test_graphs import ROOT, EagerGraphs, _prompts
+from tests.interpreter import run_interpreted
+from tests.plugins.test_graphs import EagerGraphs, _prompts
 from tests.plugins.test_spec_graphs import near_draft
 
 pytestmark = pytest.mark.slow  # whole engines in the Triton interpreter, in subprocesses
@@ -28,9 +27,7 @@ def test_sampled_rounds_in_loop_graphs_give_the_eager_tokens_in_the_interpreter(
 
     target = make_model(tmp_path, "qwen3", **hybrid(12))
     near_draft(target, tmp_path / "near")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    res = subprocess.run([sys.executable, "-m", "tests.plugins.test_spec_graphs_sampled", str(tmp_path)],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200, check=False)
+    res = run_interpreted(["-m", "tests.plugins.test_spec_graphs_sampled", str(tmp_path)])
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     check_sampled_graphs(json.loads(res.stdout.strip().splitlines()[-1]))
 

@@ -7,9 +7,7 @@ hybrid models tests/models and tests/plugins/test_prefix_cache establish; counte
 from __future__ import annotations
 
 import json
-import os
 import random
-import subprocess
 import sys
 from pathlib import Path
 
@@ -17,6 +15,7 @@ import pytest
 
 from deepinfer import LLM, SamplingParams
 from deepinfer.plugins import PluginError
+from tests.interpreter import run_interpreted
 from tests.tiny_models import hybrid, make_model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -247,9 +246,7 @@ def test_attention_without_kv_groups_is_refused(hybrid_dir, monkeypatch):
 # ------------------------------------------------------------------------------ triton interpreter
 @pytest.mark.slow
 def test_triton_interpreter_with_replay_gives_the_no_cache_tokens(hybrid_dir):
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    res = subprocess.run([sys.executable, "-m", "tests.plugins.test_swa_replay", hybrid_dir], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=600, check=False)
+    res = run_interpreted(["-m", "tests.plugins.test_swa_replay", hybrid_dir])
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     got = json.loads(res.stdout.strip().splitlines()[-1])
     assert got["triton"] == got["reference"] and got["restores"] > 0 and got["replayed"] > 0

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.interpreter import run_interpreted
+
 ROOT = Path(__file__).resolve().parents[2]
 NEEDS = "needs an NVIDIA GPU, or TRITON_INTERPRET=1 to run in the Triton interpreter on CPU"
 
@@ -65,11 +67,10 @@ def model_dir(tmp_path_factory) -> str:
 
 
 def _child(args: list[str], interpret: bool) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     if interpret:
-        env["TRITON_INTERPRET"] = "1"
-    else:
-        env["CUDA_VISIBLE_DEVICES"] = ""
+        return run_interpreted(args)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["CUDA_VISIBLE_DEVICES"] = ""
     return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
                           check=False)
 
