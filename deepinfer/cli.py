@@ -118,9 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "or with --json one more object, {\"metrics\": {...}}")
     g.set_defaults(func=cmd_generate)
 
-    from deepinfer.bench.cli import add_bench_parser
-    from deepinfer.serve.cli import add_serve_parser
-    from deepinfer.tools.cli import add_train_parser
+    from deepinfer.bench.command import add_bench_parser
+    from deepinfer.serve.command import add_serve_parser
+    from deepinfer.tools.command import add_train_parser
 
     add_serve_parser(sub, add_engine_args, engine_overrides)
     serve = sub.choices["serve"]

@@ -34,7 +34,7 @@ from deepinfer.core.fused_ops import FusedOps
 from deepinfer.core.interfaces import AttentionBackend, DeviceGraphs
 from deepinfer.core.model_registry import CausalLM
 from deepinfer.core.packed_inputs import PackedInputs
-from deepinfer.core.step import StepBatch
+from deepinfer.core.step_batch import StepBatch
 
 
 def default_batch_sizes(max_num_seqs: int) -> list[int]:

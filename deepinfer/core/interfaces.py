@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from deepinfer.core.fused_ops import FusedOps
     from deepinfer.core.host_copy import HostCopy
     from deepinfer.core.request import Request
-    from deepinfer.core.step import StepBatch
+    from deepinfer.core.step_batch import StepBatch
 
 
 class NoOptions(BaseModel):

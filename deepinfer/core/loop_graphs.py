@@ -8,11 +8,11 @@ from dataclasses import replace
 import numpy as np
 import torch
 
-from deepinfer.core.filters import GREEDY, distributions
 from deepinfer.core.graphs import DecodeGraphs
 from deepinfer.core.host_copy import HostCopy
 from deepinfer.core.interfaces import DeviceTokens
 from deepinfer.core.sampler import draw_rows
+from deepinfer.core.sampling_filters import GREEDY, distributions
 
 
 class LoopRound:

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from deepinfer.core.capabilities import HandlesSingleRuns
+from deepinfer.core.eager_batch import build_step_batch
 from deepinfer.core.graphs import DecodeGraphs, PrefillGraphs
 from deepinfer.core.host_copy import HostCopy
 from deepinfer.core.interfaces import AttentionBackend, DeviceGraphs, SchedulerOutput
@@ -16,7 +17,6 @@ from deepinfer.core.logprobs import TokenLogprobs
 from deepinfer.core.model_registry import CausalLM
 from deepinfer.core.request import Request
 from deepinfer.core.sampler import Sampler, mark_unusable, plain_greedy
-from deepinfer.core.step_batch import build_step_batch
 
 
 @dataclass(slots=True)
@@ -299,7 +299,7 @@ class ModelRunner:
 
     def _verify(self, hidden: torch.Tensor, verifying, result: RunnerOutput, head: torch.Tensor | None = None) -> None:
         from deepinfer.core.sampler import rows_top_logprobs
-        from deepinfer.core.spec import accept_greedy, verify_batch
+        from deepinfer.core.verification import accept_greedy, verify_batch
 
         index = [row + j for _, drafts, row in verifying for j in range(len(drafts) + 1)]
         plain = head is not None and all(r.params.greedy and r.params.logprobs is None for r, _, _ in verifying)

@@ -18,8 +18,8 @@ from deepinfer.core.interfaces import Scheduler, SchedulerOutput
 from deepinfer.core.kv_manager import KVCacheManager
 from deepinfer.core.metrics import Metrics
 from deepinfer.core.model_runner import RunnerOutput
-from deepinfer.core.output import RequestState, check_stop, stops_on_token
 from deepinfer.core.request import Request, RequestOutput, RequestStatus
+from deepinfer.core.request_state import RequestState, check_stop, stops_on_token
 from deepinfer.core.sampler import UNUSABLE_TOKEN
 from deepinfer.core.sampling_params import SamplingParams
 from deepinfer.core.tokenizer import Tokenizer

@@ -21,15 +21,15 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
-from deepinfer.core.filters import (
+from deepinfer.core.logprobs import TokenLogprobs
+from deepinfer.core.request import Request
+from deepinfer.core.sampling_filters import (
     UNIFORM,
     distributions,
     needs_sort,
     sampling_rows,
     send_rows,
 )
-from deepinfer.core.logprobs import TokenLogprobs
-from deepinfer.core.request import Request
 
 #: the token a row gets when its logits cannot be sampled (NaN, +inf, or nothing above -inf, from
 #: the model or from the request's own penalties): the engine ends that request alone with an error

@@ -16,15 +16,15 @@ import numpy as np
 import torch
 
 from deepinfer.core.block_pool import Block, BlockPool
-from deepinfer.core.filters import needs_sort, sampling_rows
+from deepinfer.core.eager_batch import build_step_batch
 from deepinfer.core.graphs import DecodeGraphs
 from deepinfer.core.interfaces import DeviceGraphs
 from deepinfer.core.loop_graphs import DraftLoopGraphs, LoopRound, sampled_sizes
 from deepinfer.core.request import Request
 from deepinfer.core.sampler import sample_rows
-from deepinfer.core.spec import accept_greedy
-from deepinfer.core.step import StepBatch
-from deepinfer.core.step_batch import build_step_batch
+from deepinfer.core.sampling_filters import needs_sort, sampling_rows
+from deepinfer.core.step_batch import StepBatch
+from deepinfer.core.verification import accept_greedy
 
 if TYPE_CHECKING:
     from deepinfer.core.compiled_step import CompiledStep

@@ -3,7 +3,7 @@ counting and reporting their verification, and the drafter's rests and early pro
 
 The engine calls ``begin_step`` before each schedule, ``propose_early`` after a step it waited for,
 ``observe`` with each step's results and ``release`` for a request that finished or was preempted;
-verification itself is the model runner's (``deepinfer/core/spec.py``), so every drafter is
+verification itself is the model runner's (``deepinfer/core/verification.py``), so every drafter is
 lossless.
 """
 from __future__ import annotations

@@ -1,77 +1,58 @@
-"""A step's batch built on the host: every sequence's tokens, positions, KV slots and block
-table, for an eager forward (graph replays fill static inputs instead: graphs.py)."""
+"""The inputs of one forward step, built once by the model runner and read by every layer."""
 from __future__ import annotations
 
-import numpy as np
+from dataclasses import dataclass
+
 import torch
 
-from deepinfer.core.fused_ops import FusedOps
-from deepinfer.core.graphs import resolve_placeholders
-from deepinfer.core.step import KVGroupBatch, StepBatch
+
+@dataclass(frozen=True, slots=True)
+class KVGroupBatch:
+    """One KV group's view of a step: where each token's KV goes (negative: not written, it is
+    cached already) and each sequence's block table in that group's pool."""
+
+    slot_mapping: torch.Tensor          # [T] int64
+    block_tables: torch.Tensor          # [B, max_blocks] int32
+    write_rows: torch.Tensor | None     # [W] int64 rows of T with a slot >= 0 (None: every row)
 
 
-def _tables(block_ids: list[list[int]]) -> np.ndarray:
-    tables = np.zeros((len(block_ids), max([1, *map(len, block_ids)])), dtype=np.int32)
-    for i, ids in enumerate(block_ids):
-        tables[i, :len(ids)] = ids
-    return tables
+@dataclass(frozen=True, slots=True)
+class StepBatch:
+    """Flattened tokens of one step and the paged-cache facts attention needs.
 
+    Sequence ``i`` contributes tokens ``query_start_loc[i]:query_start_loc[i+1]`` of ``input_ids``;
+    they sit at positions ``context_lens[i] ..< seq_lens[i]`` of that sequence, whose KV lives in
+    the blocks ``block_tables[i]`` (padded with 0). ``kv_groups[g]`` is KV group g's slots and tables
+    (group 0's are ``slot_mapping`` and ``block_tables``); layers pick theirs by ``kv_group``.
+    """
 
-def _group(slots: np.ndarray, tables: np.ndarray, device: torch.device) -> KVGroupBatch:
-    skip = slots < 0
-    rows = torch.from_numpy(np.flatnonzero(~skip)).to(device) if skip.any() else None
-    return KVGroupBatch(torch.from_numpy(slots).to(device), torch.from_numpy(tables).to(device), rows)
+    input_ids: torch.Tensor        # [T] int64
+    positions: torch.Tensor        # [T] int64
+    slot_mapping: torch.Tensor     # [T] int64, block_id * block_size + offset
+    query_start_loc: torch.Tensor  # [B+1] int32 (device)
+    seq_lens: torch.Tensor         # [B] int32 (device)
+    context_lens: torch.Tensor     # [B] int32 (device): tokens already in the cache
+    block_tables: torch.Tensor     # [B, max_blocks] int32 (device)
+    query_lens_cpu: tuple[int, ...]
+    seq_lens_cpu: tuple[int, ...]
+    block_size: int
+    max_query_len: int
+    max_seq_len: int
+    kv_groups: tuple[KVGroupBatch, ...] = ()
+    #: [B] bool (device), only in graphs of Q query rows per sequence (speculative verification):
+    #: sequence i's only real token is its first row (the rest is padding). A backend that sends a
+    #: mixed step's one-token runs to its decode kernel does so for these rows too, from this flag,
+    #: so that a request's numbers do not depend on whether the others speculate.
+    single_runs: torch.Tensor | None = None
 
+    @property
+    def num_seqs(self) -> int:
+        return len(self.query_lens_cpu)
 
-def build_step_batch(seqs: list[tuple[list[int], int, list[int]]], block_size: int,
-                     device: torch.device, sliding: list[tuple[list[int], int]] | None = None,
-                     prev_tokens: torch.Tensor | None = None, ops: FusedOps | None = None) -> StepBatch:
-    """A StepBatch from (token ids to compute, position of the first, block table) per sequence.
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
 
-    ``sliding``, when sliding-window layers keep a KV pool of their own: per sequence, that pool's
-    block table and ``replay_until`` (positions before it get no full-attention KV write). A
-    negative token id -(r+1) stands for ``prev_tokens[r]`` (a sample still on the device),
-    resolved with the device's fused ``ops`` where they offer it (see ``resolve_placeholders``)."""
-    bs = block_size
-    ids: list[int] = []
-    pos_parts, slot_parts, sliding_parts = [], [], []
-    q_lens, seq_lens, ctx_lens = [], [], []
-    for i, (tokens, start, block_ids) in enumerate(seqs):
-        n = len(tokens)
-        ids.extend(tokens)
-        pos = np.arange(start, start + n, dtype=np.int64)
-        slots = np.asarray(block_ids, dtype=np.int64)[pos // bs] * bs + pos % bs
-        if sliding is not None:
-            table, replay_until = sliding[i]
-            slots[pos < replay_until] = -1  # full-attention KV of a replay is cached already
-            sliding_parts.append(np.asarray(table, dtype=np.int64)[pos // bs] * bs + pos % bs)
-        pos_parts.append(pos)
-        slot_parts.append(slots)
-        q_lens.append(n)
-        seq_lens.append(start + n)
-        ctx_lens.append(start)
-    tables = _tables([b for _, _, b in seqs])
-    slot_mapping = np.concatenate(slot_parts)
-    groups = (_group(slot_mapping, tables, device),)
-    if sliding is not None:
-        groups += (_group(np.concatenate(sliding_parts), _tables([t for t, _ in sliding]), device),)
-    qsl = np.zeros(len(q_lens) + 1, dtype=np.int32)
-    np.cumsum(q_lens, out=qsl[1:])
-    input_ids = torch.tensor(ids, dtype=torch.long, device=device)
-    if prev_tokens is not None:
-        input_ids = resolve_placeholders(input_ids, prev_tokens, ops=ops)
-    return StepBatch(
-        input_ids=input_ids,
-        positions=torch.from_numpy(np.concatenate(pos_parts)).to(device),
-        slot_mapping=groups[0].slot_mapping,
-        query_start_loc=torch.from_numpy(qsl).to(device),
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
-        context_lens=torch.tensor(ctx_lens, dtype=torch.int32, device=device),
-        block_tables=groups[0].block_tables,
-        query_lens_cpu=tuple(q_lens),
-        seq_lens_cpu=tuple(seq_lens),
-        block_size=bs,
-        max_query_len=max(q_lens),
-        max_seq_len=max(seq_lens),
-        kv_groups=groups,
-    )
+    @property
+    def is_decode_only(self) -> bool:
+        return self.max_query_len == 1

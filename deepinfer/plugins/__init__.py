@@ -26,7 +26,7 @@ from deepinfer.core.interfaces import (
 from deepinfer.core.kv_groups import KVGroupSpec
 from deepinfer.core.request import Request, RequestStatus
 from deepinfer.core.second_model import SecondModel
-from deepinfer.core.step import KVGroupBatch, StepBatch
+from deepinfer.core.step_batch import KVGroupBatch, StepBatch
 from deepinfer.plugins.discovery import PluginError
 from deepinfer.plugins.hookspecs import hookimpl
 

@@ -115,7 +115,7 @@ class _Ops:
 
 @torch.inference_mode()
 def test_placeholders_go_through_the_devices_fused_op_in_replays_and_eager_steps():
-    from deepinfer.core.step_batch import build_step_batch
+    from deepinfer.core.eager_batch import build_step_batch
 
     ops = _Ops()
     model = lambda *a: _ids_model(*a)  # a model object that can carry fused ops

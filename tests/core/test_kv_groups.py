@@ -10,13 +10,13 @@ from deepinfer.core.block_pool import BlockPool
 from deepinfer.core.capabilities import SeparatesWindowedKV
 from deepinfer.core.config import EngineConfig
 from deepinfer.core.context import EngineContext
+from deepinfer.core.eager_batch import build_step_batch
 from deepinfer.core.interfaces import AttentionBackend, AttentionLayerSpec, CachePolicy, PrefixMatch
 from deepinfer.core.kv_groups import build_kv_cache, kv_group_specs
 from deepinfer.core.kv_manager import KVCacheManager, SlidingKV
 from deepinfer.core.metrics import Metrics
 from deepinfer.core.request import Request
 from deepinfer.core.sampling_params import SamplingParams
-from deepinfer.core.step_batch import build_step_batch
 
 
 def _manager(window: int = 10, full: int = 32, sliding: int = 16, bs: int = 4) -> KVCacheManager:

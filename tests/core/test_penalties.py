@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 import torch
 
-from deepinfer.core import filters
+from deepinfer.core import sampling_filters as filters
 from deepinfer.core.request import Request
 from deepinfer.core.sampler import Sampler, apply_penalties, filter_logits
 from deepinfer.core.sampling_params import SamplingParams

@@ -6,7 +6,6 @@ import pickle
 import pytest
 import torch
 
-from deepinfer.core.filters import distributions, needs_sort, sampling_rows, send_rows
 from deepinfer.core.request import Request
 from deepinfer.core.sampler import (
     Sampler,
@@ -15,6 +14,7 @@ from deepinfer.core.sampler import (
     top_logprobs,
     torch_argmax,
 )
+from deepinfer.core.sampling_filters import distributions, needs_sort, sampling_rows, send_rows
 from deepinfer.core.sampling_params import SamplingParams
 
 

@@ -7,7 +7,7 @@ import torch
 
 from deepinfer.core.request import Request
 from deepinfer.core.sampling_params import SamplingParams
-from deepinfer.core.spec import verify, verify_batch
+from deepinfer.core.verification import verify, verify_batch
 from tests.core.test_sampler import BATCH_CASES, _reference
 
 #: the target's logits at each position (fixed, whatever came before) and the draft's distributions

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from deepinfer.core.step import StepBatch
+from deepinfer.core.step_batch import StepBatch
 from deepinfer.plugins import AttentionLayerSpec
 from deepinfer_builtin.attention.triton_attn import TritonAttention, TritonAttentionOptions
 from tests.kernels.paged import i32, randn, random_paged_kv

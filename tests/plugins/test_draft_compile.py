@@ -9,7 +9,7 @@ import torch
 
 from deepinfer import LLM
 from deepinfer.core import compiled_step
-from deepinfer.core.step_batch import build_step_batch
+from deepinfer.core.eager_batch import build_step_batch
 from deepinfer.plugins import AttentionLayerSpec
 from deepinfer_builtin.attention.torch_attn import TorchAttention
 

@@ -6,7 +6,7 @@ import torch
 
 from deepinfer import LLM, SamplingParams
 from deepinfer.core.request import Request
-from deepinfer.core.spec import verify, verify_batch
+from deepinfer.core.verification import verify, verify_batch
 from deepinfer_builtin.devices import cpu
 from tests.tiny_models import hybrid, make_model
 

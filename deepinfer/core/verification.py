@@ -18,9 +18,9 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from deepinfer.core.filters import UNIFORM, distributions, needs_sort, sampling_rows, send_rows
 from deepinfer.core.request import Request
 from deepinfer.core.sampler import _search, batch_device
+from deepinfer.core.sampling_filters import UNIFORM, distributions, needs_sort, sampling_rows, send_rows
 
 
 def verify(logits: torch.Tensor, req: Request, drafts: list[int], q: torch.Tensor | None,

@@ -1,12 +1,12 @@
-"""The batched path's filters (deepinfer/core/filters.py) against a definition over a whole
+"""The batched path's filters (deepinfer/core/sampling_filters.py) against a definition over a whole
 stable sort of each row."""
 from __future__ import annotations
 
 import torch
 
-from deepinfer.core import filters
-from deepinfer.core.filters import filtered_weights, needs_sort, sampling_rows, send_rows
+from deepinfer.core import sampling_filters as filters
 from deepinfer.core.request import Request
+from deepinfer.core.sampling_filters import filtered_weights, needs_sort, sampling_rows, send_rows
 from deepinfer.core.sampling_params import SamplingParams
 
 
