@@ -33,7 +33,18 @@ def _has_npu() -> bool:
         return False
 
 
+def _start_order(item) -> int:
+    """Longest first: the modules that run whole engines in the Triton interpreter (minutes each),
+    the rest of the slow tier, then the default tier. pytest-xdist deals the collection out in
+    this order, so the longest tests start at once instead of last."""
+    module = getattr(item, "module", None)
+    if module is not None and "run_interpreted" in vars(module):
+        return 0
+    return 1 if item.get_closest_marker("slow") is not None else 2
+
+
 def pytest_collection_modifyitems(config, items):
+    items.sort(key=_start_order)  # (stable: the order within each kind is kept)
     gpu = _has_cuda()
     npu = None
     for item in items:
