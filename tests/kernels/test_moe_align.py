@@ -1,0 +1,62 @@
+"""The MoE alignment (slots sorted by expert, padded to blocks) against a loop over experts on the host."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from deepinfer_kernels import moe_align, moe_align_ref
+from deepinfer_kernels.moe_align import max_blocks
+
+
+def _routes(t, k, e, seed=0, experts=None):
+    """topk_ids [t, k] int32: k distinct experts a token, drawn from ``experts`` (default all e)."""
+    g = torch.Generator().manual_seed(seed)
+    pool = torch.tensor(experts if experts is not None else range(e))
+    return torch.stack([pool[torch.randperm(len(pool), generator=g)[:k]] for _ in range(t)]).to(torch.int32)
+
+
+@pytest.mark.parametrize(("t", "k", "e", "block_m", "experts"), [
+    (1, 2, 8, 16, None),            # batch 1: one block per chosen expert
+    (13, 2, 8, 16, None),           # slots not a multiple of the block
+    (20, 3, 8, 4, None),            # several blocks per expert
+    (9, 1, 8, 16, None),            # top-1
+    (17, 2, 8, 8, [1, 2, 5]),       # most experts receive nothing
+    (40, 4, 64, 16, None),          # more experts than blocks can be filled
+])
+def test_alignment_matches_a_loop_over_experts(t, k, e, block_m, experts):
+    ids = _routes(t, k, e, experts=experts)
+    got, want = moe_align(ids, e, block_m), moe_align_ref(ids, e, block_m)
+    assert torch.equal(got.sorted_ids, want.sorted_ids)
+    assert torch.equal(got.block_experts, want.block_experts)
+    assert got.sorted_ids.dtype == got.block_experts.dtype == torch.int32
+
+
+def test_every_slot_lands_once_in_a_block_of_its_expert():
+    """The counted invariant, independent of the reference: each slot t * K + k appears exactly once,
+    in a block labelled with topk_ids[t, k]; every other entry is the padding value T * K."""
+    t, k, e, bm = 23, 3, 8, 4
+    ids = _routes(t, k, e, seed=3)
+    got = moe_align(ids, e, bm)
+    entries = got.sorted_ids.long()
+    real = entries < t * k
+    assert sorted(entries[real].tolist()) == list(range(t * k))
+    block_of = torch.arange(entries.numel()) // bm
+    assert torch.equal(got.block_experts.long()[block_of[real]], ids.reshape(-1).long()[entries[real]])
+    assert bool((entries[~real] == t * k).all())
+
+
+def test_batch_one_needs_only_its_k_experts_blocks():
+    """At batch 1 the grid is sized for K blocks (no program for an expert without tokens)."""
+    ids = torch.tensor([[5, 2, 7]], dtype=torch.int32)
+    got = moe_align(ids, 64, 16)
+    assert max_blocks(3, 64, 16) == 3
+    assert got.block_experts.tolist() == [2, 5, 7]
+    assert got.sorted_ids.view(3, 16)[:, 0].tolist() == [1, 0, 2]
+
+
+def test_ids_outside_the_experts_get_no_block():
+    ids = torch.tensor([[0, 8], [-1, 3], [3, 0]], dtype=torch.int32)
+    got = moe_align(ids, 8, 4)
+    kept = got.sorted_ids[got.sorted_ids < 6].tolist()
+    assert sorted(kept) == [0, 3, 4, 5]  # slots 1 (id 8) and 2 (id -1) are left out
+    assert got.block_experts.tolist()[:2] == [0, 3] and set(got.block_experts.tolist()[2:]) <= {-1}
