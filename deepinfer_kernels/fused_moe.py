@@ -124,11 +124,12 @@ class MoeConfig:
 def default_config(num_slots: int, num_experts: int, device: torch.device) -> MoeConfig:
     """The tiles for ``num_slots`` = T * K routed slots over E experts.
 
-    Chosen by the slots an expert gets on average, for sm90 and bf16 (untuned guesses; a sweep on
-    the GPU should replace them): up to 16 (decode, where the weights are read once and the rows
-    are few) the narrowest tensor-core tile, 16 rows, with long K steps so that each program
-    streams its weight tile; up to 128, 64-row blocks; beyond, 64 x 128 tiles with grouped ordering.
-    In the interpreter, small tiles (its time grows with the tile).
+    Chosen by the slots an expert gets on average, for sm90 and bf16. Not measured yet (no GPU run
+    has timed them; a sweep should replace them), only compiled for sm_90 with Triton 3.9, where
+    none spills registers and the largest takes 160 KiB of shared memory: up to 16 slots (decode:
+    the weights are read once, the rows are few) the narrowest tensor-core tile, 16 rows, with long
+    K steps so that each program streams its weight tile; up to 128, 64-row blocks; beyond, 64 x 128
+    tiles, 8 warps, with grouped ordering. In the interpreter, small tiles (its time grows with them).
     """
     if device.type != "cuda":
         return MoeConfig(16, 16, 16, 2, 4, 1)
@@ -137,7 +138,7 @@ def default_config(num_slots: int, num_experts: int, device: torch.device) -> Mo
         return MoeConfig(16, 64, 128, 1, 4, 4)
     if per_expert <= 128:
         return MoeConfig(64, 64, 64, 4, 4, 4)
-    return MoeConfig(64, 128, 64, 8, 4, 4)
+    return MoeConfig(64, 128, 64, 8, 8, 4)  # 8 warps: gate and up are two 64 x 128 accumulators
 
 
 def _check(x, w13, w2, topk_weights, topk_ids) -> None:
