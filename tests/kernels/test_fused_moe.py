@@ -176,3 +176,18 @@ def test_deepseek_v2_lite_shapes_on_the_gpu(t):
     # against float32 math too, not only against the same roundings
     exact = fused_moe_ref(x.float(), w13.float(), w2.float(), weights, ids)
     assert (got.float() - exact).abs().max() < 5e-2
+
+
+@pytest.mark.slow
+def test_fused_ops_offer_the_moe_kernels_without_the_host_check(device):
+    """The CUDA devices' fused ops: grouped_topk, and fused_moe with no id check (no host sync)."""
+    from deepinfer_kernels import FusedOps
+
+    ops = FusedOps()
+    assert ops.grouped_topk is grouped_topk
+    x, w13, w2, weights, ids = _moe(3, 32, 32, 8, 2, torch.float32, device, seed=8)
+    bad = ids.clone()
+    bad[0, 1] = 99  # left out, not refused: the check that would read the ids on the host is off
+    kept = weights.clone()
+    kept[0, 1] = 0.0
+    _close(ops.fused_moe(x, w13, w2, weights, bad), fused_moe_ref(x, w13, w2, kept, ids), torch.float32)
