@@ -124,7 +124,8 @@ def _all_calls(dtype: torch.dtype, attention_only: bool) -> None:
 
 
 def _moe_calls(dtype: torch.dtype) -> None:
-    """The fused MoE at each of its default sm90 tiles (decode, medium, large batches), and the routing."""
+    """The fused MoE at each of its default sm90 tiles (decode, medium, large batches), its alignment
+    kernel, and the routing."""
     from deepinfer_kernels.fused_moe import default_config
 
     e, d, inter = 8, 256, 192  # I not a multiple of the widest tile: the column masks
@@ -134,6 +135,7 @@ def _moe_calls(dtype: torch.dtype) -> None:
     for per_expert in (1, 64, 1024):
         cfg = default_config(per_expert * e, e, torch.device("cuda"))  # (no CUDA call: the tiles only)
         K.fused_moe(x, w13, w2, torch.zeros(4, 2), ids, config=cfg)
+    K.moe_align(torch.zeros(4, 8, dtype=torch.int32), 256, 16)  # DeepSeek-V3's 256 experts: the narrowest chunk
     logits = torch.zeros(3, 256, dtype=torch.float32)
     K.grouped_topk(logits, 8, scoring="sigmoid", n_group=8, topk_group=4, correction_bias=torch.zeros(256),
                    renormalize=True, routed_scaling_factor=2.5)  # DeepSeek-V3
