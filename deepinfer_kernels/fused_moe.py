@@ -160,9 +160,8 @@ def _check(x, w13, w2, topk_weights, topk_ids) -> None:
         raise ValueError(f"fused_moe: x is {x.dtype}, w13 {w13.dtype}, w2 {w2.dtype}; they must match")
     if len({x.device, w13.device, w2.device, topk_ids.device, topk_weights.device}) != 1:
         raise ValueError("fused_moe: x, the weights, topk_weights and topk_ids must be on one device")
-    if w13.stride(2) != 1 or w2.stride(2) != 1 or w13.stride(0) != w13.shape[1] * w13.stride(1):
-        raise ValueError("fused_moe needs w13 and w2 contiguous along their last dimension, and w13's gate and "
-                         "up rows in one stride (as a contiguous [E, 2I, D] has them)")
+    if w13.stride(2) != 1 or w2.stride(2) != 1:
+        raise ValueError("fused_moe needs w13 and w2 contiguous along their last dimension (D for w13, I for w2)")
 
 
 def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,

@@ -127,6 +127,12 @@ def test_unchecked_ids_outside_the_experts_add_nothing(device):
 
 
 @pytest.mark.slow
+def test_int64_ids_give_the_int32_result(device):
+    x, w13, w2, weights, ids = _moe(7, 32, 32, 8, 2, torch.float16, device, seed=9)
+    assert torch.equal(fused_moe(x, w13, w2, weights, ids.long()), fused_moe(x, w13, w2, weights, ids))
+
+
+@pytest.mark.slow
 def test_routed_by_grouped_topk(device):
     """The two kernels as a model runs them: grouped_topk's weights and int32 ids straight in."""
     x, w13, w2, _, _ = _moe(6, 32, 32, 8, 2, torch.float16, device, seed=5)
@@ -154,6 +160,8 @@ def test_bad_inputs_are_refused(device):
     bad[2, 1] = -1
     with pytest.raises(ValueError, match="there are 8 experts"):
         fused_moe(x, w13, w2, weights, bad)
+    with pytest.raises(ValueError, match="contiguous along their last dimension"):
+        fused_moe(x, w13.transpose(1, 2).contiguous().transpose(1, 2), w2, weights, ids)
     with pytest.raises(ValueError, match="block_k >= 16"):
         fused_moe(x, w13, w2, weights, ids, config=MoeConfig(16, 16, 8))
 
