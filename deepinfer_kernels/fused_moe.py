@@ -177,7 +177,7 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights
     t, d = x.shape
     e, inter = w13.shape[0], w2.shape[2]
     if check_ids and topk_ids.numel():
-        lo, hi = int(topk_ids.min()), int(topk_ids.max())
+        lo, hi = (int(v) for v in torch.aminmax(topk_ids))
         if lo < 0 or hi >= e:
             raise ValueError(f"fused_moe: topk_ids hold experts {lo} .. {hi}; there are {e} experts, ids 0 .. {e - 1}")
     out = torch.empty(t, d, dtype=x.dtype, device=x.device)
