@@ -11,11 +11,12 @@ receive a token. At batch 1 that is K blocks: no program is launched for an expe
 Within an expert the slots keep their order, so the layout, and with it every result, is the same
 from run to run.
 
-Steps of up to ``ONE_PROGRAM_SLOTS`` slots (decode, small batches) are aligned by one Triton
-program in one launch: it counts each expert's slots, then places them, a chunk of slots at a time
-(a slot's place within its chunk is a running sum over a one-hot [chunk, E] tile). Larger steps use
-a dozen vectorised torch ops (a stable argsort by expert), whose launches are small next to the
-GEMMs of so many tokens.
+Slots are taken a chunk at a time: a one-hot [chunk, E] tile gives each expert's count in the
+chunk, and its running sum down the chunk each slot's place among its expert's slots there. Steps
+of up to ``ONE_PROGRAM_CHUNKS`` chunks (decode, small batches) are aligned by one program in one
+launch, which counts every chunk, then places every chunk. Larger ones take three launches: the
+chunks counted in parallel; one program adds the counts up (each chunk's offset within each
+expert's list, the lists' starts, the blocks' experts); the chunks placed in parallel.
 
 Slots routed to an id outside [0, E) are given no block: they are left out of the GEMMs.
 """
@@ -28,8 +29,10 @@ import triton.language as tl
 
 from deepinfer_kernels._launch import kernel, next_pow2
 
-#: steps of up to this many routed slots (T * K) are aligned by the one-program kernel
-ONE_PROGRAM_SLOTS = 1024
+#: steps of up to this many chunks of slots are aligned by one program (one launch, chunks in turn)
+ONE_PROGRAM_CHUNKS = 4
+ONEHOT = 8192  # entries of a chunk's one-hot tile [chunk, E_P]: a chunk is 8,192 // E_P slots (16 to 128)
+FILL = 1024  # padding entries one loop step stores
 
 
 @kernel(do_not_specialize=["num_slots", "size", "num_blocks"])
@@ -66,6 +69,59 @@ def _align_kernel(ids_ptr, sorted_ptr, block_expert_ptr, num_slots, size, num_bl
         placed += tl.sum(hit, 0)
 
 
+@kernel(do_not_specialize=["num_slots"])
+def _align_count_kernel(ids_ptr, counts_ptr, num_slots, E: tl.constexpr, E_P: tl.constexpr, CHUNK: tl.constexpr):
+    """counts[c, e]: the slots of chunk c routed to expert e."""
+    c = tl.program_id(0)
+    e = tl.arange(0, E_P)
+    s = c * CHUNK + tl.arange(0, CHUNK)
+    x = tl.load(ids_ptr + s, mask=s < num_slots, other=-1)
+    hit = ((x[:, None] == e[None, :]) & (e[None, :] < E)).to(tl.int32)
+    tl.store(counts_ptr + c * E_P + e, tl.sum(hit, 0))
+
+
+@kernel(do_not_specialize=["num_chunks", "num_slots", "size", "num_blocks"])
+def _align_offsets_kernel(counts_ptr, offsets_ptr, sorted_ptr, block_expert_ptr, num_chunks, num_slots, size,
+                          num_blocks, E: tl.constexpr, E_P: tl.constexpr, BLOCK_M: tl.constexpr,
+                          ROWS: tl.constexpr, FILL: tl.constexpr):
+    """offsets[c, e]: the slots of expert e in the chunks before c; offsets[num_chunks, e]: where
+    expert e's list starts; the padding value everywhere in sorted_ids; each block's expert."""
+    e = tl.arange(0, E_P)
+    r = tl.arange(0, ROWS)
+    total = tl.zeros([E_P], tl.int32)
+    for c0 in range(0, num_chunks, ROWS):
+        at = (c0 + r)[:, None] * E_P + e[None, :]
+        rows = (c0 + r < num_chunks)[:, None]
+        cnt = tl.load(counts_ptr + at, mask=rows, other=0)
+        tl.store(offsets_ptr + at, total[None, :] + tl.cumsum(cnt, 0) - cnt, mask=rows)
+        total += tl.sum(cnt, 0)
+    padded = (total + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    ends = tl.cumsum(padded, 0)
+    tl.store(offsets_ptr + num_chunks * E_P + e, ends - padded)
+    for p0 in range(0, size, FILL):
+        p = p0 + tl.arange(0, FILL)
+        tl.store(sorted_ptr + p, tl.zeros([FILL], tl.int32) + num_slots, mask=p < size)
+    for b0 in range(0, num_blocks, ROWS):
+        b = b0 + r
+        before = tl.sum(((ends[None, :] <= (b * BLOCK_M)[:, None]) & (e[None, :] < E)).to(tl.int32), 1)
+        tl.store(block_expert_ptr + b, tl.where(before < E, before, -1), mask=b < num_blocks)
+
+
+@kernel(do_not_specialize=["num_slots"])
+def _align_place_kernel(ids_ptr, offsets_ptr, sorted_ptr, num_slots, E: tl.constexpr, E_P: tl.constexpr,
+                        CHUNK: tl.constexpr):
+    """Each slot of chunk c to its place: its expert's start, the earlier chunks' slots of that
+    expert, the earlier slots of this chunk."""
+    c = tl.program_id(0)
+    e = tl.arange(0, E_P)
+    s = c * CHUNK + tl.arange(0, CHUNK)
+    x = tl.load(ids_ptr + s, mask=s < num_slots, other=-1)
+    hit = ((x[:, None] == e[None, :]) & (e[None, :] < E)).to(tl.int32)
+    first = tl.load(offsets_ptr + tl.num_programs(0) * E_P + e) + tl.load(offsets_ptr + c * E_P + e)
+    at = first[None, :] + tl.cumsum(hit, 0) - 1
+    tl.store(sorted_ptr + tl.sum(hit * at, 1), s, mask=tl.sum(hit, 1) > 0)
+
+
 class MoeAlignment(NamedTuple):
     """Slots sorted by expert: ``sorted_ids`` [max_blocks * block_m] int32 (slot indices, padding =
     T * K), ``block_experts`` [max_blocks] int32 (each block's expert, -1 past the last one)."""
@@ -85,49 +141,34 @@ def max_blocks(num_slots: int, num_experts: int, block_m: int) -> int:
 
 
 def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int,
-              one_program_slots: int = ONE_PROGRAM_SLOTS) -> MoeAlignment:
+              one_program_chunks: int = ONE_PROGRAM_CHUNKS) -> MoeAlignment:
     """Sort topk_ids [T, K] (int32/int64) by expert into blocks of ``block_m`` slots of one expert;
-    steps of up to ``one_program_slots`` slots in one Triton program, larger ones with torch ops."""
+    steps of up to ``one_program_chunks`` chunks of slots in one program, larger ones in three launches."""
     if topk_ids.dim() != 2:
         raise ValueError(f"moe_align takes topk_ids [T, K]; got {tuple(topk_ids.shape)}")
     dev = topk_ids.device
     slots = topk_ids.numel()
     blocks = max_blocks(slots, num_experts, block_m)
-    size = blocks * block_m
-    if 0 < slots <= one_program_slots:
-        sorted_ids = torch.empty(size, dtype=torch.int32, device=dev)
-        block_experts = torch.empty(blocks, dtype=torch.int32, device=dev)
-        e_p = next_pow2(num_experts)
-        _align_kernel[(1,)](topk_ids.contiguous(), sorted_ids, block_experts, slots, size, blocks, E=num_experts,
-                            E_P=e_p, BLOCK_M=block_m, CHUNK=max(16, min(128, 8192 // e_p)), FILL=1024, num_warps=4)
+    sorted_ids = torch.empty(blocks * block_m, dtype=torch.int32, device=dev)
+    block_experts = torch.empty(blocks, dtype=torch.int32, device=dev)
+    if slots == 0:
         return MoeAlignment(sorted_ids, block_experts, block_m)
-    return _align_torch(topk_ids, num_experts, block_m, slots, blocks, size)
-
-
-def _align_torch(topk_ids, num_experts, block_m, slots, blocks, size) -> MoeAlignment:
-    """The alignment in vectorised torch ops (a stable argsort by expert), for large steps."""
-    dev = topk_ids.device
-    flat = topk_ids.reshape(-1).long()
-    # an id outside [0, E) counts in an extra bin E that gets no block
-    key = torch.where((flat >= 0) & (flat < num_experts), flat, num_experts)
-    counts = torch.zeros(num_experts + 1, dtype=torch.int64, device=dev)
-    counts.index_add_(0, key, torch.ones_like(key))
-    padded = (counts + block_m - 1) // block_m * block_m
-    padded[num_experts] = 0
-    ends = padded.cumsum(0)  # [E + 1]; bin E ends where expert E - 1 does
-    starts = ends - padded
-    order = torch.argsort(key, stable=True)  # slots by expert, each expert's in slot order
-    sorted_key = key[order]
-    first = counts.cumsum(0) - counts  # where each expert's slots begin in ``order``
-    rank = torch.arange(slots, device=dev) - first[sorted_key]
-    # the dropped slots all go to one spare entry past the end, which is cut off
-    dest = torch.where(sorted_key < num_experts, starts[sorted_key] + rank, size)
-    sorted_ids = torch.full((size + 1,), slots, dtype=torch.int32, device=dev)
-    sorted_ids.scatter_(0, dest, order.to(torch.int32))
-    block_start = torch.arange(blocks, device=dev) * block_m
-    block_experts = torch.searchsorted(ends[:num_experts].contiguous(), block_start, right=True)
-    block_experts = torch.where(block_experts < num_experts, block_experts, -1).to(torch.int32)
-    return MoeAlignment(sorted_ids[:size], block_experts, block_m)
+    ids = topk_ids.contiguous()
+    e_p = next_pow2(num_experts)
+    chunk = max(16, min(128, ONEHOT // e_p))
+    chunks = -(-slots // chunk)
+    sizes = {"E": num_experts, "E_P": e_p}
+    if chunks <= one_program_chunks:
+        _align_kernel[(1,)](ids, sorted_ids, block_experts, slots, sorted_ids.numel(), blocks, BLOCK_M=block_m,
+                            CHUNK=chunk, FILL=FILL, num_warps=4, **sizes)
+        return MoeAlignment(sorted_ids, block_experts, block_m)
+    counts = torch.empty(chunks, e_p, dtype=torch.int32, device=dev)
+    offsets = torch.empty(chunks + 1, e_p, dtype=torch.int32, device=dev)  # the last row: the lists' starts
+    _align_count_kernel[(chunks,)](ids, counts, slots, CHUNK=chunk, num_warps=4, **sizes)
+    _align_offsets_kernel[(1,)](counts, offsets, sorted_ids, block_experts, chunks, slots, sorted_ids.numel(), blocks,
+                                BLOCK_M=block_m, ROWS=max(16, ONEHOT // e_p // 2), FILL=FILL, num_warps=8, **sizes)
+    _align_place_kernel[(chunks,)](ids, offsets, sorted_ids, slots, CHUNK=chunk, num_warps=4, **sizes)
+    return MoeAlignment(sorted_ids, block_experts, block_m)
 
 
 def moe_align_ref(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> MoeAlignment:

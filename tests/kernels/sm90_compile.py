@@ -136,6 +136,8 @@ def _moe_calls(dtype: torch.dtype) -> None:
         cfg = default_config(per_expert * e, e, torch.device("cuda"))  # (no CUDA call: the tiles only)
         K.fused_moe(x, w13, w2, torch.zeros(4, 2), ids, config=cfg)
     K.moe_align(torch.zeros(4, 8, dtype=torch.int32), 256, 16)  # DeepSeek-V3's 256 experts: the narrowest chunk
+    K.moe_align(torch.zeros(4, 8, dtype=torch.int32), 256, 16, one_program_chunks=0)  # the three-launch path
+    K.moe_align(torch.zeros(4, 6, dtype=torch.int32), 64, 64, one_program_chunks=0)
     logits = torch.zeros(3, 256, dtype=torch.float32)
     K.grouped_topk(logits, 8, scoring="sigmoid", n_group=8, topk_group=4, correction_bias=torch.zeros(256),
                    renormalize=True, routed_scaling_factor=2.5)  # DeepSeek-V3
