@@ -17,7 +17,8 @@ it is K blocks, so no program works for an expert that received no token; blocks
 expert's end at once. Rounding follows the eager layers (transformers' expert loop): gate and up
 are rounded to x's dtype, then the SiLU and the product as ``silu_and_mul`` does; down's output is
 rounded, then multiplied by its weight and rounded again; the K rows are summed in float32 and
-rounded once.
+rounded once. The same inputs give the same bits every run; a token's bits do depend on the step's
+size, through the default tiles (not batch-invariant).
 """
 from __future__ import annotations
 
