@@ -14,9 +14,10 @@ def test_moe_bench_checks_both_kernels_on_tiny_shapes(monkeypatch, device):
     if device == "cpu":  # the interpreter computes bfloat16 wrongly
         monkeypatch.setattr(bench_kernels, "BF16", torch.float16)
     monkeypatch.setattr(bench_kernels, "time_ms", lambda fn, ms: (fn(), 1.0)[1])
+    monkeypatch.setattr(moe_kernels, "MEMORY_BOUND_TOKENS", 1)  # so that 2 tokens take the FLOPs branch
     table = bench_kernels.Table()
-    moe_kernels.bench_moe(table, 2, 32, 32, 8, 2, 1)  # reported as bandwidth
-    moe_kernels.bench_moe(table, moe_kernels.MEMORY_BOUND_TOKENS + 1, 32, 32, 8, 2, 1)  # as FLOPs
+    moe_kernels.bench_moe(table, 1, 32, 32, 8, 2, 1)  # reported as bandwidth
+    moe_kernels.bench_moe(table, 2, 32, 32, 8, 2, 1)  # as FLOPs
     moe_kernels.bench_routing(table, 16, 16, 3, 1, scoring="sigmoid", n_group=4, topk_group=2, renormalize=True)
     assert not table.failed, table.markdown()
     text = table.markdown()
