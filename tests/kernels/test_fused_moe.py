@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from deepinfer_kernels import MoeConfig, fused_moe, fused_moe_ref, grouped_topk
+from deepinfer_kernels import MoeConfig, fused_moe, fused_moe_ref, grouped_topk, grouped_topk_ref
 from tests.kernels.paged import DTYPES
 
 fm = importlib.import_module("deepinfer_kernels.fused_moe")  # the module (the package's name is the function)
@@ -213,3 +213,38 @@ def test_fused_ops_offer_the_moe_kernels_without_the_host_check(device):
     kept = weights.clone()
     kept[0, 1] = 0.0
     _close(ops.fused_moe(x, w13, w2, weights, bad), fused_moe_ref(x, w13, w2, kept, ids), torch.float32)
+
+
+@pytest.mark.parametrize("version", [2, 3])
+def test_references_wired_as_a_model_reproduce_transformers_moe_layer(version):
+    """The wiring a model needs, checked end to end against transformers' whole MoE layer (router,
+    routed experts, shared experts): float32 router logits, grouped_topk with the checkpoint's
+    semantics, fused_moe over the stacked experts, plus the shared experts' MLP."""
+    from transformers import DeepseekV2Config, DeepseekV3Config
+    from transformers.models.deepseek_v2.modeling_deepseek_v2 import DeepseekV2Moe
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3MoE
+
+    common = {"hidden_size": 32, "moe_intermediate_size": 24, "n_routed_experts": 16, "num_experts_per_tok": 3,
+              "n_shared_experts": 1, "n_group": 4, "topk_group": 2, "num_attention_heads": 2,
+              "num_key_value_heads": 2}
+    if version == 2:  # DeepSeek-V2: softmax, group-limited, scaled and not normalised
+        layer = DeepseekV2Moe(DeepseekV2Config(topk_method="group_limited_greedy", routed_scaling_factor=16.0,
+                                               **common))
+        routing = {"scoring": "softmax", "routed_scaling_factor": 16.0}
+    else:  # DeepSeek-V3: sigmoid with the correction bias, normalised and scaled
+        layer = DeepseekV3MoE(DeepseekV3Config(routed_scaling_factor=2.5, norm_topk_prob=True, **common))
+        routing = {"scoring": "sigmoid", "renormalize": True, "routed_scaling_factor": 2.5,
+                   "correction_bias": torch.randn(16, generator=torch.Generator().manual_seed(5)) * 0.1}
+    g = torch.Generator().manual_seed(version)
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * p.shape[-1] ** -0.5)
+        if version == 3:
+            layer.gate.e_score_correction_bias.copy_(routing["correction_bias"])
+        h = torch.randn(10, 32, generator=g)
+        want = layer(h)
+        logits = F.linear(h.float(), layer.gate.weight.float())
+        weights, ids = grouped_topk_ref(logits, 3, n_group=4, topk_group=2, **routing)
+        got = fused_moe_ref(h, layer.experts.gate_up_proj, layer.experts.down_proj, weights, ids)
+        got = got + layer.shared_experts(h)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
