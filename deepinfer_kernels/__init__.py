@@ -9,6 +9,7 @@ from deepinfer_kernels.activation import silu_and_mul, silu_and_mul_ref
 from deepinfer_kernels.argmax import argmax, argmax_prob, argmax_prob_ref, argmax_ref
 from deepinfer_kernels.chain_inputs import chain_inputs
 from deepinfer_kernels.embedding import embedding, embedding_ref
+from deepinfer_kernels.fused_moe import MoeConfig, fused_moe, fused_moe_ref
 from deepinfer_kernels.fused_ops import FusedOps
 from deepinfer_kernels.gemv import GemvConfig, gemv, gemv_qkv_rotary, gemv_qkv_rotary_ref, gemv_ref
 from deepinfer_kernels.gemv_rows import (
@@ -20,6 +21,8 @@ from deepinfer_kernels.gemv_rows import (
     rows_supported,
 )
 from deepinfer_kernels.kv_cache import write_kv_cache, write_kv_cache_ref
+from deepinfer_kernels.moe_align import MoeAlignment, moe_align, moe_align_ref
+from deepinfer_kernels.moe_routing import grouped_topk, grouped_topk_ref
 from deepinfer_kernels.paged_attention import (
     DEFAULT_SPLIT,
     num_decode_splits,
@@ -40,6 +43,8 @@ __all__ = [
     "DEFAULT_SPLIT",
     "FusedOps",
     "GemvConfig",
+    "MoeAlignment",
+    "MoeConfig",
     "RowsConfig",
     "apply_rotary",
     "apply_rotary_ref",
@@ -50,6 +55,8 @@ __all__ = [
     "chain_inputs",
     "embedding",
     "embedding_ref",
+    "fused_moe",
+    "fused_moe_ref",
     "gemv",
     "gemv_qkv_rotary",
     "gemv_qkv_rotary_ref",
@@ -58,6 +65,10 @@ __all__ = [
     "gemv_rows_qkv_rotary",
     "gemv_rows_qkv_rotary_ref",
     "gemv_rows_ref",
+    "grouped_topk",
+    "grouped_topk_ref",
+    "moe_align",
+    "moe_align_ref",
     "num_decode_splits",
     "paged_decode_attention",
     "paged_decode_attention_ref",

@@ -21,6 +21,8 @@ class FusedOps:
     default policy. The hints change no result, only what the L2 holds. ``gemv_rows``: steps of
     2 to this many tokens (at most 16) take ``gemv`` and ``gemv_qkv_rotary`` too, through the
     multi-row kernels (``takes_rows`` says which steps); 1: single-token steps only.
+    ``grouped_topk`` and ``fused_moe``: a mixture-of-experts layer's routing and routed experts
+    (DeepSeek-V2/V3), offered always (not yet members of ``deepinfer.core.fused_ops.FusedOps``).
     """
 
     def __init__(self, single_token_gemv: bool = True, pdl: bool = True, l2_keep_bytes: int = 0,
@@ -28,6 +30,7 @@ class FusedOps:
         from deepinfer_kernels.activation import silu_and_mul
         from deepinfer_kernels.argmax import argmax, argmax_prob
         from deepinfer_kernels.chain_inputs import chain_inputs
+        from deepinfer_kernels.moe_routing import grouped_topk
         from deepinfer_kernels.placeholders import STAGE_MAX_BYTES, resolve_placeholders, stage_inputs
         from deepinfer_kernels.rms_norm import rms_norm
         from deepinfer_kernels.rotary import apply_rotary
@@ -37,6 +40,7 @@ class FusedOps:
         self.silu_and_mul = silu_and_mul
         self.resolve_placeholders = resolve_placeholders
         self.chain_inputs = chain_inputs
+        self.grouped_topk = grouped_topk  # DeepSeek's routing; with fused_moe, a MoE layer's routed experts
         self._stage_inputs = stage_inputs
         self.stage_max_bytes = STAGE_MAX_BYTES  # the most a step's staged inputs may take
         self.pdl = pdl
@@ -68,6 +72,13 @@ class FusedOps:
 
     def argmax_prob(self, logits, chunk=None):
         return self._argmax_prob(logits, chunk, pdl=self._pdl(logits))
+
+    def fused_moe(self, x, w13, w2, topk_weights, topk_ids):
+        """``deepinfer_kernels.fused_moe`` without its host-side id check (the ids come from the
+        router; the check would sync, and cannot run inside a CUDA graph capture)."""
+        from deepinfer_kernels.fused_moe import fused_moe
+
+        return fused_moe(x, w13, w2, topk_weights, topk_ids, check_ids=False)
 
     def evict_policy(self, weight) -> str:
         """The L2 policy of ``weight``'s loads (see ``l2_keep_bytes``), fixed when first asked."""

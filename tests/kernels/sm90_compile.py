@@ -115,11 +115,33 @@ def _all_calls(dtype: torch.dtype, attention_only: bool) -> None:
                            kv_cache=(torch.zeros(64, 1, 32, dtype=dtype),) * 2 + (torch.zeros(3, dtype=torch.int64),))
     K.gemv_rows(xs.float(), w.float())  # float32: the dot without TF32
     K.gemv(x, w, evict="evict_first")
+    _moe_calls(dtype)
     K.resolve_placeholders(torch.tensor([-1, 3]), torch.tensor([7]))
     K.stage_inputs(torch.zeros(2, 64, dtype=torch.uint8), torch.zeros(1, dtype=torch.int32),
                    torch.zeros(32, dtype=torch.uint8), 1, torch.tensor([7]))
     K.stage_inputs(torch.zeros(2, 64, dtype=torch.uint8), torch.zeros(1, dtype=torch.int32),
                    torch.zeros(32, dtype=torch.uint8), 1, torch.tensor([7]), pdl=True)
+
+
+def _moe_calls(dtype: torch.dtype) -> None:
+    """The fused MoE at each of its default sm90 tiles (decode, medium, large batches), its alignment
+    kernel, and the routing."""
+    from deepinfer_kernels.fused_moe import default_config
+
+    e, d, inter = 8, 256, 192  # I not a multiple of the widest tile: the column masks
+    x = torch.zeros(4, d, dtype=dtype)
+    w13, w2 = torch.zeros(e, 2 * inter, d, dtype=dtype), torch.zeros(e, d, inter, dtype=dtype)
+    ids = torch.zeros(4, 2, dtype=torch.int32)
+    for per_expert in (1, 64, 1024):
+        cfg = default_config(per_expert * e, e, torch.device("cuda"))  # (no CUDA call: the tiles only)
+        K.fused_moe(x, w13, w2, torch.zeros(4, 2), ids, config=cfg)
+    K.moe_align(torch.zeros(4, 8, dtype=torch.int32), 256, 16)  # DeepSeek-V3's 256 experts: the narrowest chunk
+    K.moe_align(torch.zeros(4, 8, dtype=torch.int32), 256, 16, one_program_chunks=0)  # the three-launch path
+    K.moe_align(torch.zeros(4, 6, dtype=torch.int32), 64, 64, one_program_chunks=0)
+    logits = torch.zeros(3, 256, dtype=torch.float32)
+    K.grouped_topk(logits, 8, scoring="sigmoid", n_group=8, topk_group=4, correction_bias=torch.zeros(256),
+                   renormalize=True, routed_scaling_factor=2.5)  # DeepSeek-V3
+    K.grouped_topk(logits[:, :64].to(dtype), 6)  # DeepSeek-V2-Lite
 
 
 def main() -> int:
