@@ -65,7 +65,7 @@ def assemble_kv_cache(ctx: EngineContext, model, attention, policies: list, dtyp
                             config.max_num_batched_tokens)
     if windowed is not None:
         _check_windowed_groups(attention, windowed, groups)
-    _check_latent_layers(attention, ctx.layers, ctx.model_config.get("architecture"))
+    check_latent_support(attention, ctx.layers, ctx.model_config.get("architecture"))
     ctx.layers = model.assign_kv_groups({s.layer_idx: g.group_id for g in groups for s in g.layers})
     model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     return build_kv_cache(ctx, groups, attention, policies, dtype, model_bytes, max_model_len)
@@ -81,7 +81,8 @@ def _check_windowed_groups(attention, policy, groups) -> None:
                           "model has none")
 
 
-def _check_latent_layers(attention, layers, architecture: str | None) -> None:
+def check_latent_support(attention, layers, architecture: str | None) -> None:
+    """Refuse an attention plugin (instance or class) that cannot serve the model's latent KV layers."""
     if attention.supports_latent_kv or not any(s.latent for s in layers):
         return
     raise PluginError(f"attention plugin {attention.name!r} cannot serve the latent KV cache of this model's "
@@ -98,7 +99,7 @@ def latent_attention_plugins() -> list[str]:
         try:
             if getattr(load(info), "supports_latent_kv", False):
                 names.append(info.name)
-        except Exception:  # noqa: BLE001 (a plugin that cannot load here is no choice)
+        except Exception:  # noqa: BLE001, S112 (a plugin that cannot load here is no choice)
             continue
     return sorted(names)
 

@@ -127,7 +127,7 @@ class LLM:
     def _expert_counter(self) -> CountsExpertLoad:
         model = self.engine.runner.model
         if not isinstance(model, CountsExpertLoad):
-            raise ValueError(f"model {self.engine.ctx.model_config.get('architecture')!r} has no routed experts to "
+            raise TypeError(f"model {self.engine.ctx.model_config.get('architecture')!r} has no routed experts to "
                              "count the load of (expert load is counted by mixture-of-experts models such as "
                              "DeepSeek-V2/V3)")
         return model

@@ -18,7 +18,6 @@ from deepinfer.core.sampling_params import SamplingParams
 from deepinfer.core.speculation import Speculation
 from deepinfer.core.tokenizer import Tokenizer
 
-
 #: gauges of a model that counts its experts' load (``CountsExpertLoad``)
 EXPERT_GAUGES = {
     "deepinfer:moe_routed_tokens": "tokens routed to experts (top-k per token, summed over MoE layers) since "

@@ -80,7 +80,7 @@ def moe_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weigh
     """The routed experts' weighted sum for each token, in torch: the (token, expert) pairs sorted by
     expert, each expert's rows through its gate/up and down projections in one matmul each, the
     results scaled by their weights (in float32) and added back to their tokens. [T, D]."""
-    t, k = topk_ids.shape
+    k = topk_ids.shape[1]
     inter = w2.shape[2]
     flat = topk_ids.reshape(-1).long()
     order = flat.argsort(stable=True)

@@ -7,7 +7,9 @@ import pytest
 import torch
 
 from deepinfer import LLM, SamplingParams
+from deepinfer.builder import check_latent_support, latent_attention_plugins
 from deepinfer.core.model_config import ModelConfigError
+from deepinfer.plugins import AttentionLayerSpec, PluginError
 from tests.tiny_models import hf_greedy, make_model
 
 YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 64,
@@ -154,3 +156,25 @@ def test_unsupported_config_values_are_refused_with_what_is_valid(tmp_path, arch
     with pytest.raises(ModelConfigError, match=field) as err:
         LLM(str(tmp_path), dtype="float32", progress=False)
     assert says in str(err.value)
+
+
+def test_an_attention_plugin_without_latent_kv_is_refused_by_name():
+    from deepinfer_builtin.attention.torch_attn import TorchAttention
+
+    class Keyed(TorchAttention):
+        name = "keyed"
+        supports_latent_kv = False
+
+    assert "torch" in latent_attention_plugins()
+    layers = [AttentionLayerSpec(0, 4, 1, 40, scale=0.1), AttentionLayerSpec(1, 4, 1, 40, scale=0.1, value_dim=32)]
+    with pytest.raises(PluginError, match=r"'keyed' cannot serve the latent KV cache .* choose one that does: .*torch"):
+        check_latent_support(Keyed, layers, "DeepseekV3ForCausalLM")
+    check_latent_support(Keyed, layers[:1], "LlamaForCausalLM")  # no latent layer: nothing to refuse
+
+
+def test_expert_load_of_a_model_without_experts_is_refused(tmp_path):
+    make_model(tmp_path, "llama", with_tokenizer=False)
+    llm = LLM(str(tmp_path), dtype="float32", progress=False)
+    with pytest.raises(TypeError, match="LlamaForCausalLM.*no routed experts"):
+        llm.expert_load()
+    assert "deepinfer:moe_routed_tokens" not in llm.get_metrics()
