@@ -12,7 +12,7 @@ from deepinfer.core.model_config import ModelConfigError
 from deepinfer.plugins import AttentionLayerSpec, PluginError
 from tests.tiny_models import hf_greedy, make_model
 
-YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 64,
+YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 256,
         "mscale": 0.707, "mscale_all_dim": 1.0, "beta_fast": 32, "beta_slow": 1}
 # together: both routings, group limits, shared experts, a dense first layer (tiny_models' default) or
 # none, yarn (its cos/sin factor and softmax mscale both != 1 here), q_lora_rank set and unset, rope
@@ -33,9 +33,9 @@ GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 def case(request, tmp_path_factory):
     arch, overrides = CASES[request.param]
     path = tmp_path_factory.mktemp(request.param)
-    model = make_model(path, arch, **overrides)
+    model = make_model(path, arch, with_tokenizer=False, **overrides)
     expected = [hf_greedy(model, p, GREEDY.max_tokens) for p in PROMPTS]
-    return model, str(path), expected
+    return model, str(path), expected, LLM(str(path), dtype="float32", block_size=8, progress=False)
 
 
 def _tokens(llm: LLM, prompts=PROMPTS, params=GREEDY) -> list[list[int]]:
@@ -50,14 +50,13 @@ def _all_free(llm: LLM) -> None:
 
 
 def test_greedy_tokens_equal_transformers_in_a_mixed_batch(case):
-    _, path, expected = case
-    llm = LLM(path, dtype="float32", block_size=8, progress=False)
+    _, _, expected, llm = case
     assert _tokens(llm) == expected
     _all_free(llm)
 
 
 def test_chunked_prefill_and_preemption_keep_transformers_tokens(case):
-    _, path, expected = case
+    _, path, expected, _ = case
     # 16 blocks of 8 tokens: one request fits (max_model_len 128), all three do not -> preemption;
     # a budget of 16 tokens a step splits the longer prompts into chunks
     llm = LLM(path, dtype="float32", block_size=8, num_kv_blocks=16, max_model_len=128, max_num_batched_tokens=16,
@@ -68,7 +67,7 @@ def test_chunked_prefill_and_preemption_keep_transformers_tokens(case):
 
 
 def test_prefix_cache_hits_keep_transformers_tokens(case):
-    _, path, expected = case
+    _, path, expected, _ = case
     llm = LLM(path, dtype="float32", block_size=8, plugins=["prefix-cache"], progress=False)
     assert _tokens(llm, PROMPTS[1:]) == expected[1:]
     assert _tokens(llm, PROMPTS[1:]) == expected[1:]  # the prompts again: from cached blocks
@@ -79,8 +78,7 @@ def test_prefix_cache_hits_keep_transformers_tokens(case):
 def test_expert_load_counts_transformers_routing(case):
     """Each MoE layer's counts are those of transformers' routers over the same tokens (every token
     the engine computed: the prompt and each output but the last), so they sum to tokens * top_k."""
-    model, path, expected = case
-    llm = LLM(path, dtype="float32", block_size=8, progress=False)
+    model, _, expected, llm = case
     llm.reset_expert_load()
     _tokens(llm)
     got = llm.expert_load()
@@ -109,11 +107,11 @@ def test_expert_load_counts_transformers_routing(case):
     assert llm.expert_load().sum().item() == 0
 
 
-def test_bfloat16_prompt_logprobs_within_5e_2_of_transformers(tmp_path):
-    """bfloat16 on both sides (transformers' rope and attention round differently): the prompt
-    tokens' logprobs differ by less than 5e-2 (a routing choice flipped by rounding moves a few)."""
-    model = make_model(tmp_path, "deepseek_v3", dtype=torch.bfloat16, n_group=4, topk_group=2,
-                       rope_parameters=YARN)
+def test_bfloat16_prompt_logprobs_within_1e_2_of_transformers(tmp_path):
+    """bfloat16 on both sides (transformers rotates and attends in other orders and precisions):
+    the prompt tokens' logprobs differ by less than 1e-2 (1.9e-3 at most when written)."""
+    model = make_model(tmp_path, "deepseek_v3", dtype=torch.bfloat16, with_tokenizer=False, n_group=4,
+                       topk_group=2, rope_parameters=YARN)
     llm = LLM(str(tmp_path), progress=False)  # dtype auto: bfloat16 from config.json
     assert llm.engine.runner.model.model.embed_tokens.weight.dtype == torch.bfloat16
     prompt = PROMPTS[2]
@@ -122,7 +120,7 @@ def test_bfloat16_prompt_logprobs_within_5e_2_of_transformers(tmp_path):
     with torch.no_grad():
         ref = model(torch.tensor([prompt])).logits[0].float().log_softmax(-1)
     errs = [abs(out.prompt_logprobs[i][prompt[i]] - ref[i - 1, prompt[i]].item()) for i in range(1, len(prompt))]
-    assert max(errs) < 5e-2
+    assert max(errs) < 1e-2
 
 
 def test_yarn_and_correction_bias_change_the_oracle(tmp_path):
