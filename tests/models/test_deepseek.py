@@ -66,6 +66,15 @@ def test_chunked_prefill_and_preemption_keep_transformers_tokens(case):
     _all_free(llm)
 
 
+def test_overlapped_steps_keep_transformers_tokens(case):
+    """The overlapped loop (off on the CPU by default, switched on here) with the latent cache."""
+    _, path, expected, _ = case
+    llm = LLM(path, dtype="float32", block_size=8, max_num_batched_tokens=32, progress=False)
+    llm.engine.overlap = True
+    assert _tokens(llm) == expected
+    _all_free(llm)
+
+
 def test_prefix_cache_hits_keep_transformers_tokens(case):
     _, path, expected, _ = case
     llm = LLM(path, dtype="float32", block_size=8, plugins=["prefix-cache"], progress=False)
