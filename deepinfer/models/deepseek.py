@@ -14,6 +14,7 @@ from deepinfer.core.model_config import ModelConfig
 from deepinfer.core.model_registry import CausalLM
 from deepinfer.models.deepseek_config import DeepseekConfig, deepseek_config
 from deepinfer.models.deepseek_weights import load_checkpoint
+from deepinfer.models.fp8 import fp8_block_size
 from deepinfer.models.layers import GatedMLP, Linear, RMSNorm
 from deepinfer.models.mla import MLAttention
 from deepinfer.models.moe import MoE
@@ -60,6 +61,7 @@ class DeepseekV2ForCausalLM(CausalLM):
     def __init__(self, config: ModelConfig, attention: AttentionBackend) -> None:
         super().__init__(config, attention)
         self.ds = deepseek_config(config, self.v3)
+        self.fp8_block = fp8_block_size(config)
         mla = self.ds.mla
         self.rotary = LatentRotary(mla.qk_rope_head_dim, config.max_position_embeddings, config.rope_theta,
                                    config.rope_scaling, self.ds.rope_interleave, mla.qk_head_dim)
@@ -96,7 +98,7 @@ class DeepseekV2ForCausalLM(CausalLM):
             m.expert_load.zero_()
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        load_checkpoint(self, weights)
+        load_checkpoint(self, weights, self.fp8_block)
         self.rotary.build(self.model.embed_tokens.weight.device)
         self.reset_expert_load()
 

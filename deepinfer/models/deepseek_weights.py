@@ -5,17 +5,19 @@ As the Hugging Face checkpoints name them, except: each layer's routed experts
 then up rows) and ``mlp.w2`` [E, D, I] (transformers' in-memory stacks, ``mlp.experts.gate_up_proj``
 and ``mlp.experts.down_proj``, are taken too); gate_proj and up_proj of dense and shared-expert MLPs
 fill ``gate_up_proj``; the router (``mlp.gate``) stays float32 whatever the model's dtype; layers past
-``num_hidden_layers`` (V3's multi-token-prediction layer) and rotary buffers are skipped.
+``num_hidden_layers`` (V3's multi-token-prediction layer) and rotary buffers are skipped; FP8
+weights with their ``weight_scale_inv`` are dequantized to the model's dtype (``fp8.py``).
 """
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
 import torch
 
 from deepinfer.core.loader import WeightsError
+from deepinfer.models.fp8 import dequantized
 
 if TYPE_CHECKING:
     from deepinfer.models.deepseek import DeepseekV2ForCausalLM
@@ -50,8 +52,23 @@ def _destination(name: str, params: dict[str, torch.Tensor]) -> tuple[str, torch
     return (name, params[name]) if name in params else None
 
 
-def load_checkpoint(model: DeepseekV2ForCausalLM, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-    """Copy every tensor in; raise on unknown, mis-shaped or missing ones."""
+def _kept(model: DeepseekV2ForCausalLM, weights: Iterable[tuple[str, torch.Tensor]]
+          ) -> Iterator[tuple[str, torch.Tensor]]:
+    """The tensors the model may use: not rotary buffers, layers past num_hidden_layers, a tied
+    LM head, or empty tensors (shared experts of size 0)."""
+    n_layers = model.config.num_hidden_layers
+    for name, tensor in weights:
+        layer = _LAYER.match(name)
+        if ("rotary_emb" in name or (layer is not None and int(layer.group(1)) >= n_layers)
+                or (name == "lm_head.weight" and model.lm_head is None) or tensor.numel() == 0):
+            continue
+        yield name, tensor
+
+
+def load_checkpoint(model: DeepseekV2ForCausalLM, weights: Iterable[tuple[str, torch.Tensor]],
+                    fp8_block: tuple[int, int] | None = None) -> None:
+    """Copy every tensor in (block-scaled FP8 weights dequantized first, ``fp8_block``); raise on
+    unknown, mis-shaped or missing ones."""
     for moe in model.moe_layers():  # the router computes in float32 (as DeepSeek and transformers keep it)
         for p in (moe.gate.weight, moe.gate.e_score_correction_bias):
             if p is not None:
@@ -59,12 +76,8 @@ def load_checkpoint(model: DeepseekV2ForCausalLM, weights: Iterable[tuple[str, t
     params = {n: p.data for n, p in model.named_parameters()}
     filled = dict.fromkeys(params, 0)  # elements copied
     unexpected: list[str] = []
-    n_layers = model.config.num_hidden_layers
-    for name, tensor in weights:
-        layer = _LAYER.match(name)
-        if ("rotary_emb" in name or (layer is not None and int(layer.group(1)) >= n_layers)
-                or (name == "lm_head.weight" and model.lm_head is None)):
-            continue
+    weights = _kept(model, weights)
+    for name, tensor in (weights if fp8_block is None else dequantized(weights, fp8_block)):
         found = _destination(name, params)
         if found is None:
             unexpected.append(name)
