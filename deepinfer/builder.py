@@ -20,7 +20,7 @@ from deepinfer.core.model_runner import ModelRunner
 from deepinfer.core.sampler import Sampler
 from deepinfer.core.tokenizer import Tokenizer
 from deepinfer.plugins import hookspecs
-from deepinfer.plugins.discovery import MODELS_GROUP, PluginError, fresh, model_entry_points
+from deepinfer.plugins.discovery import MODELS_GROUP, PluginError, discover, fresh, load, model_entry_points
 from deepinfer.plugins.selection import Selection, instantiate_hooks, select
 
 
@@ -65,6 +65,7 @@ def assemble_kv_cache(ctx: EngineContext, model, attention, policies: list, dtyp
                             config.max_num_batched_tokens)
     if windowed is not None:
         _check_windowed_groups(attention, windowed, groups)
+    check_latent_support(attention, ctx.layers, ctx.model_config.get("architecture"))
     ctx.layers = model.assign_kv_groups({s.layer_idx: g.group_id for g in groups for s in g.layers})
     model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     return build_kv_cache(ctx, groups, attention, policies, dtype, model_bytes, max_model_len)
@@ -78,6 +79,29 @@ def _check_windowed_groups(attention, policy, groups) -> None:
     if len(groups) == 1:
         raise PluginError(f"cache policy {policy.name!r} asked for a KV pool for sliding-window layers, but the "
                           "model has none")
+
+
+def check_latent_support(attention, layers, architecture: str | None) -> None:
+    """Refuse an attention plugin (instance or class) that cannot serve the model's latent KV layers."""
+    if attention.supports_latent_kv or not any(s.latent for s in layers):
+        return
+    raise PluginError(f"attention plugin {attention.name!r} cannot serve the latent KV cache of this model's "
+                      f"layers ({architecture}: multi-head latent attention; it does not declare "
+                      f"supports_latent_kv); choose one that does: {', '.join(latent_attention_plugins()) or '(none)'}")
+
+
+def latent_attention_plugins() -> list[str]:
+    """The names of the installed attention plugins that serve latent KV layers (each imported to ask)."""
+    names = []
+    for info in discover():
+        if info.slot.name != "attention":
+            continue
+        try:
+            if getattr(load(info), "supports_latent_kv", False):
+                names.append(info.name)
+        except Exception:  # noqa: BLE001, S112 (a plugin that cannot load here is no choice)
+            continue
+    return sorted(names)
 
 
 def build_engine(config: EngineConfig, progress: bool = True) -> LLMEngine:

@@ -9,10 +9,12 @@ from tqdm.auto import tqdm
 
 from deepinfer.builder import build_engine
 from deepinfer.core.config import build_config
+from deepinfer.core.model_registry import CountsExpertLoad
 from deepinfer.core.request import RequestOutput
 from deepinfer.core.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    import torch
     from typing_extensions import Self  # typing.Self from Python 3.11
 
 PromptType = str | dict[str, Any]
@@ -112,6 +114,23 @@ class LLM:
 
     def get_metrics(self) -> dict[str, float]:
         return self.engine.get_metrics()
+
+    def expert_load(self) -> torch.Tensor:
+        """Tokens each routed expert received, per MoE layer, since the model was loaded or
+        ``reset_expert_load``: int64 [num_moe_layers, num_routed_experts] (a token counts once for
+        each of its top-k experts)."""
+        return self._expert_counter().expert_load()
+
+    def reset_expert_load(self) -> None:
+        self._expert_counter().reset_expert_load()
+
+    def _expert_counter(self) -> CountsExpertLoad:
+        model = self.engine.runner.model
+        if not isinstance(model, CountsExpertLoad):
+            raise TypeError(f"model {self.engine.ctx.model_config.get('architecture')!r} has no routed experts to "
+                             "count the load of (expert load is counted by mixture-of-experts models such as "
+                             "DeepSeek-V2/V3)")
+        return model
 
     def shutdown(self) -> None:
         """Abort anything still running and run the engine-stopped hooks."""

@@ -38,9 +38,17 @@ def make_tokenizer(out: Path, vocab_size: int = 320) -> None:
     }))
 
 
+#: make_model's defaults for the DeepSeek arches: MLA with a q latent, 8 routed experts (2 a token)
+#: and one shared expert, the first layer dense
+DEEPSEEK = {"num_key_value_heads": 4, "kv_lora_rank": 32, "q_lora_rank": 48, "qk_nope_head_dim": 16,
+            "qk_rope_head_dim": 8, "v_head_dim": 16, "moe_intermediate_size": 32, "n_routed_experts": 8,
+            "num_experts_per_tok": 2, "n_shared_experts": 1, "first_k_dense_replace": 1}
+
+
 def make_model(out: Path, arch: str = "llama", dtype: torch.dtype = torch.float32, seed: int = 0,
                with_tokenizer: bool = True, **overrides):
-    """Save a tiny random model of ``arch`` (llama, qwen2, qwen3, mistral) to ``out``; return it."""
+    """Save a tiny random model of ``arch`` (llama, qwen2, qwen3, mistral, deepseek_v2, deepseek_v3)
+    to ``out``; return it."""
     import transformers as tf
 
     base = {"vocab_size": 320, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
@@ -48,15 +56,24 @@ def make_model(out: Path, arch: str = "llama", dtype: torch.dtype = torch.float3
             "eos_token_id": 2, "bos_token_id": 1, "pad_token_id": 0}
     if arch == "qwen3":
         base.update(head_dim=16)
+    if arch.startswith("deepseek"):
+        base.update(DEEPSEEK)
     base.update(overrides)
     cfg_cls, model_cls = {
         "llama": (tf.LlamaConfig, tf.LlamaForCausalLM),
         "qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM),
         "qwen3": (tf.Qwen3Config, tf.Qwen3ForCausalLM),
         "mistral": (tf.MistralConfig, tf.MistralForCausalLM),
+        "deepseek_v2": (tf.DeepseekV2Config, tf.DeepseekV2ForCausalLM),
+        "deepseek_v3": (tf.DeepseekV3Config, tf.DeepseekV3ForCausalLM),
     }[arch]
     torch.manual_seed(seed)
     model = model_cls(cfg_cls(**base)).to(dtype).eval()
+    if arch == "deepseek_v3":  # transformers initialises the correction bias to zeros: make it matter
+        with torch.no_grad():
+            for layer in model.model.layers:
+                if hasattr(layer.mlp, "gate"):
+                    layer.mlp.gate.e_score_correction_bias.copy_(torch.randn(model.config.n_routed_experts) * 0.05)
     model.save_pretrained(out)
     if with_tokenizer:
         make_tokenizer(out)

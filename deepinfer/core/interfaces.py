@@ -121,6 +121,14 @@ class AttentionLayerSpec:
     #: its KV group (``KVGroupSpec``): the pool and block table it uses; 0, or 1 for sliding-window
     #: layers when a cache policy keeps them apart (``SeparatesWindowedKV``)
     kv_group: int = 0
+    #: a latent KV layer (MLA in its absorbed form): the value is the first ``value_dim`` dims of
+    #: the key, so the cache stores keys alone and ``forward`` takes ``v=None`` and returns
+    #: [T, num_heads, value_dim]. None: keys and values are cached apart, as usual
+    value_dim: int | None = None
+
+    @property
+    def latent(self) -> bool:
+        return self.value_dim is not None
 
 
 class AttentionBackend(Plugin, ABC):
@@ -135,6 +143,10 @@ class AttentionBackend(Plugin, ABC):
     #: skips negative slots, so each KV group (``KVGroupSpec``) may keep a pool of its own, as a
     #: cache policy that ``SeparatesWindowedKV`` asks
     supports_kv_groups: ClassVar[bool] = False
+    #: serves latent KV layers (``AttentionLayerSpec.value_dim``): one cache tensor of keys per
+    #: layer, the values read as the keys' first ``value_dim`` dims; the engine refuses a model
+    #: with such layers on a backend without it
+    supports_latent_kv: ClassVar[bool] = False
 
     @abstractmethod
     def kv_cache_bytes_per_block(self, layers: Sequence[AttentionLayerSpec], block_size: int,
@@ -155,7 +167,8 @@ class AttentionBackend(Plugin, ABC):
                 v: torch.Tensor | None, kv_cache: Any, metadata: Any) -> torch.Tensor:
         """Write k/v into the cache at the step's slots, attend; q is [T, H, D], returns [T, H, D].
         k and v are None only where the backend offered its cache to the device's fused qkv kernel
-        (``FusedKVWrite``): they are written already."""
+        (``FusedKVWrite``): they are written already. For a latent layer (``layer.value_dim``) v is
+        None, k is [T, 1, D] and the result is [T, H, value_dim]."""
 
 
 # ----------------------------------------------------------------------------------- cache policy

@@ -4,7 +4,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import replace
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import nn
@@ -60,6 +60,20 @@ class CausalLM(nn.Module, ABC):
     @abstractmethod
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy checkpoint tensors in; raise on missing, unexpected or mis-shaped ones."""
+
+
+@runtime_checkable
+class CountsExpertLoad(Protocol):
+    """A model with routed experts that counts, on the device, the tokens each expert receives
+    (every token a step computes, top-k times; steps replayed from graphs count their padding rows)."""
+
+    def expert_load(self) -> torch.Tensor:
+        """int64 [num_moe_layers, num_routed_experts] on the host (reading it waits for the device)."""
+        ...
+
+    def reset_expert_load(self) -> None:
+        """Set every count to 0."""
+        ...
 
 
 class UnsupportedArchitectureError(ValueError):

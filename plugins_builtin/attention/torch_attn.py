@@ -3,7 +3,8 @@
 It is the reference every attention kernel is checked against. Each step gathers every
 sequence's keys and values from its blocks into a padded batch and runs one masked
 scaled-dot-product attention per layer; the masks (causal, length, sliding window) are built
-once per step.
+once per step. A latent layer (``AttentionLayerSpec.value_dim``, MLA) keeps one tensor of keys,
+[slots, 1, head_dim], and reads each value as its key's first value_dim dims.
 """
 from __future__ import annotations
 
@@ -22,6 +23,11 @@ def _write_kv(kv_cache: torch.Tensor, slots: torch.Tensor, k: torch.Tensor, v: t
     kv_cache[1].index_copy_(0, slots, v.to(kv_cache.dtype))
 
 
+def _write_latent(kv_cache: torch.Tensor, slots: torch.Tensor, k: torch.Tensor) -> None:
+    """Keys into their slots of one latent layer's cache [slots, 1, head_dim] (values are key prefixes)."""
+    kv_cache.index_copy_(0, slots, k.to(kv_cache.dtype))
+
+
 # The same as one opaque op, for steps under torch.compile: the compiler then updates the cache in
 # place, where it would copy the whole cache every step to apply index_copy_. Declared with
 # torch.library's schema API rather than custom_op, whose Python wrapper cost ~80 us a call here.
@@ -29,6 +35,9 @@ _LIB = torch.library.Library("deepinfer", "FRAGMENT")
 _LIB.define("torch_kv_write(Tensor(a!) kv_cache, Tensor slots, Tensor k, Tensor v) -> ()")
 _LIB.impl("torch_kv_write", _write_kv, "CompositeExplicitAutograd")
 _LIB.impl("torch_kv_write", lambda kv_cache, slots, k, v: None, "Meta")
+_LIB.define("torch_latent_write(Tensor(a!) kv_cache, Tensor slots, Tensor k) -> ()")
+_LIB.impl("torch_latent_write", _write_latent, "CompositeExplicitAutograd")
+_LIB.impl("torch_latent_write", lambda kv_cache, slots, k: None, "Meta")
 
 
 #: on the CPU, steps of at most this many queries a sequence, in batches of several sequences,
@@ -38,8 +47,8 @@ CPU_MATMUL_QUERIES = 16
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
             scale: float) -> torch.Tensor:
-    """Attention of q [B, T, H, D] over k, v [B, n, kvh, D] (mask [B or 1, 1, T, n], True: attend;
-    query head h reads kv head h // (H / kvh)): [B, T, H, D].
+    """Attention of q [B, T, H, D] over k [B, n, kvh, D] and v [B, n, kvh, Dv] (mask [B or 1, 1, T, n],
+    True: attend; query head h reads kv head h // (H / kvh)): [B, T, H, Dv].
 
     On the CPU, torch's scaled_dot_product_attention is slow for a few queries a sequence (its
     flash kernel; session 38, 6 heads over 2 kv heads, 200 keys): a half-precision decode of one
@@ -49,7 +58,7 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
     most ``CPU_MATMUL_QUERIES`` queries each take the matmuls. Elsewhere (and for longer steps)
     scaled_dot_product_attention."""
     b, t, h, d = q.shape
-    kvh = k.shape[2]
+    kvh, dv = k.shape[2], v.shape[3]
     if q.device.type == "cpu" and t <= CPU_MATMUL_QUERIES:
         half = q.dtype in (torch.bfloat16, torch.float16)
         if b == 1 and t == 1 and mask is None and half:
@@ -64,8 +73,8 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
                 lowest = torch.finfo(torch.float32).min
                 scores = scores.view(b, kvh, t, g, -1).masked_fill_(~mask[:, :, :, None], lowest)
             probs = scores.view(b, kvh, t * g, -1).softmax(-1).to(q.dtype)
-            out = torch.matmul(probs, v.permute(0, 2, 1, 3))                        # [B, kvh, T * g, D]
-            return out.view(b, kvh, t, g, d).permute(0, 2, 1, 3, 4).reshape(b, t, h, d)
+            out = torch.matmul(probs, v.permute(0, 2, 1, 3))                        # [B, kvh, T * g, Dv]
+            return out.view(b, kvh, t, g, dv).permute(0, 2, 1, 3, 4).reshape(b, t, h, dv)
     return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask,
                                           scale=scale, enable_gqa=h != kvh).transpose(1, 2)
 
@@ -81,22 +90,24 @@ class TorchAttentionMetadata:
 
 
 class TorchAttention(AttentionBackend):
-    """Reference paged attention: prefill, extend and decode; full and sliding-window layers."""
+    """Reference paged attention: prefill, extend and decode; full, sliding-window and latent layers."""
 
     name = "torch"
     supports_kv_groups = True
+    supports_latent_kv = True
 
     def kv_cache_bytes_per_block(self, layers: Sequence[AttentionLayerSpec], block_size: int,
                                  dtype: torch.dtype) -> int:
         size = torch.empty((), dtype=dtype).element_size()
-        return sum(2 * block_size * spec.num_kv_heads * spec.head_dim * size for spec in layers)
+        return sum((1 if spec.latent else 2) * block_size * spec.num_kv_heads * spec.head_dim * size
+                   for spec in layers)
 
     def allocate_kv_cache(self, layers, num_blocks, block_size, dtype, device):
         self._layer_keys = getattr(self, "_layer_keys", set()) | {(s.kv_group, s.sliding_window) for s in layers}
         # [2, num_blocks * block_size, kv_heads, head_dim]: slot s holds token s % block_size of
-        # block s // block_size
-        return [torch.zeros(2, num_blocks * block_size, s.num_kv_heads, s.head_dim, dtype=dtype,
-                            device=device) for s in layers]
+        # block s // block_size; a latent layer keeps keys alone: [num_blocks * block_size, 1, head_dim]
+        return [torch.zeros(*(() if s.latent else (2,)), num_blocks * block_size, s.num_kv_heads, s.head_dim,
+                            dtype=dtype, device=device) for s in layers]
 
     def build_metadata(self, batch: StepBatch) -> TorchAttentionMetadata:
         dev = batch.input_ids.device
@@ -179,6 +190,8 @@ class TorchAttention(AttentionBackend):
 
     def forward(self, layer, q, k, v, kv_cache, metadata: TorchAttentionMetadata):
         write_slots, rows = metadata.writes[layer.kv_group]
+        if layer.latent:
+            return self._forward_latent(layer, q, k, kv_cache, metadata, write_slots, rows)
         if rows is not None:  # tokens whose KV is cached already are not rewritten
             k, v = k[rows], v[rows]
         (torch.ops.deepinfer.torch_kv_write if torch.compiler.is_compiling() else _write_kv)(kv_cache, write_slots, k, v)
@@ -187,6 +200,21 @@ class TorchAttention(AttentionBackend):
         # index_select over flat slots is several times faster on CPU than advanced indexing
         keys = kv_cache[0].index_select(0, slots.flatten()).view(shape)     # [B, n_kv, kvh, D]
         values = kv_cache[1].index_select(0, slots.flatten()).view(shape)
+        return self._attend_batch(layer, q, keys, values, metadata)
+
+    def _forward_latent(self, layer, q, k, kv_cache, metadata: TorchAttentionMetadata, write_slots, rows):
+        """A latent layer: write the keys alone, read each value as its key's first value_dim dims."""
+        if k is not None:
+            if rows is not None:
+                k = k[rows]
+            (torch.ops.deepinfer.torch_latent_write if torch.compiler.is_compiling() else _write_latent)(
+                kv_cache, write_slots, k)
+        slots = metadata.kv_slots[layer.kv_group, layer.sliding_window]
+        keys = kv_cache.index_select(0, slots.flatten()).view(*slots.shape, layer.num_kv_heads, layer.head_dim)
+        return self._attend_batch(layer, q, keys, keys[..., :layer.value_dim], metadata)
+
+    def _attend_batch(self, layer, q, keys, values, metadata: TorchAttentionMetadata) -> torch.Tensor:
+        """q [T, H, D] over the gathered keys and values of each sequence: [T, H, Dv]."""
         if metadata.one_seq:
             qb = q[None]                          # [1, T, H, D]
         elif metadata.q_index is None:
@@ -196,4 +224,4 @@ class TorchAttention(AttentionBackend):
         out = _attend(qb, keys.to(q.dtype), values.to(q.dtype), metadata.masks[layer.sliding_window], layer.scale)
         if metadata.q_index is None:
             return out[0] if metadata.one_seq else out[:, 0]
-        return out.reshape(-1, layer.num_heads, layer.head_dim)[metadata.out_index]
+        return out.reshape(-1, layer.num_heads, values.shape[-1])[metadata.out_index]

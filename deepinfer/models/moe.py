@@ -1,0 +1,135 @@
+"""Routed mixture of experts as DeepSeek-V2/V3 have it: the router (``route``), the experts' weights
+stacked per layer, a vectorised torch reference of their computation (``moe_experts``), shared
+experts, and per-expert load counters.
+
+Expert weights are stacked per layer so that a fused kernel can take them whole: ``w13`` [E, 2I, D]
+(each expert's gate rows, then its up rows) and ``w2`` [E, D, I]. Where the device's fused ops offer
+``fused_moe(x [T, D], w13, w2, topk_weights [T, K] float32, topk_ids [T, K] int32) -> [T, D]``
+(read with ``getattr``, as the FusedOps protocol's optional members are), it replaces
+``moe_experts``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from deepinfer.core.fused_ops import FusedOps
+from deepinfer.models.layers import GatedMLP
+
+
+@dataclass(frozen=True, slots=True)
+class Routing:
+    """How a layer's router picks its top-k experts.
+
+    ``scoring`` "softmax" (DeepSeek-V2: the top-k of the softmax, within the best ``topk_group`` of
+    ``n_group`` groups by their best expert when ``group_limited``) or "sigmoid" (DeepSeek-V3: the
+    top-k of sigmoid + ``e_score_correction_bias``, within the best groups by the sum of their two
+    best experts; the weights are the sigmoids without the bias)."""
+
+    top_k: int
+    scoring: str
+    n_group: int = 1
+    topk_group: int = 1
+    group_limited: bool = False
+    norm_topk_prob: bool = False
+    routed_scaling_factor: float = 1.0
+
+
+def _keep_groups(choice: torch.Tensor, group_scores: torch.Tensor, topk_group: int, fill: float) -> torch.Tensor:
+    """``choice`` [T, E] with the experts outside each row's best ``topk_group`` groups set to ``fill``."""
+    t, n_group = group_scores.shape
+    best = group_scores.topk(topk_group, dim=-1, sorted=False).indices
+    keep = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, best, True)
+    keep = keep[:, :, None].expand(t, n_group, choice.shape[1] // n_group).reshape(t, -1)
+    return choice.masked_fill(~keep, fill)
+
+
+def route(router_logits: torch.Tensor, routing: Routing,
+          correction_bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each token's experts and their weights from the router's logits [T, E]:
+    (topk_weights float32 [T, K], topk_ids int32 [T, K]), the routed scaling factor in."""
+    logits = router_logits.float()
+    t, e = logits.shape
+    if routing.scoring == "softmax":
+        scores = logits.softmax(dim=-1)
+        choice = scores
+        if routing.group_limited:
+            groups = scores.view(t, routing.n_group, e // routing.n_group).amax(dim=-1)
+            choice = _keep_groups(scores, groups, routing.topk_group, 0.0)
+        weights, ids = choice.topk(routing.top_k, dim=-1, sorted=False)
+    elif routing.scoring == "sigmoid":
+        scores = logits.sigmoid()
+        choice = scores if correction_bias is None else scores + correction_bias.float()
+        if routing.n_group > 1:
+            groups = choice.view(t, routing.n_group, e // routing.n_group).topk(2, dim=-1).values.sum(dim=-1)
+            choice = _keep_groups(choice, groups, routing.topk_group, float("-inf"))
+        ids = choice.topk(routing.top_k, dim=-1, sorted=False).indices
+        weights = scores.gather(1, ids)
+    else:
+        raise ValueError(f"router scoring {routing.scoring!r} is not supported; supported: softmax, sigmoid")
+    if routing.norm_topk_prob:
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+    return weights * routing.routed_scaling_factor, ids.to(torch.int32)
+
+
+def moe_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+                topk_ids: torch.Tensor) -> torch.Tensor:
+    """The routed experts' weighted sum for each token, in torch: the (token, expert) pairs sorted by
+    expert, each expert's rows through its gate/up and down projections in one matmul each, the
+    results scaled by their weights (in float32) and added back to their tokens. [T, D]."""
+    k = topk_ids.shape[1]
+    inter = w2.shape[2]
+    flat = topk_ids.reshape(-1).long()
+    order = flat.argsort(stable=True)
+    rows = x[order // k]                                    # the pairs' tokens, expert by expert
+    counts = torch.bincount(flat, minlength=w13.shape[0]).tolist()
+    out_rows = torch.empty_like(rows)
+    start = 0
+    for expert, n in enumerate(counts):
+        if n:
+            part = rows[start:start + n]
+            gate, up = F.linear(part, w13[expert]).split(inter, dim=-1)
+            out_rows[start:start + n] = F.linear(F.silu(gate) * up, w2[expert])
+            start += n
+    scaled = (out_rows.float() * topk_weights.reshape(-1)[order, None]).to(x.dtype)
+    return torch.zeros_like(x).index_add_(0, order // k, scaled)
+
+
+class Router(nn.Module):
+    """The router's weight [E, D] and, for sigmoid scoring, its correction bias [E]; both float32."""
+
+    def __init__(self, hidden: int, num_experts: int, routing: Routing) -> None:
+        super().__init__()
+        self.routing = routing
+        self.weight = nn.Parameter(torch.empty(num_experts, hidden))
+        self.e_score_correction_bias = (nn.Parameter(torch.zeros(num_experts)) if routing.scoring == "sigmoid"
+                                        else None)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = F.linear(x.float(), self.weight.float())
+        return route(logits, self.routing, self.e_score_correction_bias)
+
+
+class MoE(nn.Module):
+    """Routed experts (stacked weights ``w13``, ``w2``) plus shared experts; counts each expert's tokens
+    in ``expert_load`` (on the device, never read in a step)."""
+
+    def __init__(self, hidden: int, num_experts: int, intermediate: int, num_shared: int, routing: Routing) -> None:
+        super().__init__()
+        self.gate = Router(hidden, num_experts, routing)
+        self.w13 = nn.Parameter(torch.empty(num_experts, 2 * intermediate, hidden))
+        self.w2 = nn.Parameter(torch.empty(num_experts, hidden, intermediate))
+        self.shared_experts = GatedMLP(hidden, intermediate * num_shared) if num_shared else None
+        self.register_buffer("expert_load", torch.zeros(num_experts, dtype=torch.int64), persistent=False)
+        self.fused_ops: FusedOps | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        topk_weights, topk_ids = self.gate(x)
+        flat = topk_ids.reshape(-1).long()
+        self.expert_load.index_add_(0, flat, torch.ones_like(flat))
+        fused = getattr(self.fused_ops, "fused_moe", None)
+        out = (fused or moe_experts)(x, self.w13, self.w2, topk_weights, topk_ids)
+        return out if self.shared_experts is None else out + self.shared_experts(x)

@@ -1,0 +1,102 @@
+"""DeepSeek's block-scaled FP8 checkpoints, dequantized at load. Oracle: transformers running the
+same model with each quantized weight replaced by its dequantized float32 value."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from deepinfer import LLM, SamplingParams
+from deepinfer.core.model_config import ModelConfigError
+from tests.tiny_models import hf_greedy, make_model
+
+BLOCK = (16, 32)  # rows, columns: the tiny model's 40-row and 48-column weights end in partial blocks
+E4M3_MAX = 448.0
+
+
+def _quantize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(float8 weight, float32 scales [ceil(N/16), ceil(K/32)]): each block scaled to e4m3's range."""
+    n, k = w.shape
+    rows, cols = -(-n // BLOCK[0]), -(-k // BLOCK[1])
+    padded = torch.zeros(rows * BLOCK[0], cols * BLOCK[1])
+    padded[:n, :k] = w
+    blocks = padded.view(rows, BLOCK[0], cols, BLOCK[1])
+    scale = blocks.abs().amax(dim=(1, 3)).clamp(min=1e-12) / E4M3_MAX
+    q = (blocks / scale[:, None, :, None]).view_as(padded)[:n, :k].to(torch.float8_e4m3fn)
+    return q, scale
+
+
+def _quantized(name: str, t: torch.Tensor) -> bool:  # as DeepSeek's checkpoints: the layers' projections
+    return name.startswith("model.layers.") and t.dim() == 2 and not name.endswith("mlp.gate.weight")
+
+
+def _fp8_checkpoint(src: Path, fp8: Path, oracle: Path) -> None:
+    """``fp8``: src with its projections in FP8; ``oracle``: src with them dequantized (float32)."""
+    tensors = load_file(src / "model.safetensors")
+    quant, plain = {}, {}
+    for name, t in tensors.items():
+        if _quantized(name, t):
+            q, scale = _quantize(t)
+            quant[name], quant[name + "_scale_inv"] = q, scale
+            plain[name] = q.float() * scale.repeat_interleave(BLOCK[0], 0)[:t.shape[0]].repeat_interleave(
+                BLOCK[1], 1)[:, :t.shape[1]]
+        else:
+            quant[name] = plain[name] = t
+    config = json.loads((src / "config.json").read_text())
+    for out, state, extra in ((fp8, quant, {"quantization_config": {"quant_method": "fp8", "fmt": "e4m3",
+                                                                     "activation_scheme": "dynamic",
+                                                                     "weight_block_size": list(BLOCK)}}),
+                              (oracle, plain, {})):
+        out.mkdir()
+        save_file(state, out / "model.safetensors", metadata={"format": "pt"})
+        (out / "config.json").write_text(json.dumps({**config, **extra}))
+
+
+def test_fp8_checkpoint_gives_transformers_tokens_of_its_dequantized_weights(tmp_path):
+    import transformers as tf
+
+    original = make_model(tmp_path / "src", "deepseek_v3", with_tokenizer=False, n_group=4, topk_group=2)
+    _fp8_checkpoint(tmp_path / "src", tmp_path / "fp8", tmp_path / "oracle")
+    oracle = tf.AutoModelForCausalLM.from_pretrained(tmp_path / "oracle", dtype=torch.float32).eval()
+    prompts = [[5, 6, 7], list(range(10, 50))]
+    with torch.no_grad():  # guard: quantization changed the model
+        ids = torch.tensor([prompts[1]])
+        assert not torch.allclose(original(ids).logits, oracle(ids).logits, atol=1e-3)
+    llm = LLM(str(tmp_path / "fp8"), dtype="float32", block_size=8, progress=False)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                        SamplingParams(temperature=0, max_tokens=16, ignore_eos=True), use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == [hf_greedy(oracle, p, 16) for p in prompts]
+
+
+@pytest.mark.parametrize("quant", [{"quant_method": "awq"}, {"quant_method": "fp8", "fmt": "e5m2",
+                                                               "weight_block_size": [128, 128]},
+                                   {"quant_method": "fp8", "fmt": "e4m3"}])
+def test_other_quantizations_are_refused_with_what_is_supported(tmp_path, quant):
+    make_model(tmp_path, "deepseek_v2", with_tokenizer=False)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "quantization_config": quant}))
+    with pytest.raises(ModelConfigError, match="quantization_config .* supported: quant_method fp8, fmt e4m3"):
+        LLM(str(tmp_path), dtype="float32", progress=False)
+
+
+def test_fp8_weights_pair_with_their_scales_in_either_order_and_unpaired_ones_are_refused():
+    from deepinfer.core.loader import WeightsError
+    from deepinfer.models.fp8 import dequantized
+
+    w = torch.randn(40, 48)
+    q, scale = _quantize(w)
+    want = q.float() * scale.repeat_interleave(16, 0)[:40].repeat_interleave(32, 1)[:, :48]
+    norm = torch.ones(48)
+    for stream in ([("a.weight", q), ("a.weight_scale_inv", scale), ("n.weight", norm)],
+                   [("a.weight_scale_inv", scale), ("n.weight", norm), ("a.weight", q)]):
+        got = dict(dequantized(stream, BLOCK))
+        assert got.keys() == {"a.weight", "n.weight"} and torch.equal(got["n.weight"], norm)
+        torch.testing.assert_close(got["a.weight"], want, rtol=0, atol=0)
+        assert (got["a.weight"] - w).abs().max() < 0.07 * w.abs().max()  # (e4m3 keeps 3 mantissa bits)
+    with pytest.raises(WeightsError, match=r"lack their weight or _scale_inv partner: \['b.weight'\]"):
+        list(dequantized([("b.weight", q)], BLOCK))
+    with pytest.raises(WeightsError, match=r"needs scales of shape \(3, 2\)"):
+        list(dequantized([("a.weight", q), ("a.weight_scale_inv", scale[:2])], BLOCK))
