@@ -22,7 +22,7 @@ class FusedOps:
     2 to this many tokens (at most 16) take ``gemv`` and ``gemv_qkv_rotary`` too, through the
     multi-row kernels (``takes_rows`` says which steps); 1: single-token steps only.
     ``grouped_topk`` and ``fused_moe``: a mixture-of-experts layer's routing and routed experts
-    (DeepSeek-V2/V3), offered always (not yet members of ``deepinfer.core.fused_ops.FusedOps``).
+    (DeepSeek-V2/V3), offered always.
     """
 
     def __init__(self, single_token_gemv: bool = True, pdl: bool = True, l2_keep_bytes: int = 0,

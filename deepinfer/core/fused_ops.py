@@ -77,3 +77,14 @@ class FusedOps(Protocol):
         """A chained draft round's inputs from a verification's argmaxes, into ``out`` (draft models' loop graphs)."""
         ...
 
+    def grouped_topk(self, router_logits: Tensor, top_k: int, *, scoring: str = "softmax", n_group: int = 1,
+                     topk_group: int = 1, correction_bias: Tensor | None = None, renormalize: bool = False,
+                     routed_scaling_factor: float = 1.0) -> tuple[Tensor, Tensor]:
+        """A MoE router's choice (DeepSeek-V2 softmax, V3 sigmoid with its correction bias, both
+        within the best ``topk_group`` of ``n_group`` groups): (weights float32 [T, K], ids int32 [T, K])."""
+        ...
+
+    def fused_moe(self, x: Tensor, w13: Tensor, w2: Tensor, topk_weights: Tensor, topk_ids: Tensor) -> Tensor:
+        """The routed experts' weighted sum [T, D]: ``w13`` [E, 2I, D] (gate rows, then up), ``w2`` [E, D, I]."""
+        ...
+

@@ -10,6 +10,7 @@ Expert weights are stacked per layer so that a fused kernel can take them whole:
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -108,9 +109,18 @@ class Router(nn.Module):
         self.e_score_correction_bias = (nn.Parameter(torch.zeros(num_experts)) if routing.scoring == "sigmoid"
                                         else None)
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x: torch.Tensor, grouped_topk: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(topk_weights float32 [T, K], topk_ids int32 [T, K]); by the device's ``grouped_topk`` kernel
+        where it offers one (FusedOps), else by ``route``."""
         logits = F.linear(x.float(), self.weight.float())
-        return route(logits, self.routing, self.e_score_correction_bias)
+        if grouped_topk is None:
+            return route(logits, self.routing, self.e_score_correction_bias)
+        r = self.routing
+        groups = r.n_group if r.group_limited or r.scoring == "sigmoid" else 1
+        return grouped_topk(logits, r.top_k, scoring=r.scoring, n_group=groups,
+                            topk_group=r.topk_group if groups > 1 else 1, correction_bias=self.e_score_correction_bias,
+                            renormalize=r.norm_topk_prob, routed_scaling_factor=r.routed_scaling_factor)
 
 
 class MoE(nn.Module):
@@ -127,7 +137,7 @@ class MoE(nn.Module):
         self.fused_ops: FusedOps | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        topk_weights, topk_ids = self.gate(x)
+        topk_weights, topk_ids = self.gate(x, getattr(self.fused_ops, "grouped_topk", None))
         flat = topk_ids.reshape(-1).long()
         self.expert_load.index_add_(0, flat, torch.ones_like(flat))
         fused = getattr(self.fused_ops, "fused_moe", None)

@@ -83,3 +83,42 @@ def test_moe_experts_equal_transformers_experts(dtype, tol):
     got = moe_experts(x, experts.gate_up_proj.data, experts.down_proj.data, weights, ids.to(torch.int32))
     assert got.dtype == dtype and got.shape == x.shape
     assert (got.float() - want.float()).abs().max().item() < tol * want.float().abs().max().item()
+
+
+class _KernelRefs:
+    """Fused ops with the kernels' torch references in place of the kernels: what a MoE layer hands
+    them and how it reads their answers (the kernels are tested against the same references)."""
+
+    def __init__(self):
+        from deepinfer_kernels.fused_moe import fused_moe_ref
+        from deepinfer_kernels.moe_routing import grouped_topk_ref
+
+        self.calls = []
+        self._topk, self._moe = grouped_topk_ref, fused_moe_ref
+
+    def grouped_topk(self, *args, **kwargs):
+        self.calls.append("grouped_topk")
+        return self._topk(*args, **kwargs)
+
+    def fused_moe(self, *args):
+        self.calls.append("fused_moe")
+        return self._moe(*args)
+
+
+@pytest.mark.parametrize("name", sorted(ROUTERS))
+def test_a_moe_layer_with_the_devices_kernels_gives_its_torch_output(name):
+    from deepinfer.models.moe import MoE
+
+    routing = ROUTERS[name][3]
+    g = torch.Generator().manual_seed(1)
+    layer = MoE(HIDDEN, EXPERTS, 32, 1, routing)
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.2)
+    x = torch.randn(TOKENS, HIDDEN, generator=g)
+    want = layer(x)
+    layer.fused_ops = ops = _KernelRefs()
+    got = layer(x)
+    assert ops.calls == ["grouped_topk", "fused_moe"]
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert layer.expert_load.sum() == 2 * TOKENS * routing.top_k  # (counted in both calls)
