@@ -19,7 +19,8 @@ from deepinfer_kernels.gemv_rows import (
     gemv_rows_ref,
     rows_supported,
 )
-from deepinfer_kernels.kv_cache import write_kv_cache, write_kv_cache_ref
+from deepinfer_kernels.kv_cache import write_kv_cache, write_kv_cache_ref, write_mla_cache, write_mla_cache_ref
+from deepinfer_kernels.mla_attention import mla_decode_attention, mla_decode_attention_ref
 from deepinfer_kernels.paged_attention import (
     DEFAULT_SPLIT,
     num_decode_splits,
@@ -58,6 +59,8 @@ __all__ = [
     "gemv_rows_qkv_rotary",
     "gemv_rows_qkv_rotary_ref",
     "gemv_rows_ref",
+    "mla_decode_attention",
+    "mla_decode_attention_ref",
     "num_decode_splits",
     "paged_decode_attention",
     "paged_decode_attention_ref",
@@ -76,4 +79,6 @@ __all__ = [
     "triton_interpreted",
     "write_kv_cache",
     "write_kv_cache_ref",
+    "write_mla_cache",
+    "write_mla_cache_ref",
 ]
