@@ -9,6 +9,14 @@ from deepinfer_kernels.activation import silu_and_mul, silu_and_mul_ref
 from deepinfer_kernels.argmax import argmax, argmax_prob, argmax_prob_ref, argmax_ref
 from deepinfer_kernels.chain_inputs import chain_inputs
 from deepinfer_kernels.embedding import embedding, embedding_ref
+from deepinfer_kernels.fp8_gemm import (
+    block_quantize_fp8,
+    dequantize_block_fp8,
+    fp8_block_gemm,
+    fp8_block_gemm_ref,
+    per_token_group_quant_fp8,
+    per_token_group_quant_fp8_ref,
+)
 from deepinfer_kernels.fused_ops import FusedOps
 from deepinfer_kernels.gemv import GemvConfig, gemv, gemv_qkv_rotary, gemv_qkv_rotary_ref, gemv_ref
 from deepinfer_kernels.gemv_rows import (
@@ -48,9 +56,13 @@ __all__ = [
     "argmax_prob",
     "argmax_prob_ref",
     "argmax_ref",
+    "block_quantize_fp8",
     "chain_inputs",
+    "dequantize_block_fp8",
     "embedding",
     "embedding_ref",
+    "fp8_block_gemm",
+    "fp8_block_gemm_ref",
     "gemv",
     "gemv_qkv_rotary",
     "gemv_qkv_rotary_ref",
@@ -67,6 +79,8 @@ __all__ = [
     "paged_prefill_attention",
     "paged_prefill_attention_ref",
     "pdl_supported",
+    "per_token_group_quant_fp8",
+    "per_token_group_quant_fp8_ref",
     "resolve_placeholders",
     "resolve_placeholders_ref",
     "rms_norm",
