@@ -118,9 +118,9 @@ def dequantize_block_fp8(w_fp8: torch.Tensor, scale_inv: torch.Tensor, dtype: to
 
 
 @kernel(do_not_specialize=["m", "stride_am", "stride_cm", "stride_asm"])
-def _fp8_gemm_kernel(a_ptr, b_ptr, c_ptr, as_ptr, bs_ptr, m, n, k, stride_am, stride_bn, stride_cm,
-                     stride_asm, stride_asg, stride_bsn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+def _fp8_gemm_kernel(a_ptr, b_ptr, c_ptr, as_ptr, bs_ptr, m, n, k, k_blocks_per_split, stride_am, stride_bn,
+                     stride_cs, stride_cm, stride_asm, stride_asg, stride_bsn, BLOCK_M: tl.constexpr,
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
     # programs in groups of GROUP_M row tiles, so that consecutive programs share weight tiles in L2
     pid = tl.program_id(0)
     tiles_m = tl.cdiv(m, BLOCK_M)
@@ -136,12 +136,14 @@ def _fp8_gemm_kernel(a_ptr, b_ptr, c_ptr, as_ptr, bs_ptr, m, n, k, stride_am, st
     # their results are never stored
     safe_m = tl.where(offs_m < m, offs_m, 0).to(tl.int64)
     safe_n = tl.where(offs_n < n, offs_n, 0).to(tl.int64)
-    a_at = a_ptr + safe_m[:, None] * stride_am + offs_k[None, :]
-    b_at = b_ptr + safe_n[None, :] * stride_bn + offs_k[:, None]
+    # split-K: program_id(1) takes K blocks kb0 .. kb0 + k_blocks_per_split - 1 into its own partial sum
+    kb0 = tl.program_id(1) * k_blocks_per_split
+    a_at = a_ptr + safe_m[:, None] * stride_am + kb0 * BLOCK_K + offs_k[None, :]
+    b_at = b_ptr + safe_n[None, :] * stride_bn + kb0 * BLOCK_K + offs_k[:, None]
     as_at = as_ptr + safe_m * stride_asm
     bs_at = bs_ptr + (safe_n // BLOCK_K) * stride_bsn
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    for kb in range(tl.cdiv(k, BLOCK_K)):
+    for kb in range(kb0, tl.minimum(kb0 + k_blocks_per_split, tl.cdiv(k, BLOCK_K))):
         k_left = k - kb * BLOCK_K
         a = tl.load(a_at, mask=offs_k[None, :] < k_left, other=0.0)
         b = tl.load(b_at, mask=offs_k[:, None] < k_left, other=0.0)
@@ -151,27 +153,28 @@ def _fp8_gemm_kernel(a_ptr, b_ptr, c_ptr, as_ptr, bs_ptr, m, n, k, stride_am, st
         a_at += BLOCK_K
         b_at += BLOCK_K
     c = acc.to(c_ptr.dtype.element_ty)
-    tl.store(c_ptr + offs_m[:, None].to(tl.int64) * stride_cm + offs_n[None, :], c,
+    tl.store(c_ptr + tl.program_id(1) * stride_cs + offs_m[:, None].to(tl.int64) * stride_cm + offs_n[None, :], c,
              mask=(offs_m[:, None] < m) & (offs_n[None, :] < n))
 
 
-def fp8_gemm_config(m: int) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages) of the Triton GEMM for m rows."""
+def fp8_gemm_config(m: int) -> tuple[int, int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages, split_k) of the Triton GEMM for m rows."""
     if m <= 16:
-        return 16, 64, 4, 4
+        return 16, 64, 4, 4, 1
     if m <= 64:
-        return 64, 64, 4, 4
-    return 128, 128, 8, 3
+        return 64, 64, 4, 4, 1
+    return 128, 128, 8, 3, 1
 
 
 def fp8_block_gemm(x_fp8: torch.Tensor, x_scale: torch.Tensor, w_fp8: torch.Tensor, w_scale_inv: torch.Tensor,
                    out_dtype: torch.dtype = torch.bfloat16, backend: str = "triton",
-                   config: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+                   config: tuple[int, int, int, int, int] | None = None) -> torch.Tensor:
     """x_fp8 [M, K] @ w_fp8 [N, K].T with per-block scales -> [M, N] in ``out_dtype``.
 
     x_scale [M, ceil(K/128)] float32 (per token and 128 columns, any strides), w_scale_inv
     [ceil(N/128), ceil(K/128)] float32. ``backend``: "triton" (this module's kernel; ``config``
-    overrides fp8_gemm_config) or "scaled_mm" (torch._scaled_mm, cuBLASLt; compute capability 9.0,
+    overrides fp8_gemm_config: tiles, warps, stages and split_k, K cut into that many runs of blocks
+    summed in float32 afterwards, for few rows and long K) or "scaled_mm" (torch._scaled_mm, cuBLASLt; compute capability 9.0,
     K a multiple of 128)."""
     _check_gemm(x_fp8, x_scale, w_fp8, w_scale_inv, backend)
     m, k = x_fp8.shape
@@ -183,13 +186,18 @@ def fp8_block_gemm(x_fp8: torch.Tensor, x_scale: torch.Tensor, w_fp8: torch.Tens
         return out
     if k == 0:
         return out.zero_()
-    block_m, block_n, warps, stages = config or fp8_gemm_config(m)
-    grid = (triton.cdiv(m, block_m) * triton.cdiv(n, block_n),)
-    _fp8_gemm_kernel[grid](x_fp8, w_fp8, out, x_scale, w_scale_inv, m, n, k, x_fp8.stride(0), w_fp8.stride(0),
-                           out.stride(0), x_scale.stride(0), x_scale.stride(1), w_scale_inv.stride(0),
-                           BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=GROUP, GROUP_M=8, num_warps=warps,
-                           num_stages=stages)
-    return out
+    block_m, block_n, warps, stages, split_k = config or fp8_gemm_config(m)
+    k_blocks = triton.cdiv(k, GROUP)
+    per_split = triton.cdiv(k_blocks, max(1, min(split_k, k_blocks)))
+    splits = triton.cdiv(k_blocks, per_split)
+    # several K splits: float32 partial sums, added in a fixed order afterwards (no atomics)
+    part = out if splits == 1 else torch.empty(splits, m, n, dtype=torch.float32, device=out.device)
+    grid = (triton.cdiv(m, block_m) * triton.cdiv(n, block_n), splits)
+    _fp8_gemm_kernel[grid](x_fp8, w_fp8, part, x_scale, w_scale_inv, m, n, k, per_split, x_fp8.stride(0),
+                           w_fp8.stride(0), part.stride(0) if splits > 1 else 0, part.stride(-2), x_scale.stride(0),
+                           x_scale.stride(1), w_scale_inv.stride(0), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=GROUP,
+                           GROUP_M=8, num_warps=warps, num_stages=stages)
+    return out if splits == 1 else part.sum(0).to(out_dtype)
 
 
 def _scaled_mm_gemm(x_fp8, x_scale, w_fp8, w_scale_inv, out_dtype):

@@ -107,7 +107,9 @@ def test_reference_gemm_is_close_to_the_unquantized_product(device):
 
 
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize("m, config", [(1, None), (20, None), (20, (16, 64, 4, 2)), (70, (64, 32, 4, 2))])
+# config: (BLOCK_M, BLOCK_N, warps, stages, split_k); K = 300 is 3 blocks, split 2 + 1, or one each
+@pytest.mark.parametrize("m, config", [(1, None), (20, None), (20, (16, 64, 4, 2, 1)), (70, (64, 32, 4, 2, 1)),
+                                       (3, (16, 64, 4, 2, 2)), (1, (16, 32, 4, 2, 5))])
 def test_gemm_matches_reference(m, config, out_dtype, device):
     _, _, xq, xs, wq, ws = operands(m, 200, 300, device)  # N and K not multiples of the tiles
     out = fp8_block_gemm(xq, xs, wq, ws, out_dtype, config=config)
