@@ -9,6 +9,14 @@ from deepinfer_kernels.activation import silu_and_mul, silu_and_mul_ref
 from deepinfer_kernels.argmax import argmax, argmax_prob, argmax_prob_ref, argmax_ref
 from deepinfer_kernels.chain_inputs import chain_inputs
 from deepinfer_kernels.embedding import embedding, embedding_ref
+from deepinfer_kernels.fp8_gemm import (
+    block_quantize_fp8,
+    dequantize_block_fp8,
+    fp8_block_gemm,
+    fp8_block_gemm_ref,
+    per_token_group_quant_fp8,
+    per_token_group_quant_fp8_ref,
+)
 from deepinfer_kernels.fused_moe import MoeConfig, fused_moe, fused_moe_ref
 from deepinfer_kernels.fused_ops import FusedOps
 from deepinfer_kernels.gemv import GemvConfig, gemv, gemv_qkv_rotary, gemv_qkv_rotary_ref, gemv_ref
@@ -20,7 +28,8 @@ from deepinfer_kernels.gemv_rows import (
     gemv_rows_ref,
     rows_supported,
 )
-from deepinfer_kernels.kv_cache import write_kv_cache, write_kv_cache_ref
+from deepinfer_kernels.kv_cache import write_kv_cache, write_kv_cache_ref, write_mla_cache, write_mla_cache_ref
+from deepinfer_kernels.mla_attention import mla_decode_attention, mla_decode_attention_ref
 from deepinfer_kernels.moe_align import MoeAlignment, moe_align, moe_align_ref
 from deepinfer_kernels.moe_routing import grouped_topk, grouped_topk_ref
 from deepinfer_kernels.paged_attention import (
@@ -52,9 +61,13 @@ __all__ = [
     "argmax_prob",
     "argmax_prob_ref",
     "argmax_ref",
+    "block_quantize_fp8",
     "chain_inputs",
+    "dequantize_block_fp8",
     "embedding",
     "embedding_ref",
+    "fp8_block_gemm",
+    "fp8_block_gemm_ref",
     "fused_moe",
     "fused_moe_ref",
     "gemv",
@@ -67,6 +80,8 @@ __all__ = [
     "gemv_rows_ref",
     "grouped_topk",
     "grouped_topk_ref",
+    "mla_decode_attention",
+    "mla_decode_attention_ref",
     "moe_align",
     "moe_align_ref",
     "num_decode_splits",
@@ -75,6 +90,8 @@ __all__ = [
     "paged_prefill_attention",
     "paged_prefill_attention_ref",
     "pdl_supported",
+    "per_token_group_quant_fp8",
+    "per_token_group_quant_fp8_ref",
     "resolve_placeholders",
     "resolve_placeholders_ref",
     "rms_norm",
@@ -87,4 +104,6 @@ __all__ = [
     "triton_interpreted",
     "write_kv_cache",
     "write_kv_cache_ref",
+    "write_mla_cache",
+    "write_mla_cache_ref",
 ]
