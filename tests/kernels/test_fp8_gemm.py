@@ -115,7 +115,8 @@ def test_gemm_matches_reference(m, config, out_dtype, device):
     out = fp8_block_gemm(xq, xs, wq, ws, out_dtype, config=config)
     ref = fp8_block_gemm_ref(xq, xs, wq, ws, out_dtype)
     assert out.dtype == out_dtype and out.shape == (m, 200)
-    tol = 1e-5 if out_dtype == torch.float32 else 2e-3
+    # the interpreter's fp8 products are exact; a GPU's fp8 tensor cores sum a block at reduced precision
+    tol = 1e-5 if out_dtype == torch.float32 and device == "cpu" else 3e-3
     torch.testing.assert_close(out, ref, atol=tol, rtol=tol)
 
 
@@ -156,6 +157,10 @@ def test_gemm_at_deepseek_shapes(m, n, k, backend, device):
     w = randn(n, k, dtype=torch.bfloat16, device=device, seed=2) * k ** -0.5
     xq, xs = per_token_group_quant_fp8(x, column_major_scales=backend == "scaled_mm")
     wq, ws = block_quantize_fp8(w)
+    if backend == "scaled_mm" and k % 512:  # K = 1408: 11 blocks, a layout torch 2.11 cannot pass to cuBLASLt
+        with pytest.raises(ValueError, match="multiple of 512"):
+            fp8_block_gemm(xq, xs, wq, ws, torch.bfloat16, backend=backend)
+        return
     out = fp8_block_gemm(xq, xs, wq, ws, torch.bfloat16, backend=backend)
     ref = fp8_block_gemm_ref(xq, xs, wq, ws, torch.float32)
     assert out.shape == (m, n) and out.dtype == torch.bfloat16
