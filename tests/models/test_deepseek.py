@@ -185,3 +185,24 @@ def test_expert_load_of_a_model_without_experts_is_refused(tmp_path):
     with pytest.raises(TypeError, match="LlamaForCausalLM.*no routed experts"):
         llm.expert_load()
     assert "deepinfer:moe_routed_tokens" not in llm.get_metrics()
+
+
+@pytest.mark.gpu
+def test_cuda_engine_with_the_fused_moe_kernels_keeps_transformers_tokens(case, monkeypatch):
+    """On an NVIDIA GPU (float32, torch attention): the device's fused ops run the routed experts
+    (fused_moe) and route them (grouped_topk), and the tokens stay transformers'."""
+    from deepinfer_kernels.fused_ops import FusedOps
+
+    _, path, expected, _ = case
+    calls = []
+    fused_moe = FusedOps.fused_moe
+
+    def counted(self, *args):
+        calls.append(len(args[0]))
+        return fused_moe(self, *args)
+
+    monkeypatch.setattr(FusedOps, "fused_moe", counted)
+    llm = LLM(path, device="sm90", plugins=["torch"], dtype="float32", block_size=8, progress=False)
+    assert _tokens(llm) == expected
+    assert calls  # (the routed experts of every MoE layer, every step)
+    _all_free(llm)
