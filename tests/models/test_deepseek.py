@@ -35,7 +35,7 @@ def case(request, tmp_path_factory):
     path = tmp_path_factory.mktemp(request.param)
     model = make_model(path, arch, with_tokenizer=False, **overrides)
     expected = [hf_greedy(model, p, GREEDY.max_tokens) for p in PROMPTS]
-    return model, str(path), expected, LLM(str(path), dtype="float32", block_size=8, progress=False)
+    return model, str(path), expected, LLM(str(path), device="cpu", dtype="float32", block_size=8, progress=False)
 
 
 def _tokens(llm: LLM, prompts=PROMPTS, params=GREEDY) -> list[list[int]]:
