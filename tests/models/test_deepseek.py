@@ -202,7 +202,8 @@ def test_cuda_engine_with_the_fused_moe_kernels_keeps_transformers_tokens(case, 
         return fused_moe(self, *args)
 
     monkeypatch.setattr(FusedOps, "fused_moe", counted)
-    llm = LLM(path, device="sm90", plugins=["torch"], dtype="float32", block_size=8, num_kv_blocks=64, progress=False)
+    llm = LLM(path, device="sm90", plugins=["torch"], dtype="float32", block_size=8, num_kv_blocks=64,
+              max_model_len=128, progress=False)
     assert _tokens(llm) == expected
     assert calls  # (the routed experts of every MoE layer, every step)
     _all_free(llm)
