@@ -4,7 +4,7 @@
 #   bash benchmarks/suite.sh OUT [NAME ...]      (no NAME: every one for this machine's kind)
 #
 # On a CUDA machine the GPU commands run (device DEVICE, default sm90); elsewhere the CPU ones.
-# Names: ceilings latency idle throughput prefill prefix spec swa kernels (GPU);
+# Names: ceilings latency idle throughput prefill prefix spec swa kernels deepseek (GPU);
 #        latency throughput prefix spec swa serve (CPU).
 set -u
 OUT=${1:?usage: bash benchmarks/suite.sh OUT [NAME ...]}
@@ -51,6 +51,10 @@ gpu_swa() {
     --intervals 64,128,256,512 --max-num-batched-tokens 8192
 }
 gpu_kernels() { run kernels $PY -m deepinfer.bench.kernels --out "$OUT/kernels"; }
+gpu_deepseek() {
+  run deepseek $PY -m deepinfer.bench.moe_kernels --out "$OUT/deepseek"
+  run deepseek $PY -m deepinfer.bench.kernels_deepseek --out "$OUT/deepseek" --quick
+}
 
 cpu_latency() {
   run latency $BENCH latency --random-model llama-tiny --dtype float32 --device cpu --batch 1 --input-len 512 \
