@@ -5,6 +5,7 @@ the LM head runs only for the rows whose logits are sampled, routed experts only
 a sliding-window layer attends to (and reads the KV of) its window only."""
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -58,8 +59,9 @@ class ModelWork:
 
     @classmethod
     def of(cls, engine) -> ModelWork:
-        """The running engine's model (its parameters, config and attention layers). No model here
-        routes to experts yet: a MoE model must give its routed experts apart from ``dense_params``."""
+        """The running engine's model (its parameters, config and attention layers): routed experts
+        (``deepinfer.models.moe.MoE`` layers) apart from ``dense_params``; a latent layer (MLA)
+        caches one row a token and reads it as key and value."""
         model = engine.runner.model
         cfg = model.config  # the core's ModelConfig, which every CausalLM keeps
         total = sum(p.numel() for p in model.parameters())
@@ -67,10 +69,28 @@ class ModelWork:
                     for p in m.parameters(recurse=False))
         tied, hidden, vocab = cfg.tie_word_embeddings, cfg.hidden_size, cfg.vocab_size
         size = torch.empty((), dtype=engine.ctx.dtype).element_size()
-        layers = tuple(LayerWork(s.num_heads, s.head_dim, 2 * s.num_kv_heads * s.head_dim * size, s.sliding_window)
+        experts = routed_experts(model)
+        layers = tuple(LayerWork(s.num_heads, s.head_dim, (1 if s.latent else 2) * s.num_kv_heads * s.head_dim * size,
+                                 s.sliding_window, s.value_dim, experts.get(s.layer_idx))
                        for s in engine.ctx.layers)
-        dense = total - table - (0 if tied else hidden * vocab)
+        routed = sum(x.num_experts * x.params_per_expert for x in experts.values())
+        dense = total - table - (0 if tied else hidden * vocab) - routed
         return cls(dense, hidden, vocab, tied, size, layers)
+
+
+def routed_experts(model: torch.nn.Module) -> dict[int, RoutedExperts]:
+    """Each MoE layer's routed experts, by decoder layer index (from the module's name)."""
+    from deepinfer.models.moe import MoE
+
+    found = {}
+    for name, m in model.named_modules():
+        if isinstance(m, MoE):
+            index = re.search(r"layers\.(\d+)\.", name + ".")
+            if index is None:
+                raise ValueError(f"the MoE module {name!r} is in no numbered layer (layers.N)")
+            found[int(index.group(1))] = RoutedExperts(m.w13.shape[0], m.gate.routing.top_k,
+                                                       m.w13[0].numel() + m.w2[0].numel())
+    return found
 
 
 def causal_pairs(n: int, window: int | None) -> int:

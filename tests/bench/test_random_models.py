@@ -17,7 +17,7 @@ NO_TRANSFORMERS = "import sys; sys.modules['transformers'] = None; from deepinfe
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("shape", ["llama-tiny", "qwen3-tiny"])
+@pytest.mark.parametrize("shape", ["llama-tiny", "qwen3-tiny", "deepseek-v3-tiny"])
 def test_a_random_model_is_the_same_model_in_transformers(tmp_path, shape):
     """Oracle: transformers loads every tensor (none missing, none unused) and its greedy tokens are ours."""
     from transformers import AutoModelForCausalLM
@@ -68,3 +68,11 @@ def test_peer_hf_without_transformers_says_what_to_install():
     assert res.returncode == 2
     assert res.stderr == ("deepinfer: error: --peer hf runs Hugging Face transformers, which is not installed: "
                           "pip install 'deepinfer[bench]'\n")
+
+
+def test_the_deepseek_v2_lite_shape_is_the_released_config():
+    from deepinfer.bench.models import random_config
+    from tests.models.test_deepseek_config import V2_LITE
+
+    cfg = random_config("deepseek-v2-lite", "bfloat16")
+    assert {k: cfg[k] for k in V2_LITE} == V2_LITE

@@ -114,3 +114,24 @@ def test_model_work_of_an_engine_leaves_out_the_table_and_the_head(tmp_path, tie
     assert work.tied_embeddings is tied and work.bytes_per_param == 4
     assert [x.sliding_window for x in work.layers] == [8, None]
     assert [x.kv_bytes_per_token for x in work.layers] == [2 * cfg.num_key_value_heads * 16 * 4] * 2
+
+
+@pytest.mark.slow
+def test_model_work_of_a_deepseek_engine_sets_its_routed_experts_and_latent_rows_apart(tmp_path):
+    from deepinfer.llm import LLM
+    from tests.tiny_models import make_model
+
+    hf = make_model(tmp_path, "deepseek_v3", with_tokenizer=False, num_hidden_layers=3, n_group=2, topk_group=1)
+    llm = LLM(str(tmp_path), dtype="float32", device="cpu", progress=False)
+    work = ModelWork.of(llm.engine)
+    cfg = hf.config
+    head = cfg.vocab_size * cfg.hidden_size
+    per_expert = 3 * cfg.moe_intermediate_size * cfg.hidden_size
+    moe = [x.experts for x in work.layers]
+    assert moe[0] is None and all(x == RoutedExperts(cfg.n_routed_experts, cfg.num_experts_per_tok, per_expert)
+                                  for x in moe[cfg.first_k_dense_replace:])
+    routed = (cfg.num_hidden_layers - cfg.first_k_dense_replace) * cfg.n_routed_experts * per_expert
+    bias = (cfg.num_hidden_layers - cfg.first_k_dense_replace) * cfg.n_routed_experts  # a buffer in transformers
+    assert work.dense_params == hf.num_parameters() + bias - 2 * head - routed
+    row = cfg.kv_lora_rank + cfg.qk_rope_head_dim  # one latent row a token, read as key and value
+    assert {(x.head_dim, x.v_head_dim, x.kv_bytes_per_token) for x in work.layers} == {(row, cfg.kv_lora_rank, row * 4)}
