@@ -108,6 +108,9 @@ class TritonAttention(AttentionBackend, HandlesSingleRuns, FusedKVWrite):
     supports_graphs = True  # the decode path reads only device tensors; max_seq_len sizes its grid
     handles_single_runs = True
     supports_kv_groups = True
+    #: latent layers (MLA): one cached row a token; decode by the absorbed MLA kernel, prefill by
+    #: the prefill kernel with the whole row as the value (its first value_dim columns are the output)
+    supports_latent_kv = True
 
     @classmethod
     def unavailable_reason(cls) -> str | None:
@@ -139,7 +142,8 @@ class TritonAttention(AttentionBackend, HandlesSingleRuns, FusedKVWrite):
     def kv_cache_bytes_per_block(self, layers: Sequence[AttentionLayerSpec], block_size: int,
                                  dtype: torch.dtype) -> int:
         size = torch.empty((), dtype=dtype).element_size()
-        return sum(2 * block_size * spec.num_kv_heads * spec.head_dim * size for spec in layers)
+        return sum((1 if spec.latent else 2) * block_size * spec.num_kv_heads * spec.head_dim * size
+                   for spec in layers)
 
     def allocate_kv_cache(self, layers, num_blocks, block_size, dtype, device):
         interpreted = self.kernels.triton_interpreted()
@@ -149,8 +153,13 @@ class TritonAttention(AttentionBackend, HandlesSingleRuns, FusedKVWrite):
         if interpreted and dtype == torch.bfloat16:
             raise ValueError("the Triton interpreter computes bfloat16 wrongly; use dtype float32 or float16 "
                              "with TRITON_INTERPRET=1")
-        return [torch.zeros(2, num_blocks * block_size, s.num_kv_heads, s.head_dim, dtype=dtype,
-                            device=device) for s in layers]
+        for s in layers:
+            if s.latent and s.sliding_window is not None:
+                raise ValueError(f"layer {s.layer_idx}: the triton attention plugin has no sliding window for "
+                                 "latent (MLA) layers")
+        return [torch.zeros(num_blocks * block_size, 1, s.head_dim, dtype=dtype, device=device) if s.latent
+                else torch.zeros(2, num_blocks * block_size, s.num_kv_heads, s.head_dim, dtype=dtype, device=device)
+                for s in layers]
 
     def build_metadata(self, batch: StepBatch) -> TritonAttentionMetadata:
         common = {"slot_mapping": batch.slot_mapping, "query_start_loc": batch.query_start_loc,
@@ -186,12 +195,14 @@ class TritonAttention(AttentionBackend, HandlesSingleRuns, FusedKVWrite):
                        metadata: TritonAttentionMetadata) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
         slots = metadata.group(layer.kv_group)[0]
         # (asked only by the device's GEMV path, which writes every token's key at its slot)
-        if not self.options.single_token_fusion:
+        if not self.options.single_token_fusion or layer.latent:
             return None
         return kv_cache[0], kv_cache[1], slots
 
     def forward(self, layer: AttentionLayerSpec, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None,
                 kv_cache: torch.Tensor, metadata: TritonAttentionMetadata) -> torch.Tensor:
+        if layer.latent:
+            return self._latent(layer, q, k, kv_cache, metadata)
         kern, m = self.kernels, metadata
         k_cache, v_cache = kv_cache[0], kv_cache[1]
         slots, tables, decode_tables = m.group(layer.kv_group)
@@ -220,3 +231,30 @@ class TritonAttention(AttentionBackend, HandlesSingleRuns, FusedKVWrite):
                 single = torch.where(m.decode_select[:, None, None], single, out[m.decode_rows])
             out[m.decode_rows] = single
         return out
+
+    def _latent(self, layer: AttentionLayerSpec, q: torch.Tensor, k: torch.Tensor | None, cache: torch.Tensor,
+                m: TritonAttentionMetadata) -> torch.Tensor:
+        """A latent layer: q [T, H, D] (absorbed), k [T, 1, D] the new rows; returns [T, H, value_dim]."""
+        kern, vd = self.kernels, layer.value_dim
+        slots, tables, decode_tables = m.group(layer.kv_group)
+        if k is not None:
+            kern.write_mla_cache(k.reshape(-1, layer.head_dim), None, cache, slots)  # negative slots are skipped
+        split = self.options.split_size
+        if q.shape[0] == 1 and self.single_split is not None:
+            split = self.single_split
+        if m.decode_only:
+            return kern.mla_decode_attention(q, cache, tables, m.seq_lens, m.block_size, vd, layer.scale,
+                                             m.max_seq_len, split)
+        # a row of more than 256 columns takes tiles of 16 queries and keys (each holds a whole row)
+        tiles = {"block_m": 16, "block_n": 16} if layer.head_dim > 256 else {}
+        out = kern.paged_prefill_attention(q, cache, cache, m.query_start_loc, m.seq_lens, m.context_lens, tables,
+                                           m.block_size, layer.scale, None, m.max_query_len,
+                                           skip_single=m.decode_rows is not None and m.decode_select is None,
+                                           **tiles)[..., :vd]
+        if m.decode_rows is not None:
+            single = kern.mla_decode_attention(q[m.decode_rows], cache, decode_tables, m.decode_seq_lens,
+                                               m.block_size, vd, layer.scale, m.decode_max_seq_len, split)
+            if m.decode_select is not None:
+                single = torch.where(m.decode_select[:, None, None], single, out[m.decode_rows])
+            out[m.decode_rows] = single
+        return out.contiguous()

@@ -92,6 +92,20 @@ def test_interpreter_engine_gives_the_torch_backends_greedy_tokens(model_dir):
     assert all(key.endswith(":16") for key in batched if not key.startswith("1:")) and len(batched) > 1
 
 
+@pytest.mark.slow
+def test_interpreter_engine_serves_latent_layers_with_the_torch_backends_tokens(tmp_path):
+    """DeepSeek's latent (MLA) layers: the MLA decode kernel, the prefill kernel over whole rows and
+    one-token runs in mixed steps give the torch backend's greedy tokens."""
+    from tests.tiny_models import make_model
+
+    make_model(tmp_path, "deepseek_v3", with_tokenizer=False, n_group=2, topk_group=1)
+    res = _child(["-m", "tests.plugins.test_triton_attn", str(tmp_path), "latent"], interpret=True)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    assert got["triton"] == got["torch"]
+    assert got["kinds"].get("prefill", 0) > 0 and got["kinds"].get("mixed", 0) > 0 and got["kinds"]["decode"] > 0
+
+
 def test_unavailable_without_a_gpu_or_the_interpreter_says_what_it_needs():
     code = "from deepinfer_builtin.attention.triton_attn import TritonAttention as T; print(T.unavailable_reason())"
     res = _child(["-c", code], interpret=False)
@@ -168,5 +182,13 @@ def _main(model_dir: str) -> None:
     print(json.dumps(out))
 
 
+def _main_latent(model_dir: str) -> None:
+    """Child of the latent-layer test: both backends' tokens on a tiny DeepSeek-V3, as JSON."""
+    engine = {"device": "cpu", "block_size": 4, "num_kv_blocks": 64, "max_model_len": 64,
+              "max_num_batched_tokens": 24}
+    print(json.dumps(generate_both(model_dir, "float32", _prompts([3, 17, 30, 9]), 6,
+                                   triton_options={"split_size": 16}, **engine)))
+
+
 if __name__ == "__main__":
-    _main(sys.argv[1])
+    _main_latent(sys.argv[1]) if sys.argv[2:] == ["latent"] else _main(sys.argv[1])
