@@ -81,6 +81,22 @@ def _check_windowed_groups(attention, policy, groups) -> None:
                           "model has none")
 
 
+def use_fp8(model, quantization: str | None, op) -> None:
+    """``quantization: fp8``: the model's FP8-capable linear layers quantized in 128x128 blocks (run
+    through the device's ``fp8_block_linear``, or put back in the model's dtype without one). A
+    block-scaled FP8 checkpoint in DeepSeek's 128x128 blocks, loaded dequantized, is quantized again
+    on the same blocks where the device has the GEMM (a block whose largest entry is +-448, as
+    DeepSeek's quantizer leaves it, gets its checkpoint's float8 values back, up to the rounding of
+    the model's dtype in between)."""
+    linears = model.fp8_linears()
+    if quantization == "fp8" and not linears:
+        raise ValueError(f"quantization fp8 is not supported for {model.config.architecture}; it is for the "
+                         "DeepSeek-V2/V3 architectures")
+    if quantization == "fp8" or (op is not None and getattr(model, "fp8_block", None) == (128, 128)):
+        for linear in linears:
+            linear.quantize_fp8(op)
+
+
 def check_latent_support(attention, layers, architecture: str | None) -> None:
     """Refuse an attention plugin (instance or class) that cannot serve the model's latent KV layers."""
     if attention.supports_latent_kv or not any(s.latent for s in layers):
@@ -144,6 +160,7 @@ def build_engine(config: EngineConfig, progress: bool = True) -> LLMEngine:
         model.use_fused_ops(ops)
     if (linear_op := device.linear_op(dtype)) is not None:
         model.use_linear_op(linear_op)
+    use_fp8(model, config.quantization, getattr(ops, "fp8_block_linear", None) if ops is not None else None)
     ctx.layers = model.attention_layers()
 
     policies = [sel.classes[i.name](sel.options[i.name], ctx) for i in sel.all("cache_policy")]

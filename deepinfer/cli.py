@@ -35,6 +35,8 @@ def add_engine_args(p: argparse.ArgumentParser, model_positional: bool = True) -
     p.add_argument("--max-num-seqs", type=int, default=None)
     p.add_argument("--max-num-batched-tokens", type=int, default=None)
     p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--quantization", default=None, choices=["fp8"],
+                   help="fp8: linear weights in 128x128 FP8 blocks through the device's FP8 GEMM (DeepSeek-V2/V3)")
     p.add_argument("--enforce-eager", action="store_const", const=True, default=None,
                    help="never capture device graphs (CUDA graphs)")
     p.add_argument("--cuda-graph-sizes", default=None, help="decode batch sizes to capture, e.g. 1,2,4,8")

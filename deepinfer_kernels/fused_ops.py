@@ -73,6 +73,21 @@ class FusedOps:
     def argmax_prob(self, logits, chunk=None):
         return self._argmax_prob(logits, chunk, pdl=self._pdl(logits))
 
+    def fp8_block_linear(self, x, weight, weight_scale_inv):
+        """The block-scaled FP8 GEMM of a linear layer: x quantized per token in groups of 128 columns,
+        then ``torch._scaled_mm``'s block recipe for 1,024 rows or more where it takes the shape (K a
+        multiple of 512), the Triton kernel otherwise (the H100 bench: _scaled_mm 1.5-1.9x faster at
+        4,096 rows, slower than Triton below a few hundred)."""
+        from deepinfer_kernels.fp8_gemm import fp8_block_gemm, per_token_group_quant_fp8
+
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, x.shape[-1])
+        k = x2.shape[1]
+        backend = "scaled_mm" if x2.shape[0] >= 1024 and k % 512 == 0 and weight.shape[0] % 128 == 0 else "triton"
+        xq, xs = per_token_group_quant_fp8(x2, column_major_scales=backend == "scaled_mm")
+        out = fp8_block_gemm(xq, xs, weight, weight_scale_inv, x.dtype, backend=backend)
+        return out.view(*lead, weight.shape[0])
+
     def fused_moe(self, x, w13, w2, topk_weights, topk_ids):
         """``deepinfer_kernels.fused_moe`` without its host-side id check (the ids come from the
         router; the check would sync, and cannot run inside a CUDA graph capture)."""

@@ -32,6 +32,10 @@ class EngineConfig(BaseModel):
     max_num_batched_tokens: int = Field(8192, ge=1)
     max_waiting_requests: int = Field(4096, ge=1)
     seed: int = 0
+    quantization: Literal["fp8"] | None = Field(
+        None, description="fp8: quantize the model's linear weights at load in 128x128 blocks (DeepSeek's "
+                          "block-scaled e4m3) and run them through the device's FP8 GEMM; on a device without "
+                          "one, the weights keep FP8's values in the model's dtype")
     enforce_eager: bool = Field(False, description="never capture device graphs (CUDA graphs): every step "
                                                    "runs eagerly")
     cuda_graph_sizes: list[int] | None = Field(

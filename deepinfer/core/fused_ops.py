@@ -88,3 +88,8 @@ class FusedOps(Protocol):
         """The routed experts' weighted sum [T, D]: ``w13`` [E, 2I, D] (gate rows, then up), ``w2`` [E, D, I]."""
         ...
 
+    def fp8_block_linear(self, x: Tensor, weight: Tensor, weight_scale_inv: Tensor) -> Tensor:
+        """x [T, K] @ W.T for a float8 (e4m3) ``weight`` [N, K] scaled per 128x128 block by
+        ``weight_scale_inv`` [ceil(N/128), ceil(K/128)]; [T, N] in x's dtype."""
+        ...
+

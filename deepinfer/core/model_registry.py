@@ -49,6 +49,12 @@ class CausalLM(nn.Module, ABC):
             if hasattr(module, "linear_op"):
                 module.linear_op = op
 
+    def fp8_linears(self) -> list[nn.Module]:
+        """The linear layers whose weights may be block-scaled FP8 (``quantization: fp8``): modules
+        with ``quantize_fp8(op)``, none that another path reads the weight of directly. None here: a
+        model family that supports FP8 names them."""
+        return []
+
     def assign_kv_groups(self, groups: dict[int, int]) -> list[AttentionLayerSpec]:
         """Give layer i the KV group ``groups[i]`` (missing: 0); returns the new layer specs."""
         for module in self.modules():

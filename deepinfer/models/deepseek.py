@@ -75,6 +75,12 @@ class DeepseekV2ForCausalLM(CausalLM):
     def moe_layers(self) -> list[MoE]:
         return [layer.mlp for layer in self.model.layers if isinstance(layer.mlp, MoE)]
 
+    def fp8_linears(self) -> list[nn.Module]:
+        """Every linear layer of the decoder but ``kv_b_proj``, whose weight the absorbed attention
+        reads per head (W_UK, W_UV); routed experts stay in the model's dtype (the fused MoE kernel's)."""
+        return [m for name, m in self.model.named_modules()
+                if isinstance(m, Linear) and not name.endswith("kv_b_proj")]
+
     def forward(self, input_ids, positions, kv_caches: list[Any], attn_metadata: Any) -> torch.Tensor:
         x, residual = self.model.embed_tokens(input_ids), None
         for layer, cache in zip(self.model.layers, kv_caches, strict=True):

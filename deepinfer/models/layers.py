@@ -102,14 +102,33 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 
 
 class Linear(nn.Linear):
-    """``nn.Linear`` whose matmul a device may replace (``CausalLM.use_linear_op``)."""
+    """``nn.Linear`` whose matmul a device may replace (``CausalLM.use_linear_op``), or whose weight
+    may be block-scaled FP8 run through the device's FP8 GEMM (``quantize_fp8``)."""
 
     linear_op: Callable[..., torch.Tensor] | None = None
+    fp8_op: Callable[..., torch.Tensor] | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fp8_op is not None:
+            out = self.fp8_op(x, self.weight, self.weight_scale_inv)
+            return out if self.bias is None else out + self.bias
         if self.linear_op is None:
             return F.linear(x, self.weight, self.bias)
         return self.linear_op(x, self.weight, self.bias)
+
+    def quantize_fp8(self, op: Callable[..., torch.Tensor] | None) -> None:
+        """The weight in 128x128 blocks of float8 e4m3 with their scales: kept so and run through
+        ``op`` (the device's ``fp8_block_linear``), or without one put back in its dtype (FP8's values)."""
+        from deepinfer_kernels.fp8_gemm import block_quantize_fp8, dequantize_block_fp8
+
+        w = self.weight.data
+        q, scale_inv = block_quantize_fp8(w)
+        if op is None:
+            self.weight.data = dequantize_block_fp8(q, scale_inv, w.dtype)
+            return
+        self.weight = nn.Parameter(q, requires_grad=False)
+        self.register_buffer("weight_scale_inv", scale_inv, persistent=False)
+        self.fp8_op = op
 
 
 class GatedMLP(nn.Module):

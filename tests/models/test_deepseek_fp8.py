@@ -100,3 +100,97 @@ def test_fp8_weights_pair_with_their_scales_in_either_order_and_unpaired_ones_ar
         list(dequantized([("b.weight", q)], BLOCK))
     with pytest.raises(WeightsError, match=r"needs scales of shape \(3, 2\)"):
         list(dequantized([("a.weight", q), ("a.weight_scale_inv", scale[:2])], BLOCK))
+
+
+# ------------------------------------------------------------------------- quantization: fp8
+def _hf_fp8_twin(model):
+    """transformers' model with each weight that ``quantization: fp8`` quantizes replaced by its
+    128x128-block FP8 values: every decoder projection but kv_b_proj (the absorbed attention reads
+    it per head) and the routed experts (the fused MoE kernel's dtype)."""
+    from deepinfer_kernels.fp8_gemm import block_quantize_fp8, dequantize_block_fp8
+
+    def fp8(t):
+        return dequantize_block_fp8(*block_quantize_fp8(t), t.dtype)
+
+    state, twin = model.state_dict(), {}
+    for name, t in state.items():
+        if (name.startswith("model.layers.") and t.dim() == 2 and "kv_b_proj" not in name
+                and ".experts." not in name and not name.endswith("mlp.gate.weight")):
+            if name.endswith("up_proj.weight"):
+                continue  # (with its gate: the model keeps [gate | up] as one weight, quantized whole)
+            if name.endswith("gate_proj.weight"):
+                up = name.replace("gate_proj", "up_proj")
+                twin[name], twin[up] = fp8(torch.cat([t, state[up]])).split(t.shape[0])
+            else:
+                twin[name] = fp8(t)
+    model.load_state_dict(twin, strict=False)
+    return model
+
+
+def _fp8_ops_on_cpu(calls):
+    """The device's fp8_block_linear as torch ops (dequantize, matmul), counting its calls."""
+    from deepinfer_kernels.fp8_gemm import dequantize_block_fp8
+
+    def fp8_block_linear(x, weight, scale_inv):
+        calls.append(weight.dtype)
+        return torch.nn.functional.linear(x, dequantize_block_fp8(weight, scale_inv, x.dtype))
+    return fp8_block_linear
+
+
+@pytest.mark.parametrize("with_op", [False, True])
+def test_quantization_fp8_gives_transformers_tokens_of_the_fp8_weights(tmp_path, monkeypatch, with_op):
+    """Without the device's FP8 GEMM (the CPU) the weights keep FP8's values in float32; with one
+    (here torch ops standing in for it) they stay float8 and go through it: the same tokens."""
+    from deepinfer import builder
+
+    original = make_model(tmp_path, "deepseek_v3", with_tokenizer=False, n_group=4, topk_group=2)
+    prompts = [[5, 6, 7], list(range(10, 50))]
+    ids = torch.tensor([prompts[1]])
+    with torch.no_grad():
+        plain = original(ids).logits
+        twin = _hf_fp8_twin(original)
+        assert not torch.allclose(plain, twin(ids).logits, atol=1e-4)  # guard: the quantization matters
+    expected = [hf_greedy(twin, p, 16) for p in prompts]
+    calls = []
+    if with_op:
+        use_fp8 = builder.use_fp8
+        monkeypatch.setattr(builder, "use_fp8", lambda model, q, op: use_fp8(model, q, _fp8_ops_on_cpu(calls)))
+    llm = LLM(str(tmp_path), dtype="float32", block_size=8, quantization="fp8", device="cpu", progress=False)
+    model = llm.engine.runner.model
+    kinds = {lin.weight.dtype for lin in model.fp8_linears()}
+    assert kinds == ({torch.float8_e4m3fn} if with_op else {torch.float32})
+    assert model.model.layers[0].self_attn.kv_b_proj.weight.dtype == torch.float32
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                        SamplingParams(temperature=0, max_tokens=16, ignore_eos=True), use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == expected
+    assert bool(calls) == with_op
+
+
+def test_quantization_fp8_is_refused_for_a_model_without_fp8_layers(tmp_path):
+    make_model(tmp_path, "llama", with_tokenizer=False)
+    with pytest.raises(ValueError, match="quantization fp8 is not supported for LlamaForCausalLM"):
+        LLM(str(tmp_path), dtype="float32", quantization="fp8", device="cpu", progress=False)
+
+
+@pytest.mark.gpu
+def test_fp8_gemm_on_a_gpu_keeps_the_bf16_twins_logprobs(tmp_path):
+    """On an NVIDIA GPU: the FP8 GEMM path (weights in 128x128 blocks, activations per token in
+    groups of 128) against the same model in bfloat16 with the weights' FP8 values; the prompt
+    logprobs of the reference's own tokens agree within 0.1 (FP8's activation rounding, bf16 sums)."""
+    make_model(tmp_path, "deepseek_v3", with_tokenizer=False, n_group=4, topk_group=2)
+    prompt = list(range(10, 90))
+    params = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=0)
+    got = {}
+    for q in ("fp8", None):
+        llm = LLM(str(tmp_path), device="sm90", dtype="bfloat16", quantization=q, num_kv_blocks=64,
+                  max_model_len=128, progress=False)
+        if q is None:
+            for lin in llm.engine.runner.model.fp8_linears():
+                lin.quantize_fp8(None)  # the twin: FP8's weight values, bf16 GEMMs
+        else:
+            assert {lin.weight.dtype for lin in llm.engine.runner.model.fp8_linears()} == {torch.float8_e4m3fn}
+        out = llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)[0]
+        got[q] = [next(iter(lp.values())).logprob for lp in out.prompt_logprobs[1:]]
+        del llm
+    diff = max(abs(a - b) for a, b in zip(got["fp8"], got[None], strict=True))
+    assert diff < 0.1, diff
