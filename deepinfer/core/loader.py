@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -33,13 +33,22 @@ def safetensors_files(path: str | Path) -> list[Path]:
     return files
 
 
-def iter_weights(path: str | Path, progress: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_weights(path: str | Path, progress: bool = True,
+                 shard: Callable[[str], tuple[int, int, int] | None] | None = None
+                 ) -> Iterator[tuple[str, torch.Tensor]]:
+    """The checkpoint's tensors by name; with ``shard`` (a tensor-parallel model's ``weight_shard``),
+    only the slice (dim, start, length) it names of each tensor is read (None: the whole tensor)."""
     files = safetensors_files(path)
     bar = tqdm(files, desc="Loading safetensors", disable=not progress or len(files) < 2, leave=False)
     for f in bar:
         with safe_open(str(f), framework="pt") as st:
             for name in st.keys():  # noqa: SIM118 (safe_open has keys() but is not iterable)
-                yield name, st.get_tensor(name)
+                part = shard(name) if shard is not None else None
+                if part is None:
+                    yield name, st.get_tensor(name)
+                else:
+                    dim, start, length = part
+                    yield name, st.get_slice(name)[(slice(None),) * dim + (slice(start, start + length),)]
 
 
 def load_model(config: ModelConfig, registry: ModelRegistry, attention: AttentionBackend,
@@ -49,7 +58,7 @@ def load_model(config: ModelConfig, registry: ModelRegistry, attention: Attentio
     with torch.device("meta"):
         model = cls(config, attention)
     model = model.to_empty(device=device).to(dtype)
-    model.load_weights(iter_weights(config.path, progress))
+    model.load_weights(iter_weights(config.path, progress, getattr(model, "weight_shard", None)))
     model.eval()
     return model
 

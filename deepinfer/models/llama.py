@@ -15,18 +15,28 @@ from deepinfer.core.loader import WeightsError
 from deepinfer.core.model_config import ModelConfig
 from deepinfer.core.model_registry import CausalLM
 from deepinfer.models.layers import GatedMLP, Linear, RMSNorm, RotaryEmbedding
+from deepinfer.models.parallel_layers import (
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    kv_head_shard,
+    parallel_logits,
+    vocab_shard,
+)
+from deepinfer.parallel.state import TensorParallel, tensor_parallel
 
 
 class Attention(nn.Module):
     """Fused qkv projection, optional q/k RMSNorm, rotary embedding, paged attention, output."""
 
-    def __init__(self, cfg: ModelConfig, spec: AttentionLayerSpec, bias: bool, qk_norm: bool) -> None:
+    def __init__(self, cfg: ModelConfig, spec: AttentionLayerSpec, bias: bool, qk_norm: bool,
+                 tp: TensorParallel) -> None:
         super().__init__()
-        self.spec = spec
+        self.spec = spec  # (this rank's heads: with tensor parallelism, a share of the model's)
         h, kv, d = spec.num_heads, spec.num_kv_heads, spec.head_dim
         self.q_size, self.kv_size = h * d, kv * d
         self.qkv_proj = Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=bias)
-        self.o_proj = Linear(self.q_size, cfg.hidden_size, bias=False)
+        self.o_proj = Linear(self.q_size, cfg.hidden_size, bias=False) if tp.size == 1 else \
+            RowParallelLinear(self.q_size, cfg.hidden_size, tp)
         self.q_norm = RMSNorm(d, cfg.rms_norm_eps) if qk_norm else None
         self.k_norm = RMSNorm(d, cfg.rms_norm_eps) if qk_norm else None
         #: the backend's ``fused_kv_write`` where it has one (FusedKVWrite; set by the model)
@@ -72,16 +82,20 @@ def _takes_rows(ops: FusedOps | None, rows: int, head_dim: int | None, weights: 
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, spec: AttentionLayerSpec, bias: bool, qk_norm: bool) -> None:
+    def __init__(self, cfg: ModelConfig, spec: AttentionLayerSpec, bias: bool, qk_norm: bool,
+                 tp: TensorParallel) -> None:
         super().__init__()
-        self.self_attn = Attention(cfg, spec, bias, qk_norm)
-        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size)
+        self.self_attn = Attention(cfg, spec, bias, qk_norm, tp)
+        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size // tp.size)
+        if tp.size > 1:  # gate/up column-parallel (a plain Linear of this rank's columns), down row-parallel
+            self.mlp.down_proj = RowParallelLinear(cfg.intermediate_size // tp.size, cfg.hidden_size, tp)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         # the single-token GEMV path: no qkv bias; q/k norms (both built with rms_norm_eps: one
         # eps) over whole heads of a power-of-two half (one program holds a head)
         half = spec.head_dim // 2
-        self.gemv_ok = not bias and (not qk_norm or half & (half - 1) == 0)
+        # (the GEMVs add the projections into the residual: no room for a row-parallel all-reduce)
+        self.gemv_ok = not bias and (not qk_norm or half & (half - 1) == 0) and tp.size == 1
         self.most_weights = max(p.weight.numel() for p in (self.self_attn.qkv_proj, self.self_attn.o_proj,
                                                            self.mlp.gate_up_proj, self.mlp.down_proj))
 
@@ -118,10 +132,12 @@ class DecoderLayer(nn.Module):
 
 
 class Decoder(nn.Module):
-    def __init__(self, cfg: ModelConfig, specs: list[AttentionLayerSpec], bias: bool, qk_norm: bool) -> None:
+    def __init__(self, cfg: ModelConfig, specs: list[AttentionLayerSpec], bias: bool, qk_norm: bool,
+                 tp: TensorParallel) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, s, bias, qk_norm) for s in specs)
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size) if tp.size == 1 else \
+            VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, s, bias, qk_norm, tp) for s in specs)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
@@ -135,20 +151,25 @@ class LlamaForCausalLM(CausalLM):
     _fused: ClassVar[dict[str, tuple[str, int]]] = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
               "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
 
+    #: shards over tensor-parallel ranks (``deepinfer.parallel``): heads, MLP columns and vocabulary
+    supports_tensor_parallel: ClassVar[bool] = True
+
     def __init__(self, config: ModelConfig, attention: AttentionBackend) -> None:
         super().__init__(config, attention)
+        self.tp = tp = tensor_parallel()
         bias = config.attention_bias if self.qkv_bias is None else self.qkv_bias
+        kv_heads = kv_head_shard(config.num_key_value_heads, tp)[1]
         specs = [
-            AttentionLayerSpec(i, config.num_attention_heads, config.num_key_value_heads,
+            AttentionLayerSpec(i, config.num_attention_heads // tp.size, kv_heads,
                                config.head_dim, config.layer_window(i), config.head_dim ** -0.5)
             for i in range(config.num_hidden_layers)
         ]
-        self.model = Decoder(config, specs, bias, self.qk_norm)
+        self.model = Decoder(config, specs, bias, self.qk_norm, tp)
         kv_write = attention.fused_kv_write if isinstance(attention, FusedKVWrite) else None  # (asked once)
         for layer in self.model.layers:
             layer.self_attn.kv_write = kv_write
         self.lm_head = None if config.tie_word_embeddings else Linear(
-            config.hidden_size, config.vocab_size, bias=False)
+            config.hidden_size, vocab_shard(config.vocab_size, tp)[2], bias=False)
         self.rotary = RotaryEmbedding(config.head_dim, config.max_position_embeddings,
                                       config.rope_theta, config.rope_scaling)
 
@@ -158,7 +179,7 @@ class LlamaForCausalLM(CausalLM):
     def forward(self, input_ids, positions, kv_caches: list[Any], attn_metadata: Any) -> torch.Tensor:
         # a step of one token takes the device's embedding kernel where it offers one (launched
         # with PDL, it starts while the step's first kernel finishes); others take torch's
-        fused = getattr(self.fused_ops, "embedding", None) if input_ids.shape[0] == 1 else None
+        fused = getattr(self.fused_ops, "embedding", None) if input_ids.shape[0] == 1 and self.tp.size == 1 else None
         table = self.model.embed_tokens
         x = table(input_ids) if fused is None else fused(input_ids, table.weight)
         residual = None
@@ -167,9 +188,13 @@ class LlamaForCausalLM(CausalLM):
         # the stream before the final norm, which compute_logits applies to the rows it is given
         return residual if x is None else x + residual
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """(With tensor parallelism, every rank calls it on the same rows; rank 0 gets the logits,
+        the others None.)"""
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         norm = self.model.norm
+        if self.tp.size > 1:
+            return parallel_logits(norm(hidden), weight, self.config.vocab_size, self.tp, self.linear_op)
         gemv = getattr(self.fused_ops, "gemv", None)
         if gemv is not None and hidden.is_contiguous() and (hidden.shape[0] == 1
                                                              or _takes_rows(self.fused_ops, hidden.shape[0], None,
@@ -182,11 +207,32 @@ class LlamaForCausalLM(CausalLM):
         return (F.linear if self.linear_op is None else self.linear_op)(norm(hidden), weight)
 
     def _shard_sizes(self, fused: str) -> list[int]:
-        c = self.config
+        c, n = self.config, self.tp.size
         if fused == "qkv_proj":
-            kv = c.num_key_value_heads * c.head_dim
-            return [c.num_attention_heads * c.head_dim, kv, kv]
-        return [c.intermediate_size, c.intermediate_size]
+            kv = kv_head_shard(c.num_key_value_heads, self.tp)[1] * c.head_dim
+            return [c.num_attention_heads // n * c.head_dim, kv, kv]
+        return [c.intermediate_size // n, c.intermediate_size // n]
+
+    def weight_shard(self, name: str) -> tuple[int, int, int] | None:
+        """The slice of checkpoint tensor ``name`` this rank holds, as (dim, start, length); None: the
+        whole tensor (norms; everything at tensor-parallel size 1)."""
+        c, tp = self.config, self.tp
+        if tp.size == 1:
+            return None
+        proj, d = name.split(".")[-2] if "." in name else "", c.head_dim
+        if proj in ("q_proj", "o_proj"):
+            per = c.num_attention_heads // tp.size * d
+            return (0 if proj == "q_proj" else 1), tp.rank * per, per
+        if proj in ("k_proj", "v_proj"):
+            first, heads = kv_head_shard(c.num_key_value_heads, tp)
+            return 0, first * d, heads * d
+        if proj in ("gate_proj", "up_proj", "down_proj"):
+            per = c.intermediate_size // tp.size
+            return (1 if proj == "down_proj" else 0), tp.rank * per, per
+        if name in ("model.embed_tokens.weight", "lm_head.weight"):
+            start, rows, _ = vocab_shard(c.vocab_size, tp)
+            return 0, start, rows
+        return None
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         params = dict(self.named_parameters())
@@ -209,6 +255,9 @@ class LlamaForCausalLM(CausalLM):
             if shard is not None:
                 sizes = self._shard_sizes(target.split(".")[-2])
                 dest = dest.narrow(0, sum(sizes[:shard]), sizes[shard])
+            if self.tp.size > 1 and dest.shape[0] > tensor.shape[0] and target in ("model.embed_tokens.weight", "lm_head.weight"):
+                dest[tensor.shape[0]:].zero_()  # a vocab-parallel shard's padding rows
+                dest = dest[:tensor.shape[0]]
             if tuple(dest.shape) != tuple(tensor.shape):
                 raise WeightsError(f"weight {name!r} has shape {tuple(tensor.shape)}, "
                                    f"the model expects {tuple(dest.shape)}")
