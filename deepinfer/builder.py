@@ -1,7 +1,9 @@
 """The composition root: EngineConfig -> plugin instances -> an assembled LLMEngine."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pluggy
 from stevedore import NamedExtensionManager
@@ -19,6 +21,7 @@ from deepinfer.core.model_registry import ModelRegistry
 from deepinfer.core.model_runner import ModelRunner
 from deepinfer.core.sampler import Sampler
 from deepinfer.core.tokenizer import Tokenizer
+from deepinfer.parallel.state import TensorParallel, building
 from deepinfer.plugins import hookspecs
 from deepinfer.plugins.discovery import MODELS_GROUP, PluginError, discover, fresh, load, model_entry_points
 from deepinfer.plugins.selection import Selection, instantiate_hooks, select
@@ -120,9 +123,23 @@ def latent_attention_plugins() -> list[str]:
     return sorted(names)
 
 
-def build_engine(config: EngineConfig, progress: bool = True) -> LLMEngine:
-    """Resolve plugins, load the model, size the KV pool and assemble the engine."""
-    sel = select(config)
+@dataclass(slots=True)
+class Shard:
+    """What one rank runs: its device, attention backend, model (a shard of it with tensor
+    parallelism) and KV caches."""
+
+    ctx: EngineContext
+    device: Any
+    attention: Any
+    model: Any
+    dtype: Any
+    ops: Any
+    kv: KVCacheManager
+    kv_caches: list
+
+
+def _model_facts(config: EngineConfig):
+    """The model directory, its config, the model registry and the context length, checked."""
     model_path = config.model or demo_model_path()
     mcfg = read_model_config(model_path)
     registry = model_registry()
@@ -131,15 +148,13 @@ def build_engine(config: EngineConfig, progress: bool = True) -> LLMEngine:
     if max_model_len > mcfg.max_position_embeddings:
         raise ModelConfigError(f"max_model_len {max_model_len} exceeds the model's "
                                f"max_position_embeddings {mcfg.max_position_embeddings}")
-    tok_dir = Path(config.tokenizer or model_path)
-    if config.tokenizer is not None and not (tok_dir / "tokenizer.json").is_file():
-        raise ValueError(f"tokenizer {config.tokenizer!r}: no tokenizer.json there; give a directory holding "
-                         "one (a Hugging Face model or tokenizer directory), or leave --tokenizer out to use "
-                         "the model's")
-    tokenizer = Tokenizer(tok_dir) if (tok_dir / "tokenizer.json").is_file() else None
+    return model_path, mcfg, registry, max_model_len
 
-    pm = plugin_manager(sel)
-    pm.hook.deepinfer_config_finalized(config=config)
+
+def _load_shard(config: EngineConfig, sel: Selection, mcfg, registry: ModelRegistry, model_path: str,
+                max_model_len: int, tp: TensorParallel, progress: bool, make_policies) -> Shard:
+    """Device, attention backend, this rank's model and its KV caches (the pool the same size on
+    every rank: the smallest any rank has memory for)."""
     ctx = EngineContext(config=config, metrics=Metrics(), model_path=model_path,
                         model_config={"vocab_size": mcfg.vocab_size, "architecture": mcfg.architecture,
                                       "max_model_len": max_model_len,
@@ -155,20 +170,96 @@ def build_engine(config: EngineConfig, progress: bool = True) -> LLMEngine:
     attn_name = sel.one("attention").name
     attention = sel.classes[attn_name](sel.options[attn_name], ctx)
     dtype = resolve_dtype(config.dtype, mcfg, device.torch_device.type)
-    model = load_model(mcfg, registry, attention, dtype, device.torch_device, progress)
+    with building(tp):
+        model = load_model(mcfg, registry, attention, dtype, device.torch_device, progress)
     if (ops := device.fused_ops()) is not None:
         model.use_fused_ops(ops)
     if (linear_op := device.linear_op(dtype)) is not None:
         model.use_linear_op(linear_op)
     use_fp8(model, config.quantization, getattr(ops, "fp8_block_linear", None) if ops is not None else None)
     ctx.layers = model.attention_layers()
-
-    policies = [sel.classes[i.name](sel.options[i.name], ctx) for i in sel.all("cache_policy")]
+    policies = make_policies(ctx)
+    if tp.size > 1:  # every rank's pool holds the same blocks: rank 0's block ids address them all
+        ctx.config = config.model_copy(update={"num_kv_blocks": tp.smallest(
+            _kv_blocks_here(ctx, model, attention, dtype), device.torch_device)})
     kv, kv_caches = assemble_kv_cache(ctx, model, attention, policies, dtype, max_model_len)
+    return Shard(ctx, device, attention, model, dtype, ops, kv, kv_caches)
+
+
+def _kv_blocks_here(ctx: EngineContext, model, attention, dtype) -> int:
+    if ctx.config.num_kv_blocks:
+        return ctx.config.num_kv_blocks
+    model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    return ctx.device.kv_cache_budget(model_bytes) // attention.kv_cache_bytes_per_block(
+        ctx.layers, ctx.config.block_size, dtype)
+
+
+def build_shard(config: EngineConfig, tp: TensorParallel, progress: bool = False) -> Shard:
+    """Rank ``tp.rank``'s part of a tensor-parallel engine (ranks 1..N-1: no scheduler, no sampler)."""
+    sel = select(config)
+    model_path, mcfg, registry, max_model_len = _model_facts(config)
+    return _load_shard(config, sel, mcfg, registry, model_path, max_model_len, tp, progress, lambda ctx: [])
+
+
+def _start_ranks(config: EngineConfig, sel: Selection, mcfg, registry: ModelRegistry):
+    """With tensor_parallel_size > 1: check the combination, then start or join the other ranks
+    (``deepinfer.parallel.launch``); None with one rank."""
+    if config.tensor_parallel_size == 1:
+        return None
+    from deepinfer.parallel.checks import check_tensor_parallel
+    from deepinfer.parallel.launch import join_launched, launched_world, spawn_ranks
+
+    drafter = sel.one("drafter")
+    check_tensor_parallel(config.tensor_parallel_size, mcfg, registry.resolve(mcfg.architecture),
+                          sel.classes[sel.one("device").name], drafter.name if drafter else None,
+                          [sel.classes[i.name] for i in sel.all("cache_policy")])
+    if (launched := launched_world()) is not None:
+        return join_launched(config, *launched)  # (ranks other than 0 serve rank 0 there, then exit)
+    return spawn_ranks(config, config.tensor_parallel_size)
+
+
+def build_engine(config: EngineConfig, progress: bool = True) -> LLMEngine:
+    """Resolve plugins, load the model, size the KV pool and assemble the engine. With
+    tensor_parallel_size > 1, this process is rank 0 and the other ranks are started first."""
+    sel = select(config)
+    model_path, mcfg, registry, max_model_len = _model_facts(config)
+    tok_dir = Path(config.tokenizer or model_path)
+    if config.tokenizer is not None and not (tok_dir / "tokenizer.json").is_file():
+        raise ValueError(f"tokenizer {config.tokenizer!r}: no tokenizer.json there; give a directory holding "
+                         "one (a Hugging Face model or tokenizer directory), or leave --tokenizer out to use "
+                         "the model's")
+    tokenizer = Tokenizer(tok_dir) if (tok_dir / "tokenizer.json").is_file() else None
+    pm = plugin_manager(sel)
+    pm.hook.deepinfer_config_finalized(config=config)
+    ranks = _start_ranks(config, sel, mcfg, registry)
+    try:
+        return _assemble(config, sel, mcfg, registry, model_path, max_model_len, tokenizer, pm, ranks, progress)
+    except BaseException as e:
+        if ranks is None:
+            raise
+        why = ranks.worker_failure() if isinstance(e, Exception) else None
+        ranks.stop(0.0)  # (nothing left half-started)
+        if why is None:
+            raise
+        raise RuntimeError(f"could not build the tensor-parallel engine: {why}") from e
+
+
+def _assemble(config: EngineConfig, sel: Selection, mcfg, registry: ModelRegistry, model_path: str,
+              max_model_len: int, tokenizer, pm, ranks, progress: bool) -> LLMEngine:
+    tp = ranks.tp if ranks is not None else TensorParallel()
+    def make_policies(ctx: EngineContext) -> list:
+        return [sel.classes[i.name](sel.options[i.name], ctx) for i in sel.all("cache_policy")]
+
+    shard = _load_shard(config, sel, mcfg, registry, model_path, max_model_len, tp, progress, make_policies)
+    ctx, device, attention, model, dtype, ops = (shard.ctx, shard.device, shard.attention, shard.model,
+                                                 shard.dtype, shard.ops)
+    kv, kv_caches = shard.kv, shard.kv_caches
+    config = ctx.config
     ctx.kv = kv
     sched_name = sel.one("scheduler").name
     scheduler = sel.classes[sched_name](sel.options[sched_name], ctx)
     ctx.dtype = dtype
+    attn_name = sel.one("attention").name
     ctx.new_attention = lambda: sel.classes[attn_name](sel.options[attn_name], ctx)
     def load_second_model(path: str, attn, model_dtype=None):
         second_dtype = model_dtype or dtype
@@ -192,8 +283,13 @@ def build_engine(config: EngineConfig, progress: bool = True) -> LLMEngine:
         sampler.argmax = ops.argmax
     runner = ModelRunner(model, attention, kv_caches, config.block_size, device.torch_device, sampler,
                          kv_groups=1 if kv.sliding is None else 2)
-    # graphs replay steps of one KV group (sliding-window layers in a pool of their own run eagerly)
-    graphs = None if config.enforce_eager or kv.sliding is not None else device.graphs()
+    if ranks is not None:
+        from deepinfer.parallel.driver import Driver
+
+        runner.ranks = Driver(ranks, device.torch_device)
+    # graphs replay steps of one KV group (sliding-window layers in a pool of their own run eagerly);
+    # steps of several tensor-parallel ranks run eagerly too (graphs across ranks are untested)
+    graphs = None if config.enforce_eager or kv.sliding is not None or ranks is not None else device.graphs()
     if graphs is not None and attention.supports_graphs:
         sizes = config.cuda_graph_sizes or default_batch_sizes(config.max_num_seqs)
         sizes = [s for s in sizes if s <= config.max_num_seqs] or [min(sizes)]

@@ -43,6 +43,9 @@ def add_engine_args(p: argparse.ArgumentParser, model_positional: bool = True) -
     p.add_argument("--cuda-graph-prefill-sizes", default=None,
                    help="token counts of one-sequence prefill steps to capture, e.g. 64,128,256 (none: off)")
     p.add_argument("--max-seq-len-to-capture", type=int, default=None)
+    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=None,
+                   help="ranks (processes, one device each) to split the model over; spawned on this host, or "
+                        "joined through env:// under a launcher that sets WORLD_SIZE (torchrun)")
 
 
 def engine_overrides(args: argparse.Namespace) -> dict[str, Any]:

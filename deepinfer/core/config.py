@@ -47,6 +47,11 @@ class EngineConfig(BaseModel):
                           "smallest count >= its tokens, padded (default 16, 32, 64, 128, 256, 384, 512, 768, "
                           "1,024; counts past the first at or above max_num_batched_tokens and "
                           "max_seq_len_to_capture are left out; [] or 'none': no prefill graphs)")
+    tensor_parallel_size: int = Field(
+        1, ge=1, description="processes (ranks, one device each) that one model is split over by tensor "
+                             "parallelism: attention heads, MLP columns and the vocabulary; rank 0 schedules and "
+                             "samples. On one host the ranks are spawned; under a launcher that sets WORLD_SIZE "
+                             "(torchrun) every rank runs the same command")
     max_seq_len_to_capture: int = Field(8192, ge=1, description="longest sequence a captured decode step "
                                                                 "covers; steps with longer ones run eagerly")
 

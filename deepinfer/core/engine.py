@@ -99,9 +99,11 @@ class LLMEngine:
         return bool(self.requests)
 
     def shutdown(self) -> None:
-        """Abort what is still running (freeing its blocks) and tell the hook plugins."""
+        """Abort what is still running (freeing its blocks), stop the runner's other ranks (tensor
+        parallelism) and tell the hook plugins."""
         for rid in list(self.requests):
             self.abort_request(rid)
+        self.runner.close()
         self.hooks.deepinfer_engine_stopped(engine=self)
 
     # -------------------------------------------------------------------------------------- step

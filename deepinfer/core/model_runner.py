@@ -96,6 +96,9 @@ class ModelRunner:
         self._prev_rows: dict[str, int] = {}            # request id -> row of _prev_tokens
         self.on_verified: Callable[..., None] | None = None  # the drafter's, where the engine chains rounds
         self.kv_groups = kv_groups
+        #: with tensor parallelism, the other ranks (``deepinfer.parallel.driver.Driver``): told each
+        #: eager step's inputs and each logits call, so that they run their shards of the same work
+        self.ranks: Any = None
 
     def enable_graphs(self, graphs: DeviceGraphs, batch_sizes: Sequence[int], max_seq_len: int) -> None:
         """Capture decode steps for these batch sizes (sequences up to ``max_seq_len`` tokens)."""
@@ -175,9 +178,28 @@ class ModelRunner:
         """Run one step and wait for its results."""
         return self.collect(self.launch(out))
 
-    @torch.inference_mode()
     def launch(self, out: SchedulerOutput) -> StepInFlight:
-        """Queue one step on the device; the samples stay there (see ``collect``)."""
+        """Queue one step on the device; the samples stay there (see ``collect``). With tensor
+        parallelism, a failure of any rank ends every rank and raises ``WorkerError``."""
+        if self.ranks is None:
+            return self._launch(out)
+        try:
+            return self._launch(out)
+        except Exception as e:
+            raise self.ranks.failure(e) from e
+
+    def close(self) -> None:
+        """Stop the other tensor-parallel ranks, if any."""
+        if self.ranks is not None:
+            self.ranks.shutdown()
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.ranks is not None:  # (every rank computes its part of the vocabulary)
+            self.ranks.send_logits(hidden)
+        return self.model.compute_logits(hidden)
+
+    @torch.inference_mode()
+    def _launch(self, out: SchedulerOutput) -> StepInFlight:
         seqs, prev = self._inputs(out)
         decode_only = not out.draft_tokens and all(len(t) == 1 for t, _, _ in seqs)
         timing = None
@@ -201,6 +223,8 @@ class ModelRunner:
         else:
             if mark is not None:
                 mark()
+            if self.ranks is not None:
+                self.ranks.send_step(seqs, self._sliding(out), prev)
             batch = build_step_batch(seqs, self.block_size, self.device, self._sliding(out), prev,
                                      ops=getattr(self.model, "fused_ops", None))
             hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, self.attention.build_metadata(batch))
@@ -229,7 +253,7 @@ class ModelRunner:
         flight = StepInFlight(out, result, sampling,
                               must_sync=bool(verifying) or not all(s.request.overlappable for s in out.scheduled))
         # (queued before on_verified may queue a drafter's graph, which may reuse the pool memory under hidden)
-        logits = self.model.compute_logits(_take_rows(hidden, rows)) if sampling and flight.must_sync else None
+        logits = self._logits(_take_rows(hidden, rows)) if sampling and flight.must_sync else None
         if verifying:
             self._verify(hidden, verifying, result, head)
         if sampling:
@@ -250,7 +274,7 @@ class ModelRunner:
                         and (argmaxes := self.graphs.replay_head(graph_size)) is not None:
                     flight.tokens = argmaxes[:len(sampling)]
                 else:
-                    logits = self.model.compute_logits(_take_rows(hidden, rows))
+                    logits = self._logits(_take_rows(hidden, rows))
                     flight.tokens = self.sampler.sample_on_device(logits, sampling, out=into)
                 self._prev_tokens = flight.tokens
                 self._prev_rows = {r.request_id: i for i, r in enumerate(sampling)}
@@ -303,7 +327,7 @@ class ModelRunner:
 
         index = [row + j for _, drafts, row in verifying for j in range(len(drafts) + 1)]
         plain = head is not None and all(r.params.greedy and r.params.logprobs is None for r, _, _ in verifying)
-        logits = None if plain else self.model.compute_logits(_take_rows(hidden, index))  # (head: greedy_head's)
+        logits = None if plain else self._logits(_take_rows(hidden, index))  # (head: greedy_head's)
         # greedy argmaxes in one kernel and copy; a drafter may queue work behind them (on_verified)
         best = None
         if any(r.params.greedy for r, _, _ in verifying):
@@ -352,7 +376,7 @@ class ModelRunner:
         n = min(n, r.num_prompt_tokens - start - 1)  # (the last prompt token's next is no prompt token)
         for j in range(0, n, self.PROMPT_LOGPROBS_ROWS):
             rows = min(self.PROMPT_LOGPROBS_ROWS, n - j)
-            lps = self.model.compute_logits(hidden[j:j + rows]).float().log_softmax(-1)
+            lps = self._logits(hidden[j:j + rows]).float().log_softmax(-1)
             nxt = r.prompt_token_ids[start + j + 1:start + j + 1 + rows]
             out.extend(rows_top_logprobs(lps, nxt, r.params.prompt_logprobs))
         return out

@@ -1,0 +1,62 @@
+"""Rank 0's end of the protocol: it tells the other ranks each step's inputs and each logits call,
+and turns a failed collective into an error that names the rank that failed and why."""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from deepinfer.parallel.launch import Ranks
+from deepinfer.parallel.protocol import HEADER, LOGITS, STEP, STOP, Sliding, StepSeqs, pack_step
+
+
+class WorkerError(RuntimeError):
+    """A rank of a tensor-parallel engine failed (or the ranks were stopped): the engine cannot run on."""
+
+
+class Driver:
+    """Sends the model runner's work to ranks 1..N-1 (``ModelRunner.ranks``)."""
+
+    def __init__(self, ranks: Ranks, device: torch.device) -> None:
+        self.ranks = ranks
+        self.device = device
+        self.stopped: str | None = None  # why the ranks were stopped (None: they run)
+
+    def _header(self, command: int, a: int = 0, b: int = 0) -> None:
+        if self.stopped is not None:
+            raise WorkerError(f"this engine's tensor-parallel ranks were stopped ({self.stopped}); build a new engine")
+        dist.broadcast(torch.tensor([command, a, b, 0][:HEADER], dtype=torch.long, device=self.device), src=0,
+                       group=self.ranks.tp.group)
+
+    def send_step(self, seqs: StepSeqs, sliding: Sliding, prev: torch.Tensor | None) -> None:
+        """Before rank 0's forward: the step's sequences, and the samples its placeholders stand for."""
+        payload = pack_step(seqs, sliding)
+        self._header(STEP, len(payload), 0 if prev is None else prev.numel())
+        group = self.ranks.tp.group
+        dist.broadcast(torch.tensor(payload, dtype=torch.long, device=self.device), src=0, group=group)
+        if prev is not None:
+            dist.broadcast(prev.long().contiguous(), src=0, group=group)
+
+    def send_logits(self, hidden: torch.Tensor) -> None:
+        """Before rank 0's ``compute_logits(hidden)``: the rows, so that every rank computes its part."""
+        self._header(LOGITS, hidden.shape[0])
+        dist.broadcast(hidden.contiguous(), src=0, group=self.ranks.tp.group)
+
+    def failure(self, exc: BaseException) -> WorkerError:
+        """The error to raise for ``exc``, raised by rank 0 during a step; the ranks are stopped (a
+        step half-sent leaves them out of step with rank 0)."""
+        if isinstance(exc, WorkerError):
+            return exc
+        why = self.ranks.worker_failure() or f"rank 0 failed during a step: {type(exc).__name__}: {exc}"
+        self.shutdown(why)
+        return WorkerError(why)
+
+    def shutdown(self, why: str = "the engine was shut down") -> None:
+        """Tell the workers to stop (if they still can hear it), then end them and the process group."""
+        if self.stopped is not None:
+            return
+        try:
+            self._header(STOP)
+        except Exception:  # noqa: BLE001, S110 (a worker already gone: ended below either way)
+            pass
+        self.stopped = why
+        self.ranks.stop()

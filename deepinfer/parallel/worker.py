@@ -1,0 +1,84 @@
+"""Ranks 1..N-1: build this rank's shard of the model and its KV cache, then run what rank 0 sends."""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+import traceback
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from deepinfer.core.config import EngineConfig
+from deepinfer.core.eager_batch import build_step_batch
+from deepinfer.parallel.protocol import HEADER, LOGITS, STEP, STOP, unpack_step
+from deepinfer.parallel.state import TensorParallel
+
+
+@torch.inference_mode()
+def serve_driver(model: Any, attention: Any, kv_caches: list[Any], block_size: int, device: torch.device,
+                 dtype: torch.dtype, tp: TensorParallel) -> None:
+    """Run rank 0's steps and logits calls on this rank's shard until it says stop."""
+    header = torch.empty(HEADER, dtype=torch.long, device=device)
+    hidden_size = model.config.hidden_size
+    while True:
+        dist.broadcast(header, src=0, group=tp.group)
+        command, a, b, _ = header.tolist()
+        if command == STOP:
+            return
+        if command == STEP:
+            payload = torch.empty(a, dtype=torch.long, device=device)
+            dist.broadcast(payload, src=0, group=tp.group)
+            seqs, sliding = unpack_step(payload.tolist())
+            prev = None
+            if b:
+                prev = torch.empty(b, dtype=torch.long, device=device)
+                dist.broadcast(prev, src=0, group=tp.group)
+            batch = build_step_batch(seqs, block_size, device, sliding, prev, ops=model.fused_ops)
+            model(batch.input_ids, batch.positions, kv_caches, attention.build_metadata(batch))
+        elif command == LOGITS:
+            rows = torch.empty(a, hidden_size, dtype=dtype, device=device)
+            dist.broadcast(rows, src=0, group=tp.group)
+            model.compute_logits(rows)
+        else:
+            raise RuntimeError(f"rank {tp.rank}: unknown command {command} from rank 0 (a protocol mismatch)")
+
+
+def run_worker(config: EngineConfig, tp: TensorParallel) -> None:
+    """Build this rank's shard (the same plugins, model and KV pool size as rank 0) and serve rank 0."""
+    from deepinfer.builder import build_shard
+
+    shard = build_shard(config, tp, progress=False)
+    serve_driver(shard.model, shard.attention, shard.kv_caches, config.block_size, shard.device.torch_device,
+                 shard.dtype, tp)
+
+
+def _watch_parent(parent_pid: int) -> None:
+    """End this process when the one that spawned it is gone (nothing left running after a crash)."""
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="deepinfer-parent-watch", daemon=True).start()
+
+
+def worker_main(rank: int, world: int, host: str, port: int, config: EngineConfig, errors: Any,
+                parent_pid: int) -> None:
+    """Entry point of a spawned rank: join rank 0's store, build, serve; report a failure on ``errors``."""
+    _watch_parent(parent_pid)
+    from deepinfer.parallel.launch import init_group
+
+    try:
+        store = dist.TCPStore(host, port, world, is_master=False)
+        store.set(f"joined/{rank}", "1")
+        tp = init_group(config, rank, world, store=store)
+        run_worker(config, tp)
+    except BaseException as e:  # noqa: BLE001 (every failure goes to rank 0, which names it)
+        errors.put((rank, f"{type(e).__name__}: {e}", traceback.format_exc()))
+        sys.exit(1)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
