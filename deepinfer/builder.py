@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import pluggy
+import torch.distributed as dist
 from stevedore import NamedExtensionManager
 
 from deepinfer.core.config import EngineConfig
@@ -237,7 +238,8 @@ def build_engine(config: EngineConfig, progress: bool = True) -> LLMEngine:
     except BaseException as e:
         if ranks is None:
             raise
-        why = ranks.worker_failure() if isinstance(e, Exception) else None
+        # (a failed collective is a RuntimeError on rank 0: the rank that failed tells why)
+        why = ranks.worker_failure() if type(e) is RuntimeError or isinstance(e, dist.DistError) else None
         ranks.stop(0.0)  # (nothing left half-started)
         if why is None:
             raise

@@ -31,6 +31,9 @@ def check_tensor_parallel(size: int, mcfg: ModelConfig, model_cls: type, device_
         raise ParallelConfigError(f"{name}: the {mcfg.architecture} model definition does not shard over "
                                   "tensor-parallel ranks yet (the Llama family does: Llama, Mistral, Qwen2, "
                                   "Qwen3); use tensor_parallel_size 1")
+    if size > mcfg.num_attention_heads:
+        raise ParallelConfigError(f"{name}: more ranks than the model's {mcfg.num_attention_heads} attention heads "
+                                  f"(each rank holds whole heads); valid sizes: {', '.join(map(str, valid_sizes(mcfg)))}")
     if size not in valid_sizes(mcfg):
         raise ParallelConfigError(
             f"{name} does not split {mcfg.architecture} evenly ({mcfg.num_attention_heads} attention heads, "

@@ -61,11 +61,13 @@ class Ranks:
 
     def worker_failure(self, wait: float = 2.0) -> str | None:
         """Which spawned rank died or raised, and why (given ``wait`` seconds to be seen); None: none did."""
+        if self.errors is None:  # (a launcher's ranks, or ranks already stopped)
+            return None
         deadline = time.monotonic() + wait
-        while (self.processes and time.monotonic() < deadline and self.errors.empty()
+        while (time.monotonic() < deadline and self.errors.empty()
                and all(p.is_alive() for p in self.processes)):
             time.sleep(0.05)
-        if self.errors is not None and not self.errors.empty():
+        if not self.errors.empty():
             rank, error, tb = self.errors.get()
             return f"tensor-parallel rank {rank} failed: {error}\n{tb}"
         for rank, p in enumerate(self.processes, start=1):
@@ -86,6 +88,10 @@ class Ranks:
                 p.join(5)
         if dist.is_initialized():
             dist.destroy_process_group()
+        if self.errors is not None:
+            self.errors.close()
+            self.errors = None
+        atexit.unregister(self.stop)
 
 
 def _exit_text(code: int | None) -> str:
