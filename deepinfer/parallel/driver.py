@@ -5,12 +5,11 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from deepinfer.parallel.errors import WorkerError
 from deepinfer.parallel.launch import Ranks
 from deepinfer.parallel.protocol import HEADER, LOGITS, STEP, STOP, Sliding, StepSeqs, pack_step
 
-
-class WorkerError(RuntimeError):
-    """A rank of a tensor-parallel engine failed (or the ranks were stopped): the engine cannot run on."""
+__all__ = ["Driver", "WorkerError"]
 
 
 class Driver:

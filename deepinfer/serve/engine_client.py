@@ -54,8 +54,10 @@ class EngineClient:
         """Spawn the engine process and wait until it has built its engine (or failed to)."""
         ctx = mp.get_context("spawn")
         parent, child = ctx.Pipe(duplex=True)
+        # a daemonic process may not start processes: with tensor parallelism the engine spawns its
+        # ranks, and ends with the API process through its pipe (EOF) instead
         self.proc = ctx.Process(target=run_engine_core, args=(self.config, child, self.threads),
-                                name="deepinfer-engine", daemon=True)
+                                name="deepinfer-engine", daemon=self.config.tensor_parallel_size == 1)
         self.proc.start()
         child.close()
         self._conn = parent
@@ -182,12 +184,16 @@ class EngineClient:
                 q = self._queues.pop(rid, None)
                 if q is not None:
                     q.put_nowait(RequestFailed(rid, status, message))
+        elif kind == "fatal":
+            self._engine_gone(msg[1])
         elif kind == "stats":
             fut = self._stats_waiters.get(msg[1])
             if fut is not None and not fut.done():
                 fut.set_result(msg[2])
 
     def _engine_gone(self, why: str) -> None:
+        if self.dead is not None:  # (told once: a fatal message, then the pipe's end)
+            return
         self.dead = why
         for rid, q in list(self._queues.items()):
             q.put_nowait(RequestFailed(rid, 500, why))

@@ -4,7 +4,8 @@ Messages are plain tuples so pickling stays cheap. API -> engine: one list of co
 each ``("add", rid, prompt_ids, params, cache_salt)``, ``("abort", rid)``, ``("stats", tag)`` or
 ``("shutdown",)``. Engine -> API: ``("ready", info)`` or ``("fatal", message)`` once at start, then
 ``("out", [RequestDelta...])`` once per step, ``("failed", [(rid, status, message)...])`` and
-``("stats", tag, snapshot)``.
+``("stats", tag, snapshot)``; ``("fatal", message)`` again before the engine exits non-zero when it
+cannot go on (a tensor-parallel rank failed).
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from typing import Any, NamedTuple
 from deepinfer.cli_errors import debug_enabled
 from deepinfer.core.config import EngineConfig
 from deepinfer.core.logprobs import TokenLogprobs
+from deepinfer.parallel.errors import WorkerError
 
 
 class SeqDelta(NamedTuple):
@@ -58,6 +60,7 @@ class EngineCore:
         self.sent: dict[str, list[list[int]]] = {}
         self.awaiting_prompt_logprobs: set[str] = set()
         self.running = True
+        self.fatal: str | None = None  # why the engine cannot go on (it exits non-zero)
         self.hist: dict[str, list[float]] = {}
         self.last_drain = time.monotonic()
 
@@ -102,6 +105,13 @@ class EngineCore:
     def step(self) -> None:
         try:
             outputs = self.engine.step()
+        except WorkerError as e:  # a tensor-parallel rank failed: no step can run any more
+            print(f"deepinfer engine: {describe_error(e)}", file=sys.stderr, flush=True)
+            self.fatal = describe_error(e).splitlines()[0]  # (the rank's traceback: in the log only)
+            self.conn.send(("failed", [(rid, 500, self.fatal) for rid in self.engine.requests]))
+            self.conn.send(("fatal", self.fatal))
+            self.running = False
+            return
         except Exception as e:  # noqa: BLE001
             # the failing request cannot be told apart from its batch: fail the batch, keep serving
             traceback.print_exc()
@@ -236,10 +246,13 @@ def run_engine_core(config: EngineConfig, conn: Connection, threads: int | None 
         conn.close()
         return
     conn.send(("ready", engine_info(engine, config)))
+    core = EngineCore(engine, conn)
     try:
-        EngineCore(engine, conn).loop()
+        core.loop()
     except (EOFError, BrokenPipeError, ConnectionResetError):
         pass  # the API process went away: nothing left to serve
     finally:
         engine.shutdown()
         sys.stdout.flush()
+    if core.fatal is not None:
+        sys.exit(1)
