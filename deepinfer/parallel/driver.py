@@ -2,6 +2,8 @@
 and turns a failed collective into an error that names the rank that failed and why."""
 from __future__ import annotations
 
+import atexit
+
 import torch
 import torch.distributed as dist
 
@@ -19,6 +21,7 @@ class Driver:
         self.ranks = ranks
         self.device = device
         self.stopped: str | None = None  # why the ranks were stopped (None: they run)
+        atexit.register(self.shutdown)  # (a program that never shuts its engine down still stops its ranks)
 
     def _header(self, command: int, a: int = 0, b: int = 0) -> None:
         if self.stopped is not None:
@@ -45,7 +48,11 @@ class Driver:
         step half-sent leaves them out of step with rank 0)."""
         if isinstance(exc, WorkerError):
             return exc
-        why = self.ranks.worker_failure() or f"rank 0 failed during a step: {type(exc).__name__}: {exc}"
+        why = self.ranks.worker_failure()
+        if why is None and not self.ranks.processes:  # (a launcher's ranks: their own logs say which failed)
+            why = ("a collective with the other ranks failed (a rank the launcher started may have died: see its "
+                   f"log): {type(exc).__name__}: {exc}")
+        why = why or f"rank 0 failed during a step: {type(exc).__name__}: {exc}"
         self.shutdown(why)
         return WorkerError(why)
 
@@ -59,3 +66,4 @@ class Driver:
             pass
         self.stopped = why
         self.ranks.stop()
+        atexit.unregister(self.shutdown)
