@@ -2,7 +2,8 @@
 dense MLP layers up to ``first_k_dense_replace`` and routed experts with shared ones after (``moe.py``)."""
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from dataclasses import replace
 from typing import Any, ClassVar
 
 import torch
@@ -13,23 +14,45 @@ from deepinfer.core.interfaces import AttentionBackend, AttentionLayerSpec
 from deepinfer.core.model_config import ModelConfig
 from deepinfer.core.model_registry import CausalLM
 from deepinfer.models.deepseek_config import DeepseekConfig, deepseek_config
-from deepinfer.models.deepseek_weights import load_checkpoint
+from deepinfer.models.deepseek_weights import _EXPERT, load_checkpoint
 from deepinfer.models.fp8 import fp8_block_size
 from deepinfer.models.layers import GatedMLP, Linear, RMSNorm
 from deepinfer.models.mla import MLAttention
 from deepinfer.models.moe import MoE
+from deepinfer.models.parallel_layers import RowParallelLinear, VocabParallelEmbedding, parallel_logits, vocab_shard
 from deepinfer.models.yarn import LatentRotary
+from deepinfer.parallel.state import TensorParallel, tensor_parallel
+
+
+class TensorParallelMoE(MoE):
+    """Routed and shared experts, each with its intermediate width split over the ranks (the router
+    replicated): every rank adds its part of every expert, and one all-reduce sums them."""
+
+    def __init__(self, *args: Any, tp: TensorParallel) -> None:
+        super().__init__(*args)
+        self.tp = tp
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.tp.all_reduce(super().forward(x))
 
 
 class DeepseekDecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, ds: DeepseekConfig, layer_idx: int, softmax_scale: float) -> None:
+    def __init__(self, config: ModelConfig, ds: DeepseekConfig, layer_idx: int, softmax_scale: float,
+                 tp: TensorParallel) -> None:
         super().__init__()
-        self.self_attn = MLAttention(ds.mla, layer_idx, softmax_scale)
+        n = tp.size  # (with tensor parallelism: this rank's heads; the latents are replicated)
+        mla = replace(ds.mla, num_heads=ds.mla.num_heads // n)
+        self.self_attn = MLAttention(mla, layer_idx, softmax_scale)
+        if n > 1:
+            self.self_attn.o_proj = RowParallelLinear(mla.num_heads * mla.v_head_dim, config.hidden_size, tp)
         if ds.is_moe(layer_idx):
-            self.mlp: nn.Module = MoE(config.hidden_size, ds.n_routed_experts, ds.moe_intermediate_size,
-                                      ds.n_shared_experts, ds.routing)
+            args = (config.hidden_size, ds.n_routed_experts, ds.moe_intermediate_size // n, ds.n_shared_experts,
+                    ds.routing)
+            self.mlp: nn.Module = MoE(*args) if n == 1 else TensorParallelMoE(*args, tp=tp)
         else:
-            self.mlp = GatedMLP(config.hidden_size, config.intermediate_size)
+            self.mlp = GatedMLP(config.hidden_size, config.intermediate_size // n)
+            if n > 1:
+                self.mlp.down_proj = RowParallelLinear(config.intermediate_size // n, config.hidden_size, tp)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -45,10 +68,11 @@ class DeepseekDecoderLayer(nn.Module):
 
 
 class DeepseekModel(nn.Module):
-    def __init__(self, config: ModelConfig, ds: DeepseekConfig, softmax_scale: float) -> None:
+    def __init__(self, config: ModelConfig, ds: DeepseekConfig, softmax_scale: float, tp: TensorParallel) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DeepseekDecoderLayer(config, ds, i, softmax_scale)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size) if tp.size == 1 else \
+            VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
+        self.layers = nn.ModuleList(DeepseekDecoderLayer(config, ds, i, softmax_scale, tp)
                                     for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -57,17 +81,81 @@ class DeepseekV2ForCausalLM(CausalLM):
     """DeepSeek-V2: softmax routing (greedy or group-limited); rope over interleaved pairs."""
 
     v3: ClassVar[bool] = False
+    #: shards over tensor-parallel ranks: attention heads (the latents replicated), every expert's
+    #: and MLP's width, and the vocabulary
+    supports_tensor_parallel: ClassVar[bool] = True
 
     def __init__(self, config: ModelConfig, attention: AttentionBackend) -> None:
         super().__init__(config, attention)
+        self.tp = tp = tensor_parallel()
         self.ds = deepseek_config(config, self.v3)
         self.fp8_block = fp8_block_size(config)
         mla = self.ds.mla
         self.rotary = LatentRotary(mla.qk_rope_head_dim, config.max_position_embeddings, config.rope_theta,
                                    config.rope_scaling, self.ds.rope_interleave, mla.qk_head_dim)
-        self.model = DeepseekModel(config, self.ds, self.rotary.softmax_scale)
-        self.lm_head = None if config.tie_word_embeddings else Linear(config.hidden_size, config.vocab_size,
-                                                                      bias=False)
+        self.model = DeepseekModel(config, self.ds, self.rotary.softmax_scale, tp)
+        self.lm_head = None if config.tie_word_embeddings else Linear(
+            config.hidden_size, vocab_shard(config.vocab_size, tp)[2], bias=False)
+
+    @classmethod
+    def tensor_parallel_sizes(cls, config: ModelConfig) -> list[int]:
+        """Rank counts that split the heads, the dense MLP width and the experts' width evenly (1
+        only for a block-scaled FP8 checkpoint, whose scales would need slicing by block, or
+        attention with biases)."""
+        ds = deepseek_config(config, cls.v3)
+        if fp8_block_size(config) is not None or ds.mla.bias:
+            return [1]
+        return [n for n in range(1, ds.mla.num_heads + 1) if ds.mla.num_heads % n == 0
+                and config.intermediate_size % n == 0 and ds.moe_intermediate_size % n == 0]
+
+    @classmethod
+    def shard_facts(cls, config: ModelConfig) -> str:
+        ds = deepseek_config(config, cls.v3)
+        return (f"{ds.mla.num_heads} attention heads, MLP width {config.intermediate_size}, expert width "
+                f"{ds.moe_intermediate_size}{', a block-scaled FP8 checkpoint' if fp8_block_size(config) else ''}"
+                f"{', attention biases' if ds.mla.bias else ''}")
+
+    def weight_shard(self, name: str) -> tuple[int, int, int] | None:
+        """The slice (dim, start, length) of checkpoint tensor ``name`` this rank holds; None: all of it
+        (the latents' projections and norms, the router, everything at tensor-parallel size 1)."""
+        tp, mla = self.tp, self.ds.mla
+        if tp.size == 1:
+            return None
+        parts = name.split(".")
+        proj, heads = (parts[-2] if len(parts) > 1 else ""), mla.num_heads // tp.size
+        per_head = {"q_proj": mla.qk_head_dim, "q_b_proj": mla.qk_head_dim,
+                    "kv_b_proj": mla.qk_nope_head_dim + mla.v_head_dim, "o_proj": mla.v_head_dim}
+        if proj in per_head:
+            per = heads * per_head[proj]
+            return (1 if proj == "o_proj" else 0), tp.rank * per, per
+        if proj in ("gate_proj", "up_proj", "down_proj"):
+            ds = self.ds
+            width = (ds.moe_intermediate_size if _EXPERT.match(name) else
+                     ds.moe_intermediate_size * ds.n_shared_experts if ".shared_experts." in name else
+                     self.config.intermediate_size)
+            per = width // tp.size
+            return (1 if proj == "down_proj" else 0), tp.rank * per, per
+        if name in ("model.embed_tokens.weight", "lm_head.weight"):
+            start, rows, _ = vocab_shard(self.config.vocab_size, tp)
+            return 0, start, rows
+        return None
+
+    def _rank_parts(self, weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+        """The checkpoint's tensors cut to this rank's part where ``weight_shard`` could not (transformers'
+        stacked experts, read whole), and its vocabulary shards padded to the shard's rows."""
+        tp = self.tp
+        for name, t in weights:
+            if name.endswith(".experts.gate_up_proj"):       # [E, 2I, D]: the rank's gate rows, then its up rows
+                per = t.shape[1] // 2 // tp.size
+                t = torch.cat([t[:, tp.rank * per:(tp.rank + 1) * per],
+                               t[:, (tp.size + tp.rank) * per:(tp.size + tp.rank + 1) * per]], dim=1)
+            elif name.endswith(".experts.down_proj"):        # [E, D, I]
+                per = t.shape[2] // tp.size
+                t = t[:, :, tp.rank * per:(tp.rank + 1) * per]
+            elif name in ("model.embed_tokens.weight", "lm_head.weight"):
+                rows = vocab_shard(self.config.vocab_size, tp)[2]
+                t = torch.cat([t, t.new_zeros(rows - t.shape[0], *t.shape[1:])]) if t.shape[0] < rows else t
+            yield name, t
 
     def attention_layers(self) -> list[AttentionLayerSpec]:
         return [layer.self_attn.spec for layer in self.model.layers]
@@ -87,8 +175,11 @@ class DeepseekV2ForCausalLM(CausalLM):
             x, residual = layer(x, residual, positions, self.rotary, self.attention, cache, attn_metadata)
         return x + residual
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """(With tensor parallelism, every rank calls it on the same rows; rank 0 gets the logits.)"""
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        if self.tp.size > 1:
+            return parallel_logits(self.model.norm(hidden), weight, self.config.vocab_size, self.tp, self.linear_op)
         return (F.linear if self.linear_op is None else self.linear_op)(self.model.norm(hidden), weight)
 
     def expert_load(self) -> torch.Tensor:
@@ -104,7 +195,7 @@ class DeepseekV2ForCausalLM(CausalLM):
             m.expert_load.zero_()
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        load_checkpoint(self, weights, self.fp8_block)
+        load_checkpoint(self, weights if self.tp.size == 1 else self._rank_parts(weights), self.fp8_block)
         self.rotary.build(self.model.embed_tokens.weight.device)
         self.reset_expert_load()
 

@@ -173,6 +173,21 @@ class LlamaForCausalLM(CausalLM):
         self.rotary = RotaryEmbedding(config.head_dim, config.max_position_embeddings,
                                       config.rope_theta, config.rope_scaling)
 
+    @classmethod
+    def tensor_parallel_sizes(cls, config: ModelConfig) -> list[int]:
+        """Rank counts that split the model evenly: dividing its attention heads and MLP width, with
+        its KV heads split evenly or each replicated on a whole number of ranks."""
+        kv = config.num_key_value_heads
+        return [n for n in range(1, config.num_attention_heads + 1)
+                if config.num_attention_heads % n == 0 and config.intermediate_size % n == 0
+                and (kv % n == 0 or n % kv == 0)]
+
+    @classmethod
+    def shard_facts(cls, config: ModelConfig) -> str:
+        """What ``tensor_parallel_sizes`` divides, for an error message."""
+        return (f"{config.num_attention_heads} attention heads, {config.num_key_value_heads} KV heads, MLP width "
+                f"{config.intermediate_size}")
+
     def attention_layers(self) -> list[AttentionLayerSpec]:
         return [layer.self_attn.spec for layer in self.model.layers]
 

@@ -14,31 +14,21 @@ class ParallelConfigError(ValueError):
     """A tensor-parallel size or combination this model, device or launcher cannot run."""
 
 
-def valid_sizes(mcfg: ModelConfig) -> list[int]:
-    """Tensor-parallel sizes that split the model evenly: dividing its attention heads and MLP width,
-    with its KV heads split evenly or each replicated on a whole number of ranks."""
-    kv = mcfg.num_key_value_heads
-    return [n for n in range(1, mcfg.num_attention_heads + 1)
-            if mcfg.num_attention_heads % n == 0 and mcfg.intermediate_size % n == 0
-            and (kv % n == 0 or n % kv == 0)]
-
-
 def check_tensor_parallel(size: int, mcfg: ModelConfig, model_cls: type, device_cls: type,
                           drafter: str | None, policy_classes: list[Any]) -> None:
     """Raise ParallelConfigError unless ``size`` ranks can run this model here with these plugins."""
     name = f"tensor_parallel_size {size}"
     if not getattr(model_cls, "supports_tensor_parallel", False):
         raise ParallelConfigError(f"{name}: the {mcfg.architecture} model definition does not shard over "
-                                  "tensor-parallel ranks yet (the Llama family does: Llama, Mistral, Qwen2, "
-                                  "Qwen3); use tensor_parallel_size 1")
+                                  "tensor-parallel ranks yet (the Llama family and DeepSeek-V2/V3 do); use "
+                                  "tensor_parallel_size 1")
+    valid = ", ".join(map(str, model_cls.tensor_parallel_sizes(mcfg)))
     if size > mcfg.num_attention_heads:
         raise ParallelConfigError(f"{name}: more ranks than the model's {mcfg.num_attention_heads} attention heads "
-                                  f"(each rank holds whole heads); valid sizes: {', '.join(map(str, valid_sizes(mcfg)))}")
-    if size not in valid_sizes(mcfg):
-        raise ParallelConfigError(
-            f"{name} does not split {mcfg.architecture} evenly ({mcfg.num_attention_heads} attention heads, "
-            f"{mcfg.num_key_value_heads} KV heads, MLP width {mcfg.intermediate_size}); valid sizes: "
-            f"{', '.join(map(str, valid_sizes(mcfg)))}")
+                                  f"(each rank holds whole heads); valid sizes: {valid}")
+    if size not in model_cls.tensor_parallel_sizes(mcfg):
+        raise ParallelConfigError(f"{name} does not split {mcfg.architecture} evenly ({model_cls.shard_facts(mcfg)}); "
+                                  f"valid sizes: {valid}")
     backend = device_cls.dist_backend
     if not dist.is_available() or not dist.is_backend_available(backend):
         raise ParallelConfigError(f"{name}: device plugin {device_cls.name!r} communicates through the "

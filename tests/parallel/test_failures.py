@@ -91,9 +91,10 @@ def test_a_launcher_with_another_world_size_is_refused(llama, monkeypatch):
     assert _no_process_left()
 
 
-def test_a_model_without_tensor_parallel_layers_is_refused(tmp_path):
-    make_model(tmp_path, "deepseek_v3", with_tokenizer=False)
-    with pytest.raises(ParallelConfigError, match="DeepseekV3ForCausalLM model definition does not shard"):
+def test_a_deepseek_whose_expert_width_does_not_split_is_refused(tmp_path):
+    make_model(tmp_path, "deepseek_v3", with_tokenizer=False, n_group=2, topk_group=1, moe_intermediate_size=33)
+    with pytest.raises(ParallelConfigError, match="does not split DeepseekV3ForCausalLM evenly .*expert width 33"
+                                                  r"\); valid sizes: 1$"):
         LLM(str(tmp_path), device="cpu", progress=False, tensor_parallel_size=2)
     assert _no_process_left()
 

@@ -57,3 +57,29 @@ def test_a_rank_reads_only_its_slices_of_the_split_tensors(tmp_path, monkeypatch
     monkeypatch.setattr(type(safe_open(str(next(tmp_path.glob("*.safetensors"))), framework="pt")), "get_tensor", spy)
     _rank_model(tmp_path, 1, 2)
     assert whole and all(name.endswith("norm.weight") for name in whole)  # (norms are replicated)
+
+
+def test_a_deepseek_rank_holds_its_heads_and_expert_columns_from_stacked_experts_too(tmp_path):
+    """From the per-expert checkpoint (slices read) and from transformers' in-memory stacked experts
+    (cut after reading), rank 1 of 2 gets the same tensors: its heads of q_b_proj, kv_b_proj and
+    o_proj, its half of every expert's width, the latent projections whole."""
+    hf = make_model(tmp_path, "deepseek_v3", with_tokenizer=False, n_group=2, topk_group=1)
+    model = _rank_model(tmp_path, 1, 2)
+    state = hf.state_dict()
+    assert any(name.endswith("experts.gate_up_proj") for name in state)  # (the stacked layout is exercised)
+    attn, ref = model.model.layers[1].self_attn, hf.model.layers[1].self_attn
+    assert torch.equal(attn.q_b_proj.weight, ref.q_b_proj.weight[2 * 24:])      # heads 2, 3 of 4 (24 rows a head)
+    assert torch.equal(attn.kv_b_proj.weight, ref.kv_b_proj.weight[2 * 32:])    # (16 + 16 rows a head)
+    assert torch.equal(attn.o_proj.weight, ref.o_proj.weight[:, 2 * 16:])
+    assert torch.equal(attn.kv_a_proj_with_mqa.weight, ref.kv_a_proj_with_mqa.weight)
+    with building(TensorParallel(1, 2)):
+        stacked = type(model)(model.config, _NoAttention())
+    stacked.to_empty(device="cpu")
+
+    def rank_view(name, t):
+        part = stacked.weight_shard(name)
+        return t if part is None else t.narrow(*part)
+
+    stacked.load_weights((name, rank_view(name, t)) for name, t in state.items())
+    for (name, want), got in zip(model.state_dict().items(), stacked.state_dict().values(), strict=True):
+        assert torch.equal(want, got), name

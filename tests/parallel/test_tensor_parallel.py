@@ -8,9 +8,12 @@ from deepinfer import LLM, SamplingParams
 from tests.tiny_models import make_model
 
 #: llama: one KV head for two ranks (replicated) and a vocabulary that does not split evenly (a
-#: padded shard); qwen3: two KV heads split, q/k norms, tied embeddings (a vocab-parallel LM head)
+#: padded shard); qwen3: two KV heads split, q/k norms, tied embeddings (a vocab-parallel LM head);
+#: deepseek_v3: latent attention (heads split, the latent replicated), routed and shared experts
+#: with their width split, a dense first layer
 CASES = {"llama": ("llama", {"num_key_value_heads": 1, "vocab_size": 321}),
-         "qwen3": ("qwen3", {"tie_word_embeddings": True})}
+         "qwen3": ("qwen3", {"tie_word_embeddings": True}),
+         "deepseek_v3": ("deepseek_v3", {"n_group": 2, "topk_group": 1, "vocab_size": 321})}
 PROMPTS = [[5, 6, 7], list(range(10, 50)), list(range(100, 170))]
 GREEDY = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
 
