@@ -187,6 +187,9 @@ class ModelRunner:
             return self._launch(out)
         except Exception as e:
             raise self.ranks.failure(e) from e
+        except BaseException:  # (interrupted mid-step: the other ranks are out of step with this one)
+            self.ranks.shutdown("a step was interrupted")
+            raise
 
     def close(self) -> None:
         """Stop the other tensor-parallel ranks, if any."""

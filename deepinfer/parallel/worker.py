@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import threading
 import time
@@ -47,8 +48,15 @@ def serve_driver(model: Any, attention: Any, kv_caches: list[Any], block_size: i
 
 
 def run_worker(config: EngineConfig, tp: TensorParallel) -> None:
-    """Build this rank's shard (the same plugins, model and KV pool size as rank 0) and serve rank 0."""
+    """Build this rank's shard (the same plugins, model and KV pool size as rank 0) and serve rank 0.
+    Rank 0 decides when the ranks stop: a terminal's Ctrl-C or a launcher's SIGTERM, sent to every
+    rank, must not end this one while rank 0 drains its requests (it ends when told to stop, when
+    rank 0's connection closes, or by SIGKILL)."""
     from deepinfer.builder import build_shard
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
     shard = build_shard(config, tp, progress=False)
     serve_driver(shard.model, shard.attention, shard.kv_caches, config.block_size, shard.device.torch_device,

@@ -58,6 +58,12 @@ def run_serve(args: argparse.Namespace, engine_overrides: Callable) -> int:
     from deepinfer.serve.serving import RequestLimits, Serving
 
     config = build_config(args.config_file, engine_overrides(args))
+    if config.tensor_parallel_size > 1 and os.environ.get("RANK", "0") != "0" and "WORLD_SIZE" in os.environ:
+        # a launcher's rank other than 0: no HTTP server, only this rank's shard, serving rank 0 (the
+        # engine process of rank 0's server) until it stops; then this process exits 0
+        from deepinfer.builder import build_engine
+
+        build_engine(config, progress=False)
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     if args.host not in ("127.0.0.1", "localhost", "::1") and api_key is None:
         print(f"deepinfer serve: warning: listening on {args.host} without an API key; anyone who can reach "
