@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import pluggy
+import torch
 import torch.distributed as dist
 from stevedore import NamedExtensionManager
 
@@ -166,7 +167,12 @@ def _load_shard(config: EngineConfig, sel: Selection, mcfg, registry: ModelRegis
     reason = device_cls.unavailable_reason()
     if reason is not None:
         raise PluginError(f"device plugin {dev_info.name!r} cannot run here: {reason}")
-    device = device_cls(sel.options[dev_info.name], ctx)
+    options = sel.options[dev_info.name]
+    if tp.size > 1 and "device_index" in type(options).model_fields:  # (rank r: the r-th device from it)
+        options = options.model_copy(update={"device_index": options.device_index + tp.local_rank})
+    device = device_cls(options, ctx)
+    if tp.size > 1 and device.torch_device.index is not None:  # (NCCL's communicators use the current device)
+        torch.accelerator.set_device_index(device.torch_device.index)
     ctx.device = device
     attn_name = sel.one("attention").name
     attention = sel.classes[attn_name](sel.options[attn_name], ctx)

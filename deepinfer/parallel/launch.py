@@ -10,7 +10,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 import torch.distributed as dist
 
 from deepinfer.core.config import EngineConfig
@@ -38,16 +37,13 @@ def dist_backend(config: EngineConfig) -> str:
 
 def init_group(config: EngineConfig, rank: int, world: int, store: Any = None, local_rank: int | None = None
                ) -> TensorParallel:
-    """Join the process group with the device's backend (through ``store``, or env:// without one) and
-    make it the group the model is built over."""
-    if torch.accelerator.is_available() and dist_backend(config) != "gloo":
-        torch.accelerator.set_device_index(rank if local_rank is None else local_rank)
+    """Join the process group with the device's backend (through ``store``, or env:// without one)."""
     backend = dist_backend(config)
     if store is not None:
         dist.init_process_group(backend, store=store, rank=rank, world_size=world)
     else:
         dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world)
-    return TensorParallel(rank, world, dist.group.WORLD)
+    return TensorParallel(rank, world, dist.group.WORLD, rank if local_rank is None else local_rank)
 
 
 @dataclass(slots=True)

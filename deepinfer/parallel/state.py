@@ -19,6 +19,7 @@ class TensorParallel:
     rank: int = 0
     size: int = 1
     group: Any = None
+    local_rank: int = 0  # among the ranks on this host: which of its devices this rank takes
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """The sum of ``x`` over the ranks, in place (row-parallel outputs, vocab-parallel embeddings)."""
