@@ -101,3 +101,16 @@ def _spawned(pid: int) -> list[int]:
         return int(Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
     return [p for p in _descendants(pid) if parent(p) == pid and b"spawn_main" in Path(f"/proc/{p}/cmdline").read_bytes()]
+
+
+def test_a_size_the_model_cannot_split_ends_serve_non_zero_with_the_valid_sizes(llama_dir):
+    import subprocess
+
+    from tests.serve.conftest import ROOT, SERVE, free_port
+
+    run = subprocess.run([*SERVE, str(llama_dir), "--device", "cpu", "--port", str(free_port()),
+                          "--tensor-parallel-size", "3"], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                         check=False)
+    assert run.returncode == 1
+    assert "tensor_parallel_size 3 does not split LlamaForCausalLM evenly" in run.stderr
+    assert "valid sizes: 1, 2, 4" in run.stderr
