@@ -208,23 +208,6 @@ def build_shard(config: EngineConfig, tp: TensorParallel, progress: bool = False
     return _load_shard(config, sel, mcfg, registry, model_path, max_model_len, tp, progress, lambda ctx: [])
 
 
-def _start_ranks(config: EngineConfig, sel: Selection, mcfg, registry: ModelRegistry):
-    """With tensor_parallel_size > 1: check the combination, then start or join the other ranks
-    (``deepinfer.parallel.launch``); None with one rank."""
-    if config.tensor_parallel_size == 1:
-        return None
-    from deepinfer.parallel.checks import check_tensor_parallel
-    from deepinfer.parallel.launch import join_launched, launched_world, spawn_ranks
-
-    drafter = sel.one("drafter")
-    check_tensor_parallel(config.tensor_parallel_size, mcfg, registry.resolve(mcfg.architecture),
-                          sel.classes[sel.one("device").name], drafter.name if drafter else None,
-                          [sel.classes[i.name] for i in sel.all("cache_policy")])
-    if (launched := launched_world()) is not None:
-        return join_launched(config, *launched)  # (ranks other than 0 serve rank 0 there, then exit)
-    return spawn_ranks(config, config.tensor_parallel_size)
-
-
 def build_engine(config: EngineConfig, progress: bool = True) -> LLMEngine:
     """Resolve plugins, load the model, size the KV pool and assemble the engine. With
     tensor_parallel_size > 1, this process is rank 0 and the other ranks are started first."""
@@ -238,7 +221,11 @@ def build_engine(config: EngineConfig, progress: bool = True) -> LLMEngine:
     tokenizer = Tokenizer(tok_dir) if (tok_dir / "tokenizer.json").is_file() else None
     pm = plugin_manager(sel)
     pm.hook.deepinfer_config_finalized(config=config)
-    ranks = _start_ranks(config, sel, mcfg, registry)
+    ranks = None
+    if config.tensor_parallel_size > 1:  # (checked, then the other ranks started or joined)
+        from deepinfer.parallel.launch import start_ranks
+
+        ranks = start_ranks(config, sel, mcfg, registry.resolve(mcfg.architecture))
     try:
         return _assemble(config, sel, mcfg, registry, model_path, max_model_len, tokenizer, pm, ranks, progress)
     except BaseException as e:

@@ -133,7 +133,7 @@ def spawn_ranks(config: EngineConfig, world: int) -> Ranks:
     return ranks
 
 
-def join_launched(config: EngineConfig, rank: int, world: int, local_rank: int) -> Ranks | None:
+def join_launched(config: EngineConfig, rank: int, world: int, local_rank: int) -> Ranks:
     """Join the ranks a launcher started (env://). Rank 0 returns its ``Ranks``; any other rank serves
     rank 0 until it stops, then ends the process (exit status 0)."""
     tp = init_group(config, rank, world, local_rank=local_rank)
@@ -146,3 +146,16 @@ def join_launched(config: EngineConfig, rank: int, world: int, local_rank: int) 
     finally:
         dist.destroy_process_group()
     raise SystemExit(0)
+
+
+def start_ranks(config: EngineConfig, sel: Any, mcfg: Any, model_cls: type) -> Ranks:
+    """Check the tensor-parallel combination (``checks``), then start the other ranks (spawned) or
+    join a launcher's; returns rank 0's ``Ranks`` (other ranks of a launcher's never return)."""
+    from deepinfer.parallel.checks import check_tensor_parallel
+
+    drafter = sel.one("drafter")
+    check_tensor_parallel(config.tensor_parallel_size, mcfg, model_cls, sel.classes[sel.one("device").name],
+                          drafter.name if drafter else None, [sel.classes[i.name] for i in sel.all("cache_policy")])
+    if (launched := launched_world()) is not None:
+        return join_launched(config, *launched)
+    return spawn_ranks(config, config.tensor_parallel_size)
