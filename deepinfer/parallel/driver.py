@@ -3,6 +3,8 @@ and turns a failed collective into an error that names the rank that failed and 
 from __future__ import annotations
 
 import atexit
+import threading
+import time
 
 import torch
 import torch.distributed as dist
@@ -22,6 +24,26 @@ class Driver:
         self.device = device
         self.stopped: str | None = None  # why the ranks were stopped (None: they run)
         atexit.register(self.shutdown)  # (a program that never shuts its engine down still stops its ranks)
+        if ranks.processes:
+            threading.Thread(target=self._watch, name="deepinfer-tp-watch", daemon=True).start()
+
+    def _watch(self) -> None:
+        """Notice a spawned rank's death even while rank 0 waits in a collective that will never end."""
+        while self.stopped is None:
+            for rank, p in enumerate(self.ranks.processes, start=1):
+                if not p.is_alive():
+                    self.on_rank_death(rank)
+                    return
+            time.sleep(0.5)
+
+    def on_rank_death(self, rank: int) -> None:
+        """Gloo fails a collective with a dead peer at once; NCCL and HCCL may wait until their timeout:
+        abort the group, so that rank 0's pending collective fails now and names the rank (untested
+        here: no GPUs)."""
+        if dist.is_initialized() and dist.get_backend() != "gloo":
+            from torch.distributed.distributed_c10d import _abort_process_group
+
+            _abort_process_group()
 
     def _header(self, command: int, a: int = 0, b: int = 0) -> None:
         if self.stopped is not None:

@@ -4,6 +4,7 @@ MASTER_ADDR and MASTER_PORT."""
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import signal
 import time
@@ -83,7 +84,8 @@ class Ranks:
                 p.kill()
                 p.join(5)
         if dist.is_initialized():
-            dist.destroy_process_group()
+            with contextlib.suppress(RuntimeError, ValueError):  # (a group aborted after a rank's death)
+                dist.destroy_process_group()
         if self.errors is not None:
             self.errors.close()
             self.errors = None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 
 import pytest
 import torch.distributed as dist
@@ -60,6 +61,21 @@ def test_an_exception_on_a_rank_reaches_rank_0_with_its_cause(llama):
 def test_an_engine_that_fails_to_build_leaves_no_rank_running(llama):
     with pytest.raises(ValueError, match="the KV pool has 1 blocks"):
         LLM(llama, device="cpu", dtype="float32", progress=False, tensor_parallel_size=2, num_kv_blocks=1)
+    assert _no_process_left()
+
+
+@pytest.mark.slow
+def test_a_rank_that_dies_between_steps_is_noticed_at_once(llama, monkeypatch):
+    """Rank 0's watch (which aborts an NCCL or HCCL group, where a pending collective would otherwise
+    wait for its timeout) sees the death without a step."""
+    llm = LLM(llama, device="cpu", dtype="float32", progress=False, tensor_parallel_size=2)
+    driver = llm.engine.runner.ranks
+    noticed = threading.Event()
+    monkeypatch.setattr(driver, "on_rank_death", lambda rank: rank == 1 and noticed.set())
+    (worker,) = driver.ranks.processes
+    os.kill(worker.pid, signal.SIGKILL)
+    assert noticed.wait(10)
+    llm.shutdown()
     assert _no_process_left()
 
 
