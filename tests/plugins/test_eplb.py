@@ -83,6 +83,33 @@ def test_placement_at_each_interval_is_made_for_the_latest_window():
     assert metrics.counters[REBALANCES] == 1
 
 
+def test_a_window_longer_than_the_interval_reaches_back_over_the_previous_interval():
+    """Interval 4, window 6: the placement at step 8 is made for steps 3-8 (the counters kept from
+    step 2), the one at step 4 for steps 1-4 (all there is)."""
+    model = FakeMoEModel()
+    plugin, metrics = _balancer(model, interval=4, window=6, num_ranks=2, num_redundant_experts=2)
+    _steps(plugin, model, [_hot(0)] * 2 + [_hot(3)] * 2)
+    first = 2 * _hot(0) + 2 * _hot(3)
+    assert metrics.gauges[PLANNED] == pytest.approx(
+        imbalance(first, rebalance_experts(first, 6, 1, 1, 2).physical_to_logical, 2))
+    _steps(plugin, model, [_hot(3)] * 4)
+    window = 6 * _hot(3)
+    assert metrics.gauges[PLANNED] == pytest.approx(
+        imbalance(window, rebalance_experts(window, 6, 1, 1, 2).physical_to_logical, 2))
+    assert metrics.gauges[PLANNED] != pytest.approx(imbalance(
+        window + 2 * _hot(0), rebalance_experts(window + 2 * _hot(0), 6, 1, 1, 2).physical_to_logical, 2))
+
+
+def test_a_counter_reset_inside_the_window_leaves_the_load_since_the_reset():
+    model = FakeMoEModel()
+    plugin, _ = _balancer(model, interval=4, window=4, num_ranks=2, num_redundant_experts=2)
+    _steps(plugin, model, [_hot(0)] * 3)
+    model.reset_expert_load()
+    _steps(plugin, model, [_hot(3)])
+    [(_, placed)] = model.placements
+    assert torch.equal(placed, rebalance_experts(_hot(3), 6, 1, 1, 2).physical_to_logical)
+
+
 def test_counters_are_read_only_at_the_window_starts_and_the_intervals():
     model = FakeMoEModel()
     plugin, _ = _balancer(model, interval=4, window=2, num_ranks=2, num_redundant_experts=2)

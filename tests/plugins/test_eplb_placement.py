@@ -24,6 +24,16 @@ def test_balanced_packing_puts_the_heaviest_item_on_the_lightest_bin_with_room()
     assert pos.tolist() == [[1, 0, 2, 0, 2, 1]]
 
 
+@pytest.mark.parametrize("num_bins", [1, 3, 8])
+def test_balanced_packing_fills_every_bin_with_as_many_items(num_bins):
+    weights = torch.rand(5, 24, generator=torch.Generator().manual_seed(num_bins))
+    bins, pos = balanced_packing(weights, num_bins)
+    for row_bins, row_pos in zip(bins, pos, strict=True):
+        assert torch.bincount(row_bins, minlength=num_bins).tolist() == [24 // num_bins] * num_bins
+        for b in range(num_bins):  # positions 0.. in each bin, once each
+            assert sorted(row_pos[row_bins == b].tolist()) == list(range(24 // num_bins))
+
+
 def test_replication_gives_each_redundant_slot_to_the_highest_load_per_replica():
     # [40 10 30 20]: 40 is highest -> 2 replicas (20 each); then 30 is highest -> 2 replicas (15 each)
     slot_to_expert, count = replicate_experts(torch.tensor([[40.0, 10.0, 30.0, 20.0]]), 6)
