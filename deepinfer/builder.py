@@ -161,6 +161,7 @@ def build_engine(config: EngineConfig, progress: bool = True) -> LLMEngine:
     if (linear_op := device.linear_op(dtype)) is not None:
         model.use_linear_op(linear_op)
     use_fp8(model, config.quantization, getattr(ops, "fp8_block_linear", None) if ops is not None else None)
+    pm.hook.deepinfer_model_loaded(model=model)
     ctx.layers = model.attention_layers()
 
     policies = [sel.classes[i.name](sel.options[i.name], ctx) for i in sel.all("cache_policy")]
