@@ -84,8 +84,8 @@ class CountsExpertLoad(Protocol):
 
 @runtime_checkable
 class PlacesExperts(Protocol):
-    """A model whose routed experts run on physical expert slots that an expert load balancer (the
-    ``eplb`` plugin) may re-place: ``num_physical`` slots a MoE layer, as many on each expert-parallel
+    """A model whose routed experts run on physical expert slots that an expert load balancer (a
+    hook plugin) may re-place: ``num_physical`` slots a MoE layer, as many on each expert-parallel
     rank (slot p on rank p // (num_physical / num_ranks)). Until the first placement, slot p holds
     logical expert p mod num_logical."""
 
