@@ -60,5 +60,6 @@ def test_every_public_name_is_in_the_reference_of_writing_a_plugin():
     section = doc[doc.index("## The API"):]
     listed = re.findall(r"^\| `(\w+)` \|", section, re.MULTILINE)
     assert sorted(listed) == sorted(deepinfer.plugins.__all__)
-    # (the target: about 20 names; 21 for the slots, 7 more for optional capabilities)
-    assert len(listed) <= 28
+    # (the target: about 20 names; 21 for the slots, 7 more for optional capabilities, 2 for
+    # what a model may offer a hook plugin: its expert load and expert placement)
+    assert len(listed) <= 30

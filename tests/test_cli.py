@@ -18,7 +18,7 @@ def test_plugins_list_shows_builtins_ok():
     assert res.returncode == 0, res.stderr
     lines = {line.split()[0]: line for line in res.stdout.splitlines()[1:]}
     for name, slot in [("cpu", "device"), ("torch", "attention"), ("fcfs", "scheduler"), ("no-cache", "cache_policy"),
-                       ("prefix-cache", "cache_policy")]:
+                       ("prefix-cache", "cache_policy"), ("eplb", "hooks")]:
         assert name in lines and slot in lines[name] and lines[name].rstrip().endswith("ok"), lines.get(name)
         assert "deepinfer 0.1.0" in lines[name]
     # on a machine without an NVIDIA GPU or torch-npu, those plugins say why they cannot load

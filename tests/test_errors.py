@@ -54,7 +54,8 @@ def test_unsupported_architecture_lists_supported(tiny_llama, tmp_path):
     cfg["architectures"] = ["GPT2LMHeadModel"]
     (tmp_path / "m" / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(UnsupportedArchitectureError,
-                       match=r"'GPT2LMHeadModel' is not supported; supported: LlamaForCausalLM, Mistral"):
+                       match=r"'GPT2LMHeadModel' is not supported; supported: DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, "
+                             r"LlamaForCausalLM, Mistral"):
         LLM(str(tmp_path / "m"), progress=False)
 
 

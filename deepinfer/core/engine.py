@@ -5,26 +5,17 @@ from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
-import torch
-
 from deepinfer.core.capabilities import SkipsRounds
 from deepinfer.core.context import EngineContext
+from deepinfer.core.expert_load import ExpertLoadGauges
 from deepinfer.core.interfaces import Drafter, Scheduler
 from deepinfer.core.kv_manager import KVCacheManager
-from deepinfer.core.model_registry import CountsExpertLoad
 from deepinfer.core.model_runner import ModelRunner, StepInFlight
 from deepinfer.core.request import Request, RequestOutput
 from deepinfer.core.request_table import RequestTable, Touched
 from deepinfer.core.sampling_params import SamplingParams
 from deepinfer.core.speculation import Speculation
 from deepinfer.core.tokenizer import Tokenizer
-
-#: gauges of a model that counts its experts' load (``CountsExpertLoad``)
-EXPERT_GAUGES = {
-    "deepinfer:moe_routed_tokens": "tokens routed to experts (top-k per token, summed over MoE layers) since "
-                                   "the load or the last reset of the expert load counters",
-    "deepinfer:moe_expert_load_imbalance": "busiest expert's tokens over the mean expert's, in the worst MoE layer",
-}
 
 
 class _NoHooks:
@@ -78,9 +69,7 @@ class LLMEngine:
             runner.on_verified = drafter.on_verified
         for name in ("kv_cache_usage", "num_requests_running", "num_requests_waiting"):
             self.metrics.gauge(f"deepinfer:{name}")
-        if isinstance(getattr(runner, "model", None), CountsExpertLoad):
-            for name, text in EXPERT_GAUGES.items():
-                self.metrics.gauge(name, text)
+        self.expert_gauges = ExpertLoadGauges.of(getattr(runner, "model", None), self.metrics)
         self.spec = Speculation(drafter, scheduler, self.metrics) if drafter is not None else None
 
     # ---------------------------------------------------------------------------------- requests
@@ -183,18 +172,6 @@ class LLMEngine:
 
     def get_metrics(self) -> dict[str, float]:
         self._update_gauges()
-        self._update_expert_gauges()
+        if self.expert_gauges is not None:
+            self.expert_gauges.update()
         return self.metrics.snapshot()
-
-    def _update_expert_gauges(self) -> None:
-        """The expert load counters, summed up (read here, when metrics are asked for, never in a step)."""
-        model = getattr(self.runner, "model", None)
-        if not isinstance(model, CountsExpertLoad):
-            return
-        load = model.expert_load().double()
-        if load.numel() == 0:
-            return
-        mean = load.mean(dim=1)
-        busiest = torch.where(mean > 0, load.amax(dim=1) / mean.clamp(min=1e-9), torch.zeros_like(mean))
-        self.metrics.set("deepinfer:moe_routed_tokens", load.sum().item())
-        self.metrics.set("deepinfer:moe_expert_load_imbalance", busiest.max().item())

@@ -82,6 +82,24 @@ class CountsExpertLoad(Protocol):
         ...
 
 
+@runtime_checkable
+class PlacesExperts(Protocol):
+    """A model whose routed experts run on physical expert slots that an expert load balancer (a
+    hook plugin) may re-place: ``num_physical`` slots a MoE layer, as many on each expert-parallel
+    rank (slot p on rank p // (num_physical / num_ranks)). Until the first placement, slot p holds
+    logical expert p mod num_logical."""
+
+    def apply_placement(self, physical_to_logical: torch.Tensor, logical_to_physical: torch.Tensor,
+                        logical_replica_count: torch.Tensor) -> None:
+        """Hold and route by this placement from the next step on (the maps are on the host, int64):
+        ``physical_to_logical`` [num_moe_layers, num_physical], the logical expert of each slot;
+        ``logical_to_physical`` [num_moe_layers, num_logical, max_replicas], each expert's slots,
+        lowest first, -1 padded; ``logical_replica_count`` [num_moe_layers, num_logical]. Called
+        between steps by the process that runs the engine loop; raise ValueError for maps that do
+        not fit the model."""
+        ...
+
+
 class UnsupportedArchitectureError(ValueError):
     """config.json names an architecture no registered model implements."""
 

@@ -96,6 +96,8 @@ class DeepseekV2ForCausalLM(CausalLM):
         self.model = DeepseekModel(config, self.ds, self.rotary.softmax_scale, tp)
         self.lm_head = None if config.tie_word_embeddings else Linear(
             config.hidden_size, vocab_shard(config.vocab_size, tp)[2], bias=False)
+        #: the last expert placement applied (PlacesExperts), physical_to_logical [num_moe_layers, slots]
+        self.expert_placement: torch.Tensor | None = None
 
     @classmethod
     def tensor_parallel_sizes(cls, config: ModelConfig) -> list[int]:
@@ -193,6 +195,22 @@ class DeepseekV2ForCausalLM(CausalLM):
     def reset_expert_load(self) -> None:
         for m in self.moe_layers():
             m.expert_load.zero_()
+
+    def apply_placement(self, physical_to_logical: torch.Tensor, logical_to_physical: torch.Tensor,
+                        logical_replica_count: torch.Tensor) -> None:
+        """One process holds every expert, so no weight moves and routing stays logical: the placement
+        is checked against the model and kept in ``expert_placement`` (PlacesExperts)."""
+        shape = (len(self.moe_layers()), self.ds.n_routed_experts)
+        p2l = physical_to_logical.long()
+        fits = (p2l.dim() == 2 and p2l.shape[0] == shape[0] and tuple(logical_replica_count.shape) == shape
+                and tuple(logical_to_physical.shape[:2]) == shape and 0 <= p2l.min() and p2l.max() < shape[1])
+        held = torch.zeros(shape, dtype=torch.int64).scatter_add_(1, p2l, torch.ones_like(p2l)) if fits else None
+        if not fits or (held == 0).any() or not torch.equal(held, logical_replica_count.long()):
+            raise ValueError(f"an expert placement for this model maps the physical slots of {shape[0]} MoE layers "
+                             f"to {shape[1]} logical experts, each held at least once and counted as "
+                             f"physical_to_logical holds it; got physical_to_logical {tuple(p2l.shape)} and "
+                             f"logical_replica_count {tuple(logical_replica_count.shape)}")
+        self.expert_placement = p2l.clone()
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         load_checkpoint(self, weights if self.tp.size == 1 else self._rank_parts(weights), self.fp8_block)

@@ -76,6 +76,24 @@ def route(router_logits: torch.Tensor, routing: Routing,
     return weights * routing.routed_scaling_factor, ids.to(torch.int32)
 
 
+def physical_expert_ids(topk_ids: torch.Tensor, logical_to_physical: torch.Tensor,
+                        logical_replica_count: torch.Tensor) -> torch.Tensor:
+    """Each (token, expert) pair's physical replica under an expert placement (EPLB): the i-th pair
+    of logical expert e, in token order, goes to e's replica i mod count[e], so that e's replicas
+    get its tokens within one of each other, the same way whatever the device. ``topk_ids`` int32
+    [T, K] (logical), ``logical_to_physical`` [E, max_replicas] (a layer's slots of each expert, -1
+    padded), ``logical_replica_count`` [E]; int32 [T, K] physical ids. No host sync."""
+    flat = topk_ids.reshape(-1).long()
+    pairs = torch.zeros(logical_replica_count.shape[0], dtype=torch.int64, device=flat.device)
+    pairs.index_add_(0, flat, torch.ones_like(flat))
+    first = pairs.cumsum(0) - pairs                          # where each expert's pairs start, sorted
+    order = flat.argsort(stable=True)
+    rank = torch.empty_like(flat)
+    rank[order] = torch.arange(flat.numel(), device=flat.device) - first[flat[order]]
+    replica = rank % logical_replica_count[flat]
+    return logical_to_physical[flat, replica].view(topk_ids.shape).to(torch.int32)
+
+
 def moe_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
                 topk_ids: torch.Tensor) -> torch.Tensor:
     """The routed experts' weighted sum for each token, in torch: the (token, expert) pairs sorted by

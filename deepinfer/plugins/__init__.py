@@ -24,6 +24,7 @@ from deepinfer.core.interfaces import (
     SchedulerOutput,
 )
 from deepinfer.core.kv_groups import KVGroupSpec
+from deepinfer.core.model_registry import CountsExpertLoad, PlacesExperts
 from deepinfer.core.request import Request, RequestStatus
 from deepinfer.core.second_model import SecondModel
 from deepinfer.core.step_batch import KVGroupBatch, StepBatch
@@ -36,6 +37,7 @@ __all__ = [
     "AttentionLayerSpec",  # [attention] one layer's heads, head size, scale, window and KV group
     "Block",               # [cache policy] one block of the KV pool: id, reference count, a policy's key
     "CachePolicy",         # [cache policy] the slot: which cached blocks a request reuses, what stays reusable
+    "CountsExpertLoad",    # [hooks] optional model capability: expert_load(), tokens per routed expert per MoE layer
     "Device",              # [device] the slot: torch device, availability, memory budget, optional kernels
     "DeviceGraphs",        # [device] what Device.graphs() returns: captures a step for replay
     "DraftProposal",       # [drafter] one request's drafts (and the distributions they were drawn from)
@@ -47,6 +49,7 @@ __all__ = [
     "KVGroupBatch",        # [attention] one KV group's slots and block tables in a step (StepBatch.kv_groups)
     "KVGroupSpec",         # [cache policy] one KV group: its layers, window, and most live blocks per request
     "NoOptions",           # [every plugin] the Options model of a plugin that takes none
+    "PlacesExperts",       # [hooks] optional model capability: apply_placement(maps), experts re-placed on slots
     "PluginError",         # [every plugin] raise it to refuse a configuration, saying what to do
     "PrefixMatch",         # [cache policy] match()'s answer: the blocks reused and the tokens they cover
     "Request",             # [every plugin] one sequence: its tokens, sampling params, status, KV block ids

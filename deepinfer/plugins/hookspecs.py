@@ -19,6 +19,14 @@ def deepinfer_config_finalized(config: Any) -> None:
 
 
 @hookspec
+def deepinfer_model_loaded(model: Any) -> None:
+    """The target model is loaded on its device, before the KV cache is sized and graphs are
+    captured. A plugin uses what the model offers through its optional capabilities
+    (``CountsExpertLoad``, ``PlacesExperts``), nothing else of it. (Hook plugins only: slot plugins
+    are registered later.)"""
+
+
+@hookspec
 def deepinfer_register_metrics(metrics: Any) -> None:
     """Declare counters and gauges (``metrics.counter(name, help)``) before the engine starts."""
 

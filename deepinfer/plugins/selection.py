@@ -173,9 +173,12 @@ def _validate_options(config: EngineConfig, sel: Selection) -> dict[str, BaseMod
 
 
 def instantiate_hooks(sel: Selection) -> list[Any]:
-    """Objects to register with pluggy for the selected hook plugins."""
+    """Objects to register with pluggy for the selected hook plugins: a module as it is, a class
+    instantiated, with its validated options where it declares an ``Options`` model."""
     out = []
     for info in sel.all("hooks"):
         obj = sel.classes[info.name]
-        out.append(obj() if isinstance(obj, type) else obj)
+        if isinstance(obj, type):
+            obj = obj(sel.options[info.name]) if getattr(obj, "Options", None) is not None else obj()
+        out.append(obj)
     return out

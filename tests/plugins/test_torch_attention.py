@@ -61,7 +61,7 @@ def test_values_narrower_than_keys_are_softmax_attention(b, t, masked):
 def test_latent_layer_caches_keys_alone_and_reads_values_as_their_prefix():
     """Oracle: the same layer as an ordinary one whose value is the whole key, narrowed after; the
     latent cache is one [slots, 1, D] tensor and its bytes are what kv_cache_bytes_per_block says."""
-    from deepinfer.core.step_batch import build_step_batch
+    from deepinfer.core.eager_batch import build_step_batch
     from deepinfer.plugins import AttentionLayerSpec
 
     d, dv, bs, blocks = 24, 16, 4, 16
