@@ -184,7 +184,6 @@ def _load_shard(config: EngineConfig, sel: Selection, mcfg, registry: ModelRegis
     if (linear_op := device.linear_op(dtype)) is not None:
         model.use_linear_op(linear_op)
     use_fp8(model, config.quantization, getattr(ops, "fp8_block_linear", None) if ops is not None else None)
-    pm.hook.deepinfer_model_loaded(model=model)
     ctx.layers = model.attention_layers()
     policies = make_policies(ctx)
     if tp.size > 1:  # every rank's pool holds the same blocks: rank 0's block ids address them all
@@ -250,6 +249,7 @@ def _assemble(config: EngineConfig, sel: Selection, mcfg, registry: ModelRegistr
     ctx, device, attention, model, dtype, ops = (shard.ctx, shard.device, shard.attention, shard.model,
                                                  shard.dtype, shard.ops)
     kv, kv_caches = shard.kv, shard.kv_caches
+    pm.hook.deepinfer_model_loaded(model=model)  # (rank 0's: hook plugins run with the engine)
     config = ctx.config
     ctx.kv = kv
     sched_name = sel.one("scheduler").name
