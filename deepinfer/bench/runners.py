@@ -94,16 +94,32 @@ def run_hf_generate_batch(model, wl: Workload, repeats: int) -> RunResult:
     from transformers import GenerationConfig
 
     gc = GenerationConfig(max_new_tokens=max(wl.output_lens), do_sample=False, eos_token_id=-1, pad_token_id=0)
+    kw = {"generation_config": gc, **_cache_for(wl, gc.max_new_tokens)}
     res = RunResult("transformers generate_batch()", prompt_tokens=wl.num_prompt_tokens)
-    model.generate_batch(inputs=wl.prompts[:2], generation_config=gc)  # warm-up
+    model.generate_batch(inputs=wl.prompts[:2], **kw)  # warm-up
     for _ in range(repeats):
         _sync(model)
         t = time.perf_counter()
-        out = model.generate_batch(inputs=wl.prompts, generation_config=gc)
+        out = model.generate_batch(inputs=wl.prompts, **kw)
         _sync(model)
         res.seconds.append(time.perf_counter() - t)
         res.output_tokens = sum(len(o.generated_tokens) for o in out.values())
     return res
+
+
+def _cache_for(wl: Workload, max_new_tokens: int) -> dict:
+    """A KV cache of the pages the workload needs, all requests at once. Left to itself,
+    generate_batch sizes its cache from the memory it finds: on a CPU without psutil that is the
+    whole NUMA node's, not the process's limit, and a 24 GiB machine killed the run (SIGKILL).
+    (transformers before ContinuousBatchingConfig: its own sizing.)"""
+    try:
+        from transformers import ContinuousBatchingConfig
+    except ImportError:
+        return {}
+    page = 256
+    pages = sum(-(-(len(p) + max_new_tokens) // page) for p in wl.prompts)
+    return {"continuous_batching_config": ContinuousBatchingConfig(
+        page_size=page, num_blocks=pages + 1, max_batch_tokens=min(8192, max(wl.num_prompt_tokens, page)))}
 
 
 def _sync(model) -> None:
