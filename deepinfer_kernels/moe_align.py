@@ -155,7 +155,7 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int,
         return MoeAlignment(sorted_ids, block_experts, block_m)
     ids = topk_ids.contiguous()
     e_p = next_pow2(num_experts)
-    chunk = max(16, min(128, ONEHOT // e_p))
+    chunk = max(16, min(128, ONEHOT // e_p, next_pow2(slots)))  # (a decode step's few slots: a small one-hot tile)
     chunks = -(-slots // chunk)
     sizes = {"E": num_experts, "E_P": e_p}
     if chunks <= one_program_chunks:

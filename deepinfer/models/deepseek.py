@@ -194,7 +194,7 @@ class DeepseekV2ForCausalLM(CausalLM):
 
     def reset_expert_load(self) -> None:
         for m in self.moe_layers():
-            m.expert_load.zero_()
+            m.reset_load()
 
     def apply_placement(self, physical_to_logical: torch.Tensor, logical_to_physical: torch.Tensor,
                         logical_replica_count: torch.Tensor) -> None:
@@ -214,8 +214,16 @@ class DeepseekV2ForCausalLM(CausalLM):
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         load_checkpoint(self, weights if self.tp.size == 1 else self._rank_parts(weights), self.fp8_block)
+        if self.ds.rope_interleave:  # rotated as halves from now on: the fused rotary kernel's layout
+            for layer in self.model.layers:
+                layer.self_attn.rope_rows_to_halves()
+            self.rotary.interleaved = False
         self.rotary.build(self.model.embed_tokens.weight.device)
         self.reset_expert_load()
+
+    def use_fused_ops(self, ops) -> None:
+        super().use_fused_ops(ops)
+        self.rotary.use_fused_ops(ops, self.model.embed_tokens.weight.dtype)
 
 
 class DeepseekV3ForCausalLM(DeepseekV2ForCausalLM):

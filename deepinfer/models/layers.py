@@ -131,6 +131,19 @@ class Linear(nn.Linear):
         self.fp8_op = op
 
 
+def one_token_gemv(ops: FusedOps | None, x: torch.Tensor, *linears: Linear) -> Callable[..., torch.Tensor] | None:
+    """The device's GEMV (``FusedOps.gemv``) where a step of one token can take it through all of
+    ``linears``: x one contiguous row, plain ``Linear`` layers (not a row-parallel one, whose sum
+    crosses ranks) with weights in x's dtype (not FP8) and no biases; else None."""
+    gemv = getattr(ops, "gemv", None)
+    if gemv is None or x.dim() != 2 or x.shape[0] != 1 or x.stride(-1) != 1:
+        return None
+    if any(type(lin) is not Linear or lin.fp8_op is not None or lin.bias is not None or lin.weight.dtype != x.dtype
+           for lin in linears):
+        return None
+    return gemv
+
+
 class GatedMLP(nn.Module):
     """SiLU(gate) * up -> down, with gate and up fused into one matmul."""
 
@@ -141,7 +154,14 @@ class GatedMLP(nn.Module):
         self.down_proj = Linear(intermediate, hidden, bias=False)
         self.fused_ops: FusedOps | None = None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, add_to: torch.Tensor | None = None) -> torch.Tensor:
+        """The MLP of x; with ``add_to``, ``add_to`` + it (for a step of one token on a device with a
+        GEMV, added into ``add_to`` in place by the down projection's kernel)."""
+        if add_to is not None and (gemv := one_token_gemv(self.fused_ops, x, self.gate_up_proj, self.down_proj)) \
+                is not None and add_to.is_contiguous():
+            return gemv(gemv(x, self.gate_up_proj.weight, silu_mul=True), self.down_proj.weight, residual=add_to)
+        if add_to is not None:
+            return add_to + self.forward(x)
         if self.fused_ops is not None:
             return self.down_proj(self.fused_ops.silu_and_mul(self.gate_up_proj(x)))
         gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)

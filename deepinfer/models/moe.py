@@ -152,12 +152,20 @@ class MoE(nn.Module):
         self.w2 = nn.Parameter(torch.empty(num_experts, hidden, intermediate))
         self.shared_experts = GatedMLP(hidden, intermediate * num_shared) if num_shared else None
         self.register_buffer("expert_load", torch.zeros(num_experts, dtype=torch.int64), persistent=False)
+        # (expanded: a count of one per slot; set with the counters in reset_load, since a model
+        # built on the meta device gets its buffers uninitialised)
+        self.register_buffer("one", torch.ones((), dtype=torch.int64), persistent=False)
         self.fused_ops: FusedOps | None = None
+
+    def reset_load(self) -> None:
+        """Every expert's count back to zero."""
+        self.expert_load.zero_()
+        self.one.fill_(1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         topk_weights, topk_ids = self.gate(x, getattr(self.fused_ops, "grouped_topk", None))
-        flat = topk_ids.reshape(-1).long()
-        self.expert_load.index_add_(0, flat, torch.ones_like(flat))
+        flat = topk_ids.reshape(-1)  # (int32: index_add_ takes it, and a stride-0 one, in one kernel)
+        self.expert_load.index_add_(0, flat, self.one.expand(flat.shape[0]))
         fused = getattr(self.fused_ops, "fused_moe", None)
         out = (fused or moe_experts)(x, self.w13, self.w2, topk_weights, topk_ids)
-        return out if self.shared_experts is None else out + self.shared_experts(x)
+        return out if self.shared_experts is None else self.shared_experts(x, add_to=out)

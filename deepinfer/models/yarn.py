@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from deepinfer.core.fused_ops import FusedOps
 from deepinfer.models.layers import rope_inv_freq
 
 
@@ -69,6 +70,11 @@ class LatentRotary(nn.Module):
             self.softmax_scale *= yarn_mscale(float(self.scaling["factor"]), self.scaling["mscale_all_dim"]) ** 2
         self.cos: torch.Tensor | None = None
         self.sin: torch.Tensor | None = None
+        #: the device's fused kernels (``use_fused_ops``): with them, a layout of halves is rotated by
+        #: ``apply_rotary`` in one kernel, over the tables [max_positions, dim] below
+        self.fused_ops: FusedOps | None = None
+        self.cos_full: torch.Tensor | None = None
+        self.sin_full: torch.Tensor | None = None
 
     def build(self, device: torch.device) -> None:
         """float32 tables [max_positions, dim / 2], the attention factor in (computed on the CPU)."""
@@ -81,10 +87,21 @@ class LatentRotary(nn.Module):
         self.cos = (freqs.cos() * self.attention_factor).to(device)
         self.sin = (freqs.sin() * self.attention_factor).to(device)
 
+    def use_fused_ops(self, ops: FusedOps | None, dtype: torch.dtype) -> None:
+        """Rotate through ``ops.apply_rotary`` (a layout of halves only), over [max_positions, dim]
+        tables in ``dtype``, rounded from the float32 ones as transformers rounds cos and sin to
+        the query's dtype."""
+        self.fused_ops = ops
+        full = ops is not None and not self.interleaved
+        self.cos_full = torch.cat([self.cos, self.cos], dim=-1).to(dtype) if full else None
+        self.sin_full = torch.cat([self.sin, self.sin], dim=-1).to(dtype) if full else None
+
     def forward(self, positions: torch.Tensor, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Each x [T, heads, dim] rotated at ``positions``, computed in float32. The result is laid
         out as rotate-half halves (first elements of the pairs, then second ones) whatever the
         input's layout: a query and a key laid out alike give the same dot product."""
+        if self.cos_full is not None and len(xs) == 2:
+            return self.fused_ops.apply_rotary(*xs, self.cos_full, self.sin_full, positions)
         cos, sin = self.cos[positions][:, None], self.sin[positions][:, None]
         out = []
         for x in xs:
