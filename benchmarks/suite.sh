@@ -4,7 +4,7 @@
 #   bash benchmarks/suite.sh OUT [NAME ...]      (no NAME: every one for this machine's kind)
 #
 # On a CUDA machine the GPU commands run (device DEVICE, default sm90); elsewhere the CPU ones.
-# Names: ceilings latency idle throughput prefill prefix spec swa kernels deepseek (GPU);
+# Names: ceilings latency idle throughput prefill prefix spec swa kernels deepseek deepseek_model (GPU);
 #        latency throughput prefix spec swa serve (CPU).
 set -u
 OUT=${1:?usage: bash benchmarks/suite.sh OUT [NAME ...]}
@@ -54,6 +54,15 @@ gpu_kernels() { run kernels $PY -m deepinfer.bench.kernels --out "$OUT/kernels";
 gpu_deepseek() {
   run deepseek $PY -m deepinfer.bench.moe_kernels --out "$OUT/deepseek"
   run deepseek $PY -m deepinfer.bench.kernels_deepseek --out "$OUT/deepseek" --quick
+}
+gpu_deepseek_model() {
+  local m=(--random-model deepseek-v2-lite --dtype bfloat16 --device "$DEVICE")
+  for q in "" "--quantization fp8"; do
+    # shellcheck disable=SC2086
+    run deepseek_model $BENCH latency "${m[@]}" --batch 1 --input-len 512 --output-len 256 \
+      --kv-cache-memory-gb 8 --repeats 3 $q
+  done
+  run deepseek_model $BENCH throughput "${m[@]}" --num-requests 256 --min-len 100 --max-len 1024 --repeats 1
 }
 
 cpu_latency() {
