@@ -118,13 +118,16 @@ class Linear(nn.Linear):
 
     def quantize_fp8(self, op: Callable[..., torch.Tensor] | None) -> None:
         """The weight in 128x128 blocks of float8 e4m3 with their scales: kept so and run through
-        ``op`` (the device's ``fp8_block_linear``), or without one put back in its dtype (FP8's values)."""
+        ``op`` (the device's ``fp8_block_linear``; a new tensor, so only before device graphs are
+        captured), or without one put back in its dtype (FP8's values), in place: graphs captured
+        already keep reading the weight's storage (replacing it left them reading freed memory,
+        NaN logprobs in a GPU test)."""
         from deepinfer_kernels.fp8_gemm import block_quantize_fp8, dequantize_block_fp8
 
         w = self.weight.data
         q, scale_inv = block_quantize_fp8(w)
         if op is None:
-            self.weight.data = dequantize_block_fp8(q, scale_inv, w.dtype)
+            w.copy_(dequantize_block_fp8(q, scale_inv, w.dtype))
             return
         self.weight = nn.Parameter(q, requires_grad=False)
         self.register_buffer("weight_scale_inv", scale_inv, persistent=False)

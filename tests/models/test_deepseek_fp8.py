@@ -172,6 +172,21 @@ def test_quantization_fp8_is_refused_for_a_model_without_fp8_layers(tmp_path):
         LLM(str(tmp_path), dtype="float32", quantization="fp8", device="cpu", progress=False)
 
 
+def test_fp8_values_without_a_gemm_stay_in_the_weights_storage():
+    """Without the device's FP8 GEMM the weight takes FP8's values where it is: device graphs
+    captured before read that storage (a new tensor left them reading freed memory)."""
+    from deepinfer.models.layers import Linear
+    from deepinfer_kernels.fp8_gemm import block_quantize_fp8, dequantize_block_fp8
+
+    lin = Linear(200, 130, bias=False)
+    torch.nn.init.normal_(lin.weight)
+    want = dequantize_block_fp8(*block_quantize_fp8(lin.weight.data), lin.weight.dtype)
+    ptr = lin.weight.data_ptr()
+    lin.quantize_fp8(None)
+    assert lin.weight.data_ptr() == ptr
+    assert torch.equal(lin.weight.data, want) and not torch.equal(want, torch.zeros_like(want))
+
+
 @pytest.mark.gpu
 def test_fp8_gemm_on_a_gpu_keeps_the_bf16_twins_logprobs(tmp_path):
     """On an NVIDIA GPU: the FP8 GEMM path (weights in 128x128 blocks, activations per token in
