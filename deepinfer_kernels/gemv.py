@@ -219,6 +219,8 @@ def default_config(rows: int, k: int, device: torch.device, paired: bool = False
         one_wave = k <= 2048 and 4 * sm < rows <= 16 * sm and block_n is None  # o: about one program an SM
         if one_wave:
             bn = next_pow2(triton.cdiv(rows, sm))
+    if device.type != "cuda":  # the interpreter: each program costs milliseconds, so two row blocks
+        bn = max(bn, next_pow2(triton.cdiv(rows, 2)))  # (split K still makes sm = 4 programs)
     if block_n is not None:
         block_k = max(16, min(block_k, 4096 // next_pow2(block_n)))
     else:
