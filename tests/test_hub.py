@@ -92,3 +92,20 @@ def test_a_snapshot_without_safetensors_is_refused(tiny, offline_cache):
     place_in_cache(offline_cache, "acme/pickled", tiny, "e" * 40, skip=tuple(names))
     with pytest.raises(ModelConfigError, match="safetensors only"):
         resolve_model("acme/pickled")
+
+
+@pytest.mark.slow
+def test_deepinfer_serve_takes_a_hub_id_and_serves_it_by_that_name(tiny, offline_cache):
+    import httpx
+
+    from tests.serve.conftest import ServerProcess
+
+    place_in_cache(offline_cache, "acme/tiny-qwen3", tiny, "f" * 40)
+    srv = ServerProcess("acme/tiny-qwen3")  # (its environment: this one, offline, with the cache above)
+    try:
+        assert [m["id"] for m in httpx.get(f"{srv.base_url}/v1/models").json()["data"]] == ["acme/tiny-qwen3"]
+        r = httpx.post(f"{srv.base_url}/v1/completions", json={"model": "acme/tiny-qwen3", "prompt": [5, 6, 7],
+                                                               "max_tokens": 4, "ignore_eos": True}, timeout=60)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
+    finally:
+        assert srv.stop() == 0
