@@ -11,7 +11,7 @@ os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from deepinfer.core.sampling_params import SamplingParams
+from deepinfer.core.sampling_params import SamplingParams, StructuredOutputsParams
 
 __version__ = "0.1.0"
 
@@ -31,4 +31,4 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'deepinfer' has no attribute {name!r}")
 
 
-__all__ = ["DEMO_DRAFT_MODEL", "DEMO_MODEL", "LLM", "SamplingParams", "__version__"]
+__all__ = ["DEMO_DRAFT_MODEL", "DEMO_MODEL", "LLM", "SamplingParams", "StructuredOutputsParams", "__version__"]

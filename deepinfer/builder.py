@@ -38,6 +38,16 @@ def demo_model_path() -> str:
     return DEMO_MODEL
 
 
+def model_path_of(config: EngineConfig) -> str:
+    """The model's directory: the config's model (a directory, or a Hub id resolved through
+    huggingface_hub: ``deepinfer.hub``), else the embedded demo model."""
+    if config.model is None:
+        return demo_model_path()
+    from deepinfer.hub import resolve_model
+
+    return resolve_model(config.model, config.revision)
+
+
 def model_registry() -> ModelRegistry:
     reg = ModelRegistry()
 
@@ -142,7 +152,7 @@ class Shard:
 
 def _model_facts(config: EngineConfig):
     """The model directory, its config, the model registry and the context length, checked."""
-    model_path = config.model or demo_model_path()
+    model_path = model_path_of(config)
     mcfg = read_model_config(model_path)
     registry = model_registry()
     registry.resolve(mcfg.architecture)  # fail before anything heavy happens

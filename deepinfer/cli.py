@@ -20,7 +20,9 @@ def _plugin_options(text: str) -> dict[str, dict[str, Any]]:
 def add_engine_args(p: argparse.ArgumentParser, model_positional: bool = True) -> None:
     """Flags shared by every command that builds an engine (each maps to an EngineConfig field)."""
     if model_positional:
-        p.add_argument("model", nargs="?", default=None, help="model directory (default: the demo model)")
+        p.add_argument("model", nargs="?", default=None,
+                       help="model directory or Hugging Face Hub id, org/name (default: the demo model)")
+    p.add_argument("--revision", default=None, help="a Hub model's branch, tag or commit (default: main)")
     p.add_argument("--config", dest="config_file", default=None, help="YAML, TOML or JSON config file")
     p.add_argument("--plugins", default=None, help="comma-separated plugin names, e.g. prefix-cache")
     p.add_argument("--plugin-options", default=None, type=_plugin_options,
@@ -152,14 +154,14 @@ def _checked_first(run):
     """``serve`` checks the config, the plugin selection and the model directory in this process
     first: a mistake there is the user's (exit 2, as for ``generate``), not an engine that failed."""
     def checked(args: argparse.Namespace) -> int:
-        from deepinfer.builder import demo_model_path
+        from deepinfer.builder import model_path_of
         from deepinfer.core.config import build_config
         from deepinfer.core.model_config import read_model_config
         from deepinfer.plugins.selection import select
 
         config = build_config(args.config_file, engine_overrides(args))
         select(config)
-        read_model_config(config.model or demo_model_path())
+        read_model_config(model_path_of(config))
         return run(args)
 
     return checked

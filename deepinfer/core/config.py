@@ -16,7 +16,9 @@ class EngineConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
-    model: str | None = Field(None, description="model directory (default: the embedded demo model)")
+    model: str | None = Field(None, description="model directory or Hugging Face Hub id, org/name (default: the "
+                                                "embedded demo model)")
+    revision: str | None = Field(None, description="a Hub model's revision: branch, tag or commit (default: main)")
     tokenizer: str | None = Field(None, description="tokenizer directory (default: the model's)")
     served_model_name: str | None = None
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"

@@ -65,6 +65,9 @@ class Request:
     first_token_time: float | None = None
     policy_state: dict[str, Any] = field(default_factory=dict)  # per cache-policy scratch
     draft: Any = None  # DraftProposal for the next step, set by the engine from the drafter
+    #: its grammar's state (``core.grammar.GrammarState``) when its output is constrained
+    #: (``params.structured_outputs``): advanced by each token it gains, read for each step's mask
+    grammar: Any = None
     # From the parameters, once (they do not change after the request is added), for the checks
     # made of every sequence at every step (a pydantic field or property costs more to read):
     #: the length (prompt and output) from which its next token depends on the logits alone: never
@@ -73,7 +76,7 @@ class Request:
     plain_from: int = field(init=False, default=0)
     greedy: bool = field(init=False, default=False)
     #: its sampling needs no host-side state that a step in flight could still change (no
-    #: logprobs, no penalties)
+    #: logprobs, no penalties, no grammar: its mask follows from the token before)
     overlappable: bool = field(init=False, default=True)
 
     def __post_init__(self) -> None:
@@ -82,7 +85,8 @@ class Request:
         p = self.params
         self.plain_from = 1 << 62 if p.needs_penalties else len(self.prompt_token_ids) + p.min_tokens
         self.greedy = p.greedy
-        self.overlappable = p.logprobs is None and p.prompt_logprobs is None and not p.needs_penalties
+        self.overlappable = (p.logprobs is None and p.prompt_logprobs is None and not p.needs_penalties
+                             and p.structured_outputs is None)
         if self.params.seed is not None and self.generator is None:
             self.generator = torch.Generator().manual_seed(self.params.seed)
 

@@ -14,6 +14,7 @@ from dataclasses import replace
 from typing import Any
 
 from deepinfer.core.detokenizer import IncrementalDetokenizer
+from deepinfer.core.grammar import Grammars
 from deepinfer.core.interfaces import Scheduler, SchedulerOutput
 from deepinfer.core.kv_manager import KVCacheManager
 from deepinfer.core.metrics import Metrics
@@ -48,6 +49,7 @@ class RequestTable:
         self.vocab_size = vocab_size
         self.release = release  # a sequence finished or was preempted (the drafter drops its state)
         self.requests: dict[str, RequestState] = {}
+        self.grammars: Grammars | None = None  # built at the first request with structured outputs
         self.owner: dict[str, RequestState] = {}  # sequence id -> its user request
         metrics.counter("deepinfer:num_preemptions", "requests preempted for lack of KV blocks")
         for name in ("prompt_tokens", "prompt_tokens_computed", "generation_tokens",
@@ -77,6 +79,7 @@ class RequestTable:
             raise PromptTooLongError(
                 f"the prompt has {n} tokens but max_model_len is {self.max_model_len}: it must leave "
                 "room for at least one new token; shorten the prompt or raise max_model_len")
+        compiled = self._compile(params)
         seqs, detoks = [], []
         for i in range(params.n):
             p = params
@@ -87,6 +90,8 @@ class RequestTable:
             seq_id = request_id if params.n == 1 else f"{request_id}#{i}"
             seqs.append(Request(seq_id, list(prompt_token_ids), p, self.eos_token_ids, cache_salt,
                                 self.max_model_len))
+            if compiled is not None:  # (each sequence its own place in the grammar)
+                seqs[-1].grammar = self.grammars.state(compiled)
             detoks.append(IncrementalDetokenizer(self.tokenizer, tuple(p.stop), p.include_stop_str_in_output,
                                                  p.skip_special_tokens, min_tokens=p.min_tokens))
         state = RequestState(request_id, prompt, list(prompt_token_ids), seqs, detoks)
@@ -96,6 +101,23 @@ class RequestTable:
             self.scheduler.add_request(seq)
         self.metrics.inc("deepinfer:prompt_tokens", n * params.n)
         self.hooks.deepinfer_request_added(request_id=request_id, num_prompt_tokens=n)
+
+    def _compile(self, params: SamplingParams) -> object | None:
+        """The request's grammar compiled for the model's vocabulary (None: it has none);
+        ValueError (GrammarError) naming what cannot be compiled."""
+        spec = params.structured_outputs
+        if spec is None:
+            return None
+        if self.tokenizer is None:
+            raise ValueError("structured outputs need the model's tokenizer (tokenizer.json) to know what each "
+                             "token spells; this model has none")
+        if params.ignore_eos:
+            raise ValueError("structured outputs end a sequence with its EOS once the grammar is complete: "
+                             "they cannot be combined with ignore_eos")
+        if self.grammars is None:
+            self.grammars = Grammars(self.tokenizer, self.vocab_size or self.tokenizer.vocab_size,
+                                     self.eos_token_ids)
+        return self.grammars.compile(spec)
 
     def abort(self, request_id: str) -> bool:
         """Stop a request now and free its blocks; False if it is not (or no longer) held."""
@@ -202,12 +224,16 @@ class RequestTable:
             req.num_pending -= 1
         for i, token in enumerate(tokens):
             req.all_token_ids.append(token)
+            if req.grammar is not None and not req.grammar.accept(token):  # (masked: only if the row was unusable)
+                req.status = RequestStatus.FINISHED_ERROR
+                return True
             if logprobs and logprobs[i] is not None:
                 req.logprobs.append(logprobs[i])
             # an EOS or stop token id that ends the request adds no text unless asked to (vLLM's)
             on_token = stops_on_token(req, token)
             silent = on_token and not detok.include_stop
-            if check_stop(req, token, None if later or silent else detok.add([token]), on_token):
+            if check_stop(req, token, None if later or silent else detok.add([token]), on_token) or (
+                    req.grammar is not None and req.grammar.done and _grammar_stop(req)):
                 self.metrics.inc("deepinfer:generation_tokens", i + 1)
                 if later:
                     detok.defer(tokens[:i + (0 if silent else 1)])
@@ -241,3 +267,9 @@ class RequestTable:
         return [seq for state in self.requests.values() for seq in state.seqs
                 if seq.status is running and seq.num_computed_tokens == seq.num_tokens - 1
                 and seq.num_tokens >= seq.plain_from]
+
+
+def _grammar_stop(req: Request) -> bool:
+    """A grammar complete without a stop token (a model that has none) ends its sequence here."""
+    req.status = RequestStatus.FINISHED_STOPPED
+    return True

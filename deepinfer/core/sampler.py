@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
+from deepinfer.core.grammar import constrained_rows, mask_rows
 from deepinfer.core.logprobs import TokenLogprobs
 from deepinfer.core.request import Request
 from deepinfer.core.sampling_filters import (
@@ -142,6 +143,10 @@ class Sampler:
         logits = logits.float()
         want_logprobs = any(r.params.logprobs is not None for r in requests)
         raw_logprobs = logits.log_softmax(-1) if want_logprobs else None
+        if constrained_rows(requests):  # (the tokens their grammars forbid: -inf, in a copy)
+            if not own:
+                logits, own = logits.clone(), True
+            mask_rows(logits, requests)
         if plain_greedy(requests):
             checked = logits
             tokens = self.argmax(logits).tolist()
@@ -173,7 +178,11 @@ class Sampler:
         if not plain_greedy(requests):
             if batch_device(logits):
                 own = logits.dtype != torch.float32
-                tokens = self.sample_batch(adjusted(logits.float(), requests, own), requests)
+                rows = logits.float()
+                if constrained_rows(requests):
+                    rows, own = rows.clone() if not own else rows, True
+                    mask_rows(rows, requests)
+                tokens = self.sample_batch(adjusted(rows, requests, own), requests)
                 return tokens if out is None else out.copy_(tokens)
             tokens = self(logits, requests)[0]
             return torch.tensor(tokens, dtype=torch.long, device=logits.device)
@@ -306,8 +315,9 @@ def batchable(req: Request) -> bool:
 
 
 def plain_greedy(requests: Sequence[Request]) -> bool:
-    """Every row's token is its argmax: greedy, no penalties, no EOS held back (Request.plain_from)."""
-    return all(r.greedy and len(r.all_token_ids) >= r.plain_from for r in requests)
+    """Every row's token is its argmax: greedy, no penalties, no EOS held back (Request.plain_from),
+    no grammar."""
+    return all(r.greedy and len(r.all_token_ids) >= r.plain_from and r.grammar is None for r in requests)
 
 
 def _suppress_eos(req: Request) -> bool:

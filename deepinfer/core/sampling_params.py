@@ -1,7 +1,41 @@
 """Sampling parameters of one request, validated by pydantic."""
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class StructuredOutputsParams(BaseModel):
+    """One constraint on a request's output, compiled to a grammar (vLLM's fields): a JSON schema,
+    any JSON object, a regular expression, one of a list of strings, or an EBNF grammar."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    #: a JSON schema (a dict, or its JSON text); the output is an instance of it
+    json_schema: dict[str, Any] | str | None = None
+    #: the output is some JSON object
+    json_object: bool = False
+    regex: str | None = None
+    choice: list[str] | None = Field(None, min_length=1)
+    #: a grammar in xgrammar's EBNF (GBNF-like; its start rule is ``root``)
+    grammar: str | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> StructuredOutputsParams:
+        given = [k for k in ("json_schema", "regex", "choice", "grammar") if getattr(self, k) is not None]
+        given += ["json_object"] if self.json_object else []
+        if len(given) != 1:
+            raise ValueError("structured_outputs takes exactly one of json_schema, json_object, regex, choice, "
+                             f"grammar; got {', '.join(given) or 'none'}")
+        return self
+
+    @property
+    def kind(self) -> str:
+        """Which constraint it is: ``json_schema``, ``json_object``, ``regex``, ``choice`` or ``grammar``."""
+        if self.json_object:
+            return "json_object"
+        return next(k for k in ("json_schema", "regex", "choice", "grammar") if getattr(self, k) is not None)
 
 
 class SamplingParams(BaseModel):
@@ -28,6 +62,9 @@ class SamplingParams(BaseModel):
     logprobs: int | None = Field(None, ge=0, le=20)
     prompt_logprobs: int | None = Field(None, ge=0, le=20)
     skip_special_tokens: bool = True
+    #: constrain the output to a grammar (xgrammar): the sampler masks every token the grammar
+    #: forbids, and the request ends once the grammar is complete
+    structured_outputs: StructuredOutputsParams | None = None
 
     @field_validator("stop", mode="before")
     @classmethod

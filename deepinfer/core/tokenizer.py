@@ -61,6 +61,14 @@ class Tokenizer:
             out = [ids if ids and ids[0] == self.bos_token_id else [self.bos_token_id, *ids] for ids in out]
         return out
 
+    def vocab(self) -> dict[str, int]:
+        """Every token's string (as the tokenizer stores it: byte-level tokens encoded) and id."""
+        return self._tok.get_vocab(with_added_tokens=True)
+
+    def backend_json(self) -> str:
+        """The tokenizer as tokenizer.json holds it (a grammar engine reads its pre-tokenizer)."""
+        return self._tok.to_str()
+
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
 

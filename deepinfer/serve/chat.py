@@ -3,15 +3,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
 
 from deepinfer.core.logprobs import TokenLogprobs
+from deepinfer.core.sampling_params import SamplingParams, StructuredOutputsParams
 from deepinfer.serve.outputs import ChoiceText, EventStream, collect, sse, stream_events
 from deepinfer.serve.protocol import (
     APIError,
-    AssistantMessage,
     ChatChoice,
     ChatChunkChoice,
     ChatCompletionChunk,
@@ -23,7 +24,9 @@ from deepinfer.serve.protocol import (
     TopLogprob,
     Usage,
 )
+from deepinfer.serve.replies import ReplyStream, whole_message
 from deepinfer.serve.serving import Serving, Submission
+from deepinfer.serve.tools import tool_choice, tool_grammar
 
 
 async def _render(serving: Serving, req: ChatCompletionRequest) -> list[int]:
@@ -32,12 +35,14 @@ async def _render(serving: Serving, req: ChatCompletionRequest) -> list[int]:
     if len(req.messages) > limit:
         raise APIError(400, f"messages has {len(req.messages)} entries; this server takes at most {limit} "
                        "(--max-chat-messages)", param="messages", code="limit_exceeded")
-    messages = [{"role": m.role, "content": m.text(), **({"name": m.name} if m.name else {})}
-                for m in req.messages]
+    messages = [{"role": m.role, "content": m.text(), **({"name": m.name} if m.name else {}),
+                 **({"tool_calls": m.tool_calls} if m.tool_calls else {}),
+                 **({"tool_call_id": m.tool_call_id} if m.tool_call_id else {})} for m in req.messages]
+    tools = {"tools": req.tools} if req.tools else {}
     # (before rendering: the template's text is longer still)
     serving.check_text_length(sum(len(m["content"]) + len(m.get("name", "")) for m in messages), "messages")
     try:
-        text = tok.apply_chat_template(messages, add_generation_prompt=req.add_generation_prompt)
+        text = tok.apply_chat_template(messages, add_generation_prompt=req.add_generation_prompt, **tools)
     except Exception as e:  # noqa: BLE001 - a template error is the caller's input failing the template
         # (a template that renders no role at all fails for some other reason: its own words then)
         if (roles := _unrenderable_roles(serving, {m["role"] for m in messages})) and (ok := _renderable(serving)):
@@ -109,11 +114,12 @@ async def create_chat_completion(serving: Serving, req: ChatCompletionRequest, r
     k = req.top_logprobs or 0
     serving.check_response_size(req.n, max_tokens, (k or 1) if req.logprobs else None, req.stream, param)
     params = serving.sampling_params(req, max_tokens, k if req.logprobs else None, req.prompt_logprobs)
+    tool_parser, params = _tools(serving, req, params)
     rid = serving.new_id("chatcmpl")
     sub = serving.submit(rid, [ids], params, req.cache_salt)
     if req.stream:
         usage = bool(req.stream_options and req.stream_options.include_usage)
-        return EventStream(_stream(serving, sub, rid, model, req.n, k, len(ids), usage), sub)
+        return EventStream(_stream(serving, sub, rid, model, req.n, k, len(ids), usage, tool_parser), sub)
     try:
         choices, cached = await serving.until_disconnect(raw, collect(sub, req.n, req.n))
     finally:
@@ -124,15 +130,41 @@ async def create_chat_completion(serving: Serving, req: ChatCompletionRequest, r
         prompt_logprobs = serving.prompt_logprobs(sub.prompt_logprobs_of(0), req.prompt_logprobs)
     resp = ChatCompletionResponse(
         id=rid, model=model,
-        choices=[ChatChoice(index=c.index, message=AssistantMessage(content=c.text),
-                            logprobs=_logprobs(serving, c.logprobs, k), finish_reason=c.finish_reason,
-                            stop_reason=c.stop_reason) for c in choices],
+        choices=[_choice(serving, tool_parser, c, k) for c in choices],
         usage=Usage.of(len(ids), completion, cached), prompt_logprobs=prompt_logprobs)
     return Response(resp.model_dump_json(), media_type="application/json")
 
 
+def _choice(serving: Serving, tool_parser: Any, c: ChoiceText, k: int) -> ChatChoice:
+    """A whole choice: its reasoning, content and tool calls parted (a reply that calls ends with
+    ``tool_calls``, as OpenAI's)."""
+    message = whole_message(serving.reasoning_parser, tool_parser, c.text)
+    finish = "tool_calls" if message.tool_calls and c.finish_reason == "stop" else c.finish_reason
+    return ChatChoice(index=c.index, message=message, logprobs=_logprobs(serving, c.logprobs, k),
+                      finish_reason=finish, stop_reason=c.stop_reason)
+
+
+def _tools(serving: Serving, req: ChatCompletionRequest, params: SamplingParams) -> tuple[Any, SamplingParams]:
+    """The tool parser that reads this request's replies (None: no calls to parse) and its sampling
+    parameters with the grammar that enforces tool_choice required or a named function."""
+    mode, _ = tool_choice(req)
+    if not req.tools or mode == "none":
+        return None, params
+    parser = serving.tool_parser
+    if parser is None:
+        raise APIError(400, "tools need a tool-call parser: start the server with --tool-call-parser (hermes, "
+                       "deepseek_v3, ...) for this model's format", param="tools", code="unsupported")
+    grammar = tool_grammar(parser, req)
+    if grammar is not None:
+        if params.structured_outputs is not None:
+            raise APIError(400, f"tool_choice {mode!r} constrains the reply itself: it cannot be combined with "
+                           "response_format or guided_*", param="tool_choice")
+        params = params.model_copy(update={"structured_outputs": StructuredOutputsParams(grammar=grammar)})
+    return parser, params
+
+
 async def _stream(serving: Serving, sub: Submission, rid: str, model: str, n: int, k: int, num_prompt_tokens: int,
-                  include_usage: bool) -> AsyncIterator[str]:
+                  include_usage: bool, tool_parser: Any) -> AsyncIterator[str]:
     created = int(time.time())
 
     def chunk(choices: list[ChatChunkChoice]) -> str:
@@ -142,12 +174,24 @@ async def _stream(serving: Serving, sub: Submission, rid: str, model: str, n: in
     yield "".join(chunk([ChatChunkChoice(index=i, delta=DeltaMessage(role="assistant", content=""))])
                   for i in range(n))
 
+    parts = serving.reasoning_parser is not None or tool_parser is not None
+    replies: dict[int, ReplyStream] = {}
+
     def render(c: ChoiceText) -> str | None:
-        if not c.text and c.logprobs is None and c.finish_reason is None:
+        finish = c.finish_reason
+        if parts:
+            reply = replies.setdefault(c.index, ReplyStream(serving.reasoning_parser, tool_parser))
+            delta = reply.feed(c.text, finish is not None)
+            if reply.called and finish == "stop":
+                finish = "tool_calls"
+        else:
+            delta = DeltaMessage(content=c.text) if c.text else None
+        if delta is None and c.logprobs is None and finish is None:
             return None  # tokens whose text is still held back: nothing to show yet
-        delta = DeltaMessage(content=c.text) if c.text or c.logprobs is not None else DeltaMessage()
+        if delta is None:
+            delta = DeltaMessage(content="") if c.logprobs is not None else DeltaMessage()
         return chunk([ChatChunkChoice(index=c.index, delta=delta, logprobs=_logprobs(serving, c.logprobs, k),
-                                      finish_reason=c.finish_reason, stop_reason=c.stop_reason)])
+                                      finish_reason=finish, stop_reason=c.stop_reason)])
 
     def usage_event(completion: int, cached: int) -> str:
         return sse(ChatCompletionChunk(id=rid, created=created, model=model, choices=[],

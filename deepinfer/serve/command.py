@@ -51,6 +51,10 @@ def configure_parser(p: argparse.ArgumentParser, add_engine_args: Callable, engi
     p.add_argument("--engine-start-timeout", type=float, default=900.0)
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     p.add_argument("--access-log", action="store_true", help="log every HTTP request")
+    p.add_argument("--reasoning-parser", default=None,
+                   help="split chat replies' reasoning into reasoning_content (deepseek_r1: text up to </think>)")
+    p.add_argument("--tool-call-parser", default=None,
+                   help="read tool calls from chat replies in the model's format (hermes, deepseek_v3)")
     p.set_defaults(func=lambda args: _run(args, engine_overrides))
 
 

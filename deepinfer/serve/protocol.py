@@ -122,6 +122,12 @@ class SamplingFields(BaseModel):
     prompt_logprobs: int | None = Field(None, ge=0, le=20)  # vLLM's extension
     user: str | None = None
     logit_bias: dict[str, float] | None = None
+    # structured outputs (deepinfer.serve.structured): OpenAI's response_format, vLLM's guided_*
+    response_format: dict[str, Any] | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = Field(None, max_length=65536)
+    guided_choice: list[str] | None = Field(None, min_length=1, max_length=4096)
+    guided_grammar: str | None = Field(None, max_length=65536)
 
     @model_validator(mode="after")
     def _stream_options_with_stream(self) -> Any:
@@ -174,6 +180,8 @@ class ChatMessage(BaseModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # an assistant's calls, earlier in the chat
+    tool_call_id: str | None = None  # a tool message: the call it answers
 
     def text(self) -> str:
         if self.content is None:
@@ -194,16 +202,8 @@ class ChatCompletionRequest(SamplingFields):
     add_generation_prompt: bool = True
     tools: list[Any] | None = None
     tool_choice: Any = None
-    response_format: dict[str, Any] | None = None
 
-    def unsupported(self) -> str | None:
-        if self.tools:
-            return "tools"
-        if self.tool_choice not in (None, "none"):
-            return "tool_choice"
-        if self.response_format and self.response_format.get("type") != "text":
-            return "response_format"
-        return super().unsupported()
+
 
 
 # ------------------------------------------------------------------------------------- responses
@@ -291,6 +291,17 @@ class ChatLogprobs(BaseModel):
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
+    #: the model's reasoning, apart from its answer, with --reasoning-parser (vLLM's and SGLang's field)
+    reasoning_content: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # with tools: the calls parsed from the reply
+
+    @model_serializer(mode="wrap")
+    def _without_extensions(self, handler: Any) -> dict[str, Any]:
+        out = handler(self)
+        for name in ("reasoning_content", "tool_calls"):
+            if out.get(name, 0) is None:
+                del out[name]
+        return out
 
 
 class ChatChoice(BaseModel):
@@ -321,6 +332,8 @@ class DeltaMessage(BaseModel):
 
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
 
     @model_serializer(mode="wrap")
     def _without_nones(self, handler: Any) -> dict[str, Any]:

@@ -18,7 +18,8 @@ API_KEY_ENV = "DEEPINFER_API_KEY"
 def model_names(config: Any, info: dict[str, Any]) -> list[str]:
     """The name /v1/models reports first, then aliases a client may also send (the path given)."""
     path = info["model_path"]
-    names = [config.served_model_name or Path(path).name]
+    hub_id = config.model is not None and not Path(config.model).expanduser().is_dir()  # (its path: a snapshot's)
+    names = [config.served_model_name or (config.model if hub_id else Path(path).name)]
     for alias in (config.model, path):
         if alias and alias not in names:
             names.append(alias)
@@ -55,6 +56,7 @@ def run_serve(args: argparse.Namespace, engine_overrides: Callable) -> int:
     from deepinfer.serve.engine_client import EngineClient, EngineStartError
     from deepinfer.serve.http import protocol_with_header_timeout
     from deepinfer.serve.metrics import ServerMetrics
+    from deepinfer.serve.parsers import REASONING_GROUP, TOOL_GROUP, load_parser
     from deepinfer.serve.serving import RequestLimits, Serving
 
     config = build_config(args.config_file, engine_overrides(args))
@@ -72,6 +74,14 @@ def run_serve(args: argparse.Namespace, engine_overrides: Callable) -> int:
         print(f"deepinfer serve: error: cannot listen on {args.host}:{args.port}: {busy}; pick another --port "
               "or stop what holds it", file=sys.stderr)
         return 1
+    try:  # (an unknown parser is refused before minutes of engine start-up)
+        reasoning_parser = (load_parser(REASONING_GROUP, args.reasoning_parser, "--reasoning-parser")
+                            if args.reasoning_parser else None)
+        tool_parser = (load_parser(TOOL_GROUP, args.tool_call_parser, "--tool-call-parser")
+                       if args.tool_call_parser else None)
+    except ValueError as e:
+        print(f"deepinfer serve: error: {e}", file=sys.stderr)
+        return 2
     client = EngineClient(config, threads=args.engine_threads)
     # the engine is built before the port opens: /health answers only once requests can be served.
     # A SIGTERM meanwhile (uvicorn's handlers come later) stops the engine process too: by default
@@ -99,6 +109,7 @@ def run_serve(args: argparse.Namespace, engine_overrides: Callable) -> int:
                                max_prompt_token_ids=args.max_prompt_token_ids)
         serving = Serving(client, tokenizer, model_names(config, info), metrics,
                           max_in_flight_seqs=config.max_num_seqs + config.max_waiting_requests, limits=limits)
+        serving.reasoning_parser, serving.tool_parser = reasoning_parser, tool_parser
         settings = ServerSettings(api_key=api_key, max_body_bytes=args.max_body_bytes)
         app = build_app(client, serving, metrics, settings)
         # uvicorn cancels what outlasts its own timeout; the server ends those requests itself at the

@@ -16,6 +16,7 @@ from deepinfer.serve.engine_client import EngineClient, EngineDeadError, Request
 from deepinfer.serve.engine_core import RequestDelta
 from deepinfer.serve.metrics import RequestTimer, ServerMetrics
 from deepinfer.serve.protocol import APIError, SamplingFields, valid_range
+from deepinfer.serve.structured import structured_outputs
 
 T = TypeVar("T")
 # long prompts are tokenized off the event loop so other streams keep flowing meanwhile
@@ -128,6 +129,10 @@ class Serving:
                  max_in_flight_seqs: int, limits: RequestLimits | None = None) -> None:
         self.client = client
         self.limits = limits or RequestLimits()
+        #: splits a chat choice's reasoning from its content (``--reasoning-parser``; None: off)
+        self.reasoning_parser: Any = None
+        #: reads tool calls from chat replies in the model's format (``--tool-call-parser``; None: off)
+        self.tool_parser: Any = None
         self.tokenizer = tokenizer
         self.model_names = model_names
         self.metrics = metrics
@@ -242,7 +247,7 @@ class Serving:
                                   "ignore_eos": req.ignore_eos, "min_tokens": req.min_tokens,
                                   "stop": req.stop, "skip_special_tokens": req.skip_special_tokens,
                                   "include_stop_str_in_output": req.include_stop_str_in_output,
-                                  "seed": req.seed}
+                                  "seed": req.seed, "structured_outputs": structured_outputs(req)}
         for name in ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
                      "repetition_penalty", "stop_token_ids"):
             value = getattr(req, name)
