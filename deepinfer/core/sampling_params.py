@@ -28,6 +28,9 @@ class SamplingParams(BaseModel):
     logprobs: int | None = Field(None, ge=0, le=20)
     prompt_logprobs: int | None = Field(None, ge=0, le=20)
     skip_special_tokens: bool = True
+    #: retention class of the request's KV in a store that keeps it (the `kv-store` policy's
+    #: ``retention`` names them: "agent", "chat" by default); None: that policy's default
+    kv_retention: str | None = Field(None, min_length=1, max_length=64)
 
     @field_validator("stop", mode="before")
     @classmethod

@@ -242,7 +242,7 @@ class Serving:
                                   "ignore_eos": req.ignore_eos, "min_tokens": req.min_tokens,
                                   "stop": req.stop, "skip_special_tokens": req.skip_special_tokens,
                                   "include_stop_str_in_output": req.include_stop_str_in_output,
-                                  "seed": req.seed}
+                                  "seed": req.seed, "kv_retention": req.kv_retention}
         for name in ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
                      "repetition_penalty", "stop_token_ids"):
             value = getattr(req, name)
