@@ -170,3 +170,16 @@ def test_unknown_default_retention_is_refused(model_dir, tmp_path):
     with pytest.raises((PluginError, ValueError), match="default_retention"):
         LLM(model_dir, dtype="float32", plugins=["kv-store"], progress=False,
             plugin_options={"kv-store": {"directory": str(tmp_path), "default_retention": "forever"}})
+
+
+@pytest.mark.parametrize("plugins, why", [
+    (["kv-store", "prefix-cache"], "plugins 'kv-store' and 'prefix-cache' contradict each other"),
+    (["kv-store", "no-cache"], "plugins 'kv-store' and 'no-cache' contradict each other"),
+    (["prefix-cache", "swa-replay", "kv-store"], "plugins 'kv-store' and 'prefix-cache' contradict each other"),
+])
+def test_kv_store_replaces_prefix_cache_and_is_refused_beside_it(plugins, why):
+    from deepinfer.core.config import EngineConfig
+    from deepinfer.plugins.selection import select
+
+    with pytest.raises(PluginError, match=why):
+        select(EngineConfig(plugins=plugins))
