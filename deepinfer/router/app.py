@@ -24,7 +24,7 @@ class Router:
 
     def __init__(self, urls: Sequence[str], policy: str = "cache-aware", threshold: int = 4,
                  chunk_chars: int = 64, timeout: float = 600.0,
-                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+                 transport: httpx.AsyncBaseTransport | None = None, prefill: Sequence[str] = ()) -> None:
         if not urls:
             raise ValueError("the router needs at least one instance URL (--instances URL,URL,...)")
         if policy not in POLICIES:
@@ -34,11 +34,34 @@ class Router:
         self.routed = [0] * len(self.urls)
         self.policy = POLICIES[policy](len(self.urls), threshold=threshold)
         self.chunk_chars = chunk_chars
+        # disaggregated: ``urls`` are decode instances, each request first prefilled on one of these
+        self.prefill_urls = [u.rstrip("/") for u in prefill]
+        self.prefill_loads = [0] * len(self.prefill_urls)
+        self.prefill_policy = POLICIES[policy](len(self.prefill_urls), threshold=threshold) if prefill else None
         self.client = httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=10.0), transport=transport)
 
     def choose(self, body: object) -> int:
-        chain = prefix_chain(body, self.chunk_chars) if isinstance(body, dict) else []
-        return self.policy.choose(chain, self.loads)
+        return self.policy.choose(self._chain(body), self.loads)
+
+    def _chain(self, body: object) -> list[bytes]:
+        return prefix_chain(body, self.chunk_chars) if isinstance(body, dict) else []
+
+    async def prefill(self, body: dict, path: str, headers: dict[str, str]) -> Response | None:
+        """Have a prefill instance compute the prompt's KV (into the store the decode instances read);
+        None when done, else the error reply."""
+        i = self.prefill_policy.choose(self._chain(body), self.prefill_loads)
+        one = {k: v for k, v in body.items() if k not in ("stream", "stream_options", "max_completion_tokens")}
+        one.update(max_tokens=1, min_tokens=0, n=1)
+        self.prefill_loads[i] += 1
+        try:
+            r = await self.client.post(self.prefill_urls[i] + path, json=one, headers=headers)
+        except httpx.HTTPError as e:
+            return _error(502, f"prefill instance {self.prefill_urls[i]} failed: {type(e).__name__}: {e}")
+        finally:
+            self.prefill_loads[i] -= 1
+        if r.status_code != 200:
+            return Response(r.content, r.status_code, media_type=r.headers.get("content-type"))
+        return None
 
     async def forward(self, request: Request, path: str) -> Response:
         raw = await request.body()
@@ -46,8 +69,12 @@ class Router:
             body = json.loads(raw)
         except ValueError:
             return _error(400, "the request body is not JSON")
-        i = self.choose(body)
         headers = {k: v for k, v in request.headers.items() if k.lower() in RELAYED_HEADERS}
+        if self.prefill_policy is not None and isinstance(body, dict):
+            failed = await self.prefill(body, path, headers)
+            if failed is not None:
+                return failed
+        i = self.choose(body)
         upstream = self.client.build_request("POST", self.urls[i] + path, content=raw, headers=headers)
         self.loads[i] += 1
         self.routed[i] += 1
@@ -116,7 +143,7 @@ def build_app(router: Router) -> FastAPI:
 
     @app.get("/health")
     async def health() -> dict:
-        return {"instances": router.urls, "in_flight": router.loads}
+        return {"instances": router.urls, "in_flight": router.loads, "prefill": router.prefill_urls}
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:

@@ -9,7 +9,10 @@ from deepinfer.router.policy import POLICIES
 def add_router_parser(sub) -> None:
     p = sub.add_parser("router", help="one entry point in front of several deepinfer serve instances",
                        description="Route OpenAI requests to the instance most likely to hold their prefix.")
-    p.add_argument("--instances", required=True, help="comma-separated base URLs (http://host:port)")
+    p.add_argument("--instances", default=None, help="comma-separated base URLs (http://host:port) of colocated "
+                   "instances")
+    p.add_argument("--prefill", default=None, help="disaggregated: the prefill instances' URLs (--role prefill)")
+    p.add_argument("--decode", default=None, help="disaggregated: the decode instances' URLs (--role decode)")
     p.add_argument("--policy", default="cache-aware", choices=list(POLICIES),
                    help="cache-aware (default), or round-robin to compare against")
     p.add_argument("--threshold", type=int, default=4,
@@ -28,7 +31,13 @@ def run_router(args: argparse.Namespace) -> int:
 
     from deepinfer.router.app import Router, build_app
 
-    urls = [u for u in args.instances.split(",") if u.strip()]
-    router = Router(urls, args.policy, args.threshold, args.chunk_chars, args.timeout)
+    def split(text: str | None) -> list[str]:
+        return [u.strip() for u in (text or "").split(",") if u.strip()]
+
+    if bool(args.instances) == bool(args.prefill or args.decode) or bool(args.prefill) != bool(args.decode):
+        raise ValueError("give --instances URL,... (colocated) or both --prefill URL,... and --decode URL,... "
+                         "(disaggregated)")
+    urls = split(args.instances) or split(args.decode)
+    router = Router(urls, args.policy, args.threshold, args.chunk_chars, args.timeout, prefill=split(args.prefill))
     uvicorn.run(build_app(router), host=args.host, port=args.port, log_level=args.log_level)
     return 0

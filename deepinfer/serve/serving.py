@@ -140,6 +140,7 @@ class Serving:
         self.max_in_flight_seqs = max_in_flight_seqs
         self.in_flight_seqs = 0
         self.draining = False
+        self.prefill_only = False  # deepinfer serve --role prefill: every request answers one token
         self._token_str: dict[int, str] = {}
         self.template_roles: dict[str, bool] = {}  # whether the chat template renders each role
 
@@ -226,6 +227,8 @@ class Serving:
                            "prompt", param=param, code="context_length_exceeded")
 
     def max_tokens(self, requested: int | None, prompt_len: int, param: str) -> int:
+        if self.prefill_only:  # a prefill instance: the prompt's KV and its first token
+            requested = 1 if requested != 0 else 0
         room = self.max_model_len - prompt_len
         if requested is None:
             return room

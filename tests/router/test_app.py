@@ -15,12 +15,17 @@ from deepinfer.router.app import Router, build_app
 URLS = ["http://a:1", "http://b:2", "http://c:3"]
 
 
+SEEN: dict[str, list[dict]] = {}
+
+
 def _instance(name: str) -> FastAPI:
     app = FastAPI()
+    SEEN[name] = []
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
         body = await request.json()
+        SEEN[name].append(body)
         text = f"{name}:{len(body['messages'])}"
         if body.get("stream"):
             async def events():
@@ -104,4 +109,26 @@ def test_an_unreachable_instance_is_a_502_naming_it():
         assert router.loads == [0, 0, 0]
         r = await client.post("/v1/chat/completions", content=b"{not json")
         assert r.status_code == 400
+    _run(go())
+
+
+def test_disaggregated_requests_are_prefilled_then_continued_on_a_decode_instance():
+    async def go():
+        fleet = Fleet()
+        router = Router(URLS[1:], transport=fleet, chunk_chars=16, prefill=URLS[:1])
+        client = httpx.AsyncClient(transport=httpx.ASGITransport(build_app(router)), base_url="http://router")
+        body = {"model": "m", "messages": _conv(0, 1), "stream": True, "max_tokens": 50, "min_tokens": 5,
+                "stream_options": {"include_usage": True}}
+        async with client.stream("POST", "/v1/chat/completions", json=body) as s:
+            text = "".join([c async for c in s.aiter_text()])
+        decode = "bc"[int(s.headers["x-deepinfer-instance"])]
+        assert text.endswith("data: [DONE]\n\n")
+        first = SEEN["a"][-1]
+        assert first["max_tokens"] == 1 and first["min_tokens"] == 0 and "stream" not in first
+        assert first["messages"] == body["messages"] and SEEN[decode][-1] == body
+        fleet.down = {"a"}  # a prefill instance down: a 502 naming it, and no decode instance asked
+        asked = len(SEEN["b"]) + len(SEEN["c"])
+        r = await client.post("/v1/chat/completions", json=body)
+        assert r.status_code == 502 and "prefill instance http://a:1 failed" in r.json()["error"]["message"]
+        assert len(SEEN["b"]) + len(SEEN["c"]) == asked and router.loads == [0, 0] == router.prefill_loads + [0]
     _run(go())

@@ -43,6 +43,7 @@ class KVStoreOptions(PrefixCacheOptions):
     default_retention: str = "chat"  # for requests without kv_retention or with a class not listed
     fsync: bool = True  # each block file is synced before its rename
     model_id: str | None = None  # the model's identity in keys; default: a hash of config and weight files
+    durable_finish: bool = False  # a request finishes only once its blocks are written (a prefill instance)
 
     @model_validator(mode="after")
     def _default_listed(self) -> KVStoreOptions:
@@ -112,6 +113,11 @@ class KVStore(PrefixCache):
         if self.io is not None:
             self.io.close()
             self.io = None
+
+    @hookimpl
+    def deepinfer_request_finished(self) -> None:
+        if self.options.durable_finish and self.io is not None:
+            self.io.flush()  # (before its output leaves the engine: a decode instance finds every block)
 
     def flush(self) -> None:
         """Wait until every block computed so far is in its tiers."""
