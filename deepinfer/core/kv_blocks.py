@@ -45,19 +45,27 @@ class KVBlocks:
             return None
         return cls(views, device)
 
+    def _ids(self, block_ids: Sequence[int]) -> torch.Tensor:
+        ids = torch.tensor(list(block_ids), dtype=torch.long)
+        if self.device.type == "cpu":
+            return ids
+        return ids.pin_memory().to(self.device, non_blocking=True)  # (a pageable copy would wait for the step)
+
     def read(self, block_ids: Sequence[int]) -> tuple[torch.Tensor, Callable[[], None]]:
         """The blocks' bytes as a host tensor [n, bytes_per_block] uint8, and a call that waits until
         the copy is done (queued behind the device's work, so a step still running is written first)."""
-        ids = torch.tensor(list(block_ids), dtype=torch.long, device=self.device)
+        ids = self._ids(block_ids)
         on_host = self.device.type == "cpu"
-        out = torch.empty(len(block_ids), self.bytes_per_block, dtype=torch.uint8, pin_memory=not on_host)
+        gathered = torch.empty(len(block_ids), self.bytes_per_block, dtype=torch.uint8, device=self.device)
         col = 0
         for (view, d), size in zip(self._views, self._sizes, strict=True):
             rows = view.index_select(d, ids).movedim(d, 0).contiguous()
-            out[:, col:col + size].copy_(rows.view(len(block_ids), -1).view(torch.uint8), non_blocking=not on_host)
+            gathered[:, col:col + size] = rows.view(len(block_ids), -1).view(torch.uint8)
             col += size
         if on_host:
-            return out, lambda: None
+            return gathered, lambda: None
+        out = torch.empty(gathered.shape, dtype=torch.uint8, pin_memory=True)
+        out.copy_(gathered, non_blocking=True)  # one copy, queued behind the step
         event = torch.Event(device=self.device)
         event.record()
         return out, event.synchronize
@@ -65,8 +73,9 @@ class KVBlocks:
     def write(self, block_ids: Sequence[int], rows: torch.Tensor) -> None:
         """Put ``rows`` ([n, bytes_per_block] uint8, as ``read`` gave them) into the blocks, queued on
         the device before any later step."""
-        ids = torch.tensor(list(block_ids), dtype=torch.long, device=self.device)
-        rows = rows.to(self.device, non_blocking=True)
+        ids = self._ids(block_ids)
+        if self.device.type != "cpu":
+            rows = rows.pin_memory().to(self.device, non_blocking=True)
         col = 0
         for (view, d), size in zip(self._views, self._sizes, strict=True):
             part = rows[:, col:col + size].contiguous().view(view.dtype)
