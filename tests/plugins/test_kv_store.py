@@ -183,3 +183,18 @@ def test_kv_store_replaces_prefix_cache_and_is_refused_beside_it(plugins, why):
 
     with pytest.raises(PluginError, match=why):
         select(EngineConfig(plugins=plugins))
+
+
+@pytest.mark.slow
+def test_a_host_tier_smaller_than_a_prompt_still_finishes_with_the_same_text(model_dir, ref, tmp_path):
+    prompt = list(range(10, 50))  # 9 blocks before the last token; the host tier holds 2
+    want = _run(ref, [prompt])
+    first = _llm(model_dir, str(tmp_path))
+    assert _run(first, [prompt]) == want
+    _stop(first)
+    opts = {"kv-store": {"directory": str(tmp_path), "fsync": False, "host_bytes": 2 * 2048}}
+    second = LLM(model_dir, dtype="float32", block_size=4, plugins=["kv-store"], plugin_options=opts, progress=False)
+    assert second.engine.kv.policies[0].ctx.kv_blocks.bytes_per_block == 2048
+    assert _run(second, [prompt]) == want  # prefetched once, evicted by its own blocks: computed instead
+    assert second.get_metrics()["deepinfer:kv_store_host_evictions"] > 0
+    _stop(second)

@@ -145,11 +145,12 @@ class KVStore(PrefixCache):
         fut: Future | None = state.get("prefetch")
         if fut is None and self.io.disk is not None and entries[0][0] not in self.io.host \
                 and entries[0][0] in self.io.disk:
-            state["prefetch"] = self.io.prefetch(entries)  # held back until its blocks are in host memory
+            # held back until its blocks are in host memory; once a request (a host tier too small
+            # for them would otherwise send it back to the disk at every admission)
+            state["prefetch"] = self.io.prefetch(entries)
             return PrefixMatch(m.blocks, m.num_tokens, True)
         if fut is not None and not fut.done():
             return PrefixMatch(m.blocks, m.num_tokens, True)
-        state.pop("prefetch", None)
         rows = []
         for key, tokens, _ in entries:
             row = self.io.host.get(key, tokens)
