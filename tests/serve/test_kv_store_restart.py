@@ -25,9 +25,11 @@ def _turns(server: ServerProcess, texts: list[str], rng: random.Random, offline:
     client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="none", max_retries=0, timeout=60)
     h0, q0 = _hit_counts(server)
     out = []
-    for text in texts:
+    for i, text in enumerate(texts):
         prompt = text + " " + " ".join(rng.choice(WORDS) for _ in range(12))
-        got = client.completions.create(model="tiny", prompt=prompt, max_tokens=8, temperature=0).choices[0].text
+        extra = {"kv_retention": "agent"} if i == 0 else {}  # the first conversation an agent's
+        got = client.completions.create(model="tiny", prompt=prompt, max_tokens=8, temperature=0,
+                                        extra_body=extra).choices[0].text
         want = offline.generate(prompt, SamplingParams(max_tokens=8, temperature=0), use_tqdm=False)[0].outputs[0].text
         assert got == want
         out.append(prompt + got)
@@ -51,3 +53,5 @@ def test_hit_rate_survives_a_restart(tiny_model, offline, tmp_path):
     server.stop()
     assert before > 0 and after >= 0.9 * before, (before, after)
     assert m["deepinfer:kv_store_disk_hits_total"] > 0 and m["deepinfer:kv_store_disk_corrupt_total"] == 0
+    classes = {p.parent.parent.name for p in tmp_path.rglob("*.kvb")}
+    assert classes == {"agent", "chat"}
