@@ -5,7 +5,7 @@
 #
 # On a CUDA machine the GPU commands run (device DEVICE, default sm90); elsewhere the CPU ones.
 # Names: ceilings latency idle throughput prefill prefix spec swa kernels deepseek deepseek_model (GPU);
-#        latency throughput prefix spec swa serve (CPU).
+#        latency throughput prefix spec swa serve router (CPU).
 set -u
 OUT=${1:?usage: bash benchmarks/suite.sh OUT [NAME ...]}
 shift
@@ -92,6 +92,7 @@ cpu_serve() {
   run serve $BENCH serve --concurrency 64 --num-prompts 128 --input-len 128 --output-len 128 --offline \
     --offline-threads 1
 }
+cpu_router() { run router $BENCH router --instances 4 --conversations 24 --turns 4 --concurrency 8; }
 
 if [ $# -eq 0 ]; then
   set -- $(declare -F | awk '{print $3}' | grep "^${KIND}_" | sed "s/^${KIND}_//")

@@ -14,6 +14,7 @@ from deepinfer.core.config import EngineConfig
 from deepinfer.core.context import EngineContext
 from deepinfer.core.engine import LLMEngine
 from deepinfer.core.graphs import default_batch_sizes, default_prefill_sizes, usable_prefill_sizes
+from deepinfer.core.kv_blocks import KVBlocks
 from deepinfer.core.kv_groups import build_kv_cache, kv_group_specs, windowed_policy
 from deepinfer.core.kv_manager import KVCacheManager
 from deepinfer.core.loader import load_model, resolve_dtype
@@ -262,6 +263,8 @@ def _assemble(config: EngineConfig, sel: Selection, mcfg, registry: ModelRegistr
     pm.hook.deepinfer_model_loaded(model=model)  # (rank 0's: hook plugins run with the engine)
     config = ctx.config
     ctx.kv = kv
+    full = [c for s, c in zip(ctx.layers, kv_caches, strict=True) if s.kv_group == 0]
+    ctx.kv_blocks = KVBlocks.of(full, kv.pool.num_blocks, config.block_size, device.torch_device)
     sched_name = sel.one("scheduler").name
     scheduler = sel.classes[sched_name](sel.options[sched_name], ctx)
     ctx.dtype = dtype

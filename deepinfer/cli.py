@@ -126,6 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.set_defaults(func=cmd_generate)
 
     from deepinfer.bench.command import add_bench_parser
+    from deepinfer.router.command import add_router_parser
     from deepinfer.serve.command import add_serve_parser
     from deepinfer.tools.command import add_train_parser
 
@@ -133,6 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.choices["serve"]
     serve.set_defaults(func=_checked_first(serve.get_default("func")))
     add_bench_parser(sub, add_engine_args, engine_overrides)
+    add_router_parser(sub)
     add_train_parser(sub)
     _add_debug_everywhere(sub)
     return parser

@@ -46,6 +46,7 @@ def add_bench_parser(sub, add_engine_args, engine_overrides) -> None:
         b.set_defaults(func=lambda a, _ov=engine_overrides: run_bench(a, _ov(a)))
     from deepinfer.bench.prefill import add_prefill_parser
     from deepinfer.bench.prefix import add_prefix_parser
+    from deepinfer.bench.router import add_router_bench_parser
     from deepinfer.bench.spec import add_spec_parser
     from deepinfer.bench.swa import add_swa_parser
 
@@ -53,6 +54,7 @@ def add_bench_parser(sub, add_engine_args, engine_overrides) -> None:
     add_prefix_parser(bsub, add_engine_args, engine_overrides)
     add_spec_parser(bsub, add_engine_args, engine_overrides)
     add_swa_parser(bsub, add_engine_args, engine_overrides)
+    add_router_bench_parser(bsub)
     try:
         from deepinfer.bench.serve import add_bench_serve_parser
     except ImportError:

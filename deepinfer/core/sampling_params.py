@@ -65,6 +65,9 @@ class SamplingParams(BaseModel):
     #: constrain the output to a grammar (xgrammar): the sampler masks every token the grammar
     #: forbids, and the request ends once the grammar is complete
     structured_outputs: StructuredOutputsParams | None = None
+    #: retention class of the request's KV in a store that keeps it (the `kv-store` policy's
+    #: ``retention`` names them: "agent", "chat" by default); None: that policy's default
+    kv_retention: str | None = Field(None, min_length=1, max_length=64)
 
     @field_validator("stop", mode="before")
     @classmethod

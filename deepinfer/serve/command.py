@@ -49,6 +49,10 @@ def configure_parser(p: argparse.ArgumentParser, add_engine_args: Callable, engi
                    help="torch threads of the engine process on a CPU device (default: $OMP_NUM_THREADS, "
                         "else every core but one, left to HTTP handling)")
     p.add_argument("--engine-start-timeout", type=float, default=900.0)
+    p.add_argument("--role", default="both", choices=["both", "prefill", "decode"],
+                   help="prefill: compute prompts' KV into the kv-store directory and answer one token; decode: "
+                        "continue requests whose prompt KV a prefill instance stored there (both need --plugins "
+                        "kv-store with a directory shared by the two; the router pairs them)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     p.add_argument("--access-log", action="store_true", help="log every HTTP request")
     p.add_argument("--reasoning-parser", default=None,

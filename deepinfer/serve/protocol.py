@@ -119,6 +119,7 @@ class SamplingFields(BaseModel):
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     cache_salt: str | None = Field(None, min_length=1, max_length=256)
+    kv_retention: str | None = Field(None, min_length=1, max_length=64)  # a KV store's retention class
     prompt_logprobs: int | None = Field(None, ge=0, le=20)  # vLLM's extension
     user: str | None = None
     logit_bias: dict[str, float] | None = None

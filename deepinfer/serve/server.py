@@ -49,6 +49,22 @@ def port_in_use(host: str, port: int) -> str | None:
     return None
 
 
+def with_role(config: Any, role: str) -> Any:
+    """The config of a prefill or decode instance: both hand KV over through the kv-store
+    directory; a prefill instance finishes a request only once its blocks are written there."""
+    if role == "both":
+        return config
+    options = config.plugin_options.get("kv-store") or {}
+    if "kv-store" not in config.plugins or not options.get("directory"):
+        raise ValueError(f"--role {role} hands KV over through the kv-store policy's directory: add --plugins "
+                         "kv-store and --plugin-options '{\"kv-store\": {\"directory\": \"/shared/dir\"}}' "
+                         "(the same directory on the prefill and the decode instances)")
+    if role == "decode":
+        return config
+    return config.model_copy(update={"plugin_options": {
+        **config.plugin_options, "kv-store": {**options, "durable_finish": True}}})
+
+
 def run_serve(args: argparse.Namespace, engine_overrides: Callable) -> int:
     from deepinfer.core.config import build_config
     from deepinfer.core.tokenizer import Tokenizer
@@ -59,7 +75,7 @@ def run_serve(args: argparse.Namespace, engine_overrides: Callable) -> int:
     from deepinfer.serve.parsers import REASONING_GROUP, TOOL_GROUP, load_parser
     from deepinfer.serve.serving import RequestLimits, Serving
 
-    config = build_config(args.config_file, engine_overrides(args))
+    config = with_role(build_config(args.config_file, engine_overrides(args)), getattr(args, "role", "both"))
     if config.tensor_parallel_size > 1 and os.environ.get("RANK", "0") != "0" and "WORLD_SIZE" in os.environ:
         # a launcher's rank other than 0: no HTTP server, only this rank's shard, serving rank 0 (the
         # engine process of rank 0's server) until it stops; then this process exits 0
@@ -110,6 +126,7 @@ def run_serve(args: argparse.Namespace, engine_overrides: Callable) -> int:
         serving = Serving(client, tokenizer, model_names(config, info), metrics,
                           max_in_flight_seqs=config.max_num_seqs + config.max_waiting_requests, limits=limits)
         serving.reasoning_parser, serving.tool_parser = reasoning_parser, tool_parser
+        serving.prefill_only = getattr(args, "role", "both") == "prefill"
         settings = ServerSettings(api_key=api_key, max_body_bytes=args.max_body_bytes)
         app = build_app(client, serving, metrics, settings)
         # uvicorn cancels what outlasts its own timeout; the server ends those requests itself at the

@@ -145,6 +145,7 @@ class Serving:
         self.max_in_flight_seqs = max_in_flight_seqs
         self.in_flight_seqs = 0
         self.draining = False
+        self.prefill_only = False  # deepinfer serve --role prefill: every request answers one token
         self._token_str: dict[int, str] = {}
         self.template_roles: dict[str, bool] = {}  # whether the chat template renders each role
 
@@ -231,6 +232,8 @@ class Serving:
                            "prompt", param=param, code="context_length_exceeded")
 
     def max_tokens(self, requested: int | None, prompt_len: int, param: str) -> int:
+        if self.prefill_only:  # a prefill instance: the prompt's KV and its first token
+            requested = 1 if requested != 0 else 0
         room = self.max_model_len - prompt_len
         if requested is None:
             return room
@@ -247,7 +250,8 @@ class Serving:
                                   "ignore_eos": req.ignore_eos, "min_tokens": req.min_tokens,
                                   "stop": req.stop, "skip_special_tokens": req.skip_special_tokens,
                                   "include_stop_str_in_output": req.include_stop_str_in_output,
-                                  "seed": req.seed, "structured_outputs": structured_outputs(req)}
+                                  "seed": req.seed, "structured_outputs": structured_outputs(req),
+                                  "kv_retention": req.kv_retention}
         for name in ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
                      "repetition_penalty", "stop_token_ids"):
             value = getattr(req, name)

@@ -1,0 +1,1 @@
+"""`deepinfer router`: one OpenAI-compatible entry point in front of N deepinfer instances."""
