@@ -32,15 +32,14 @@ def _offline() -> bool:
 
 
 def resolve_model(name: str, revision: str | None = None) -> str:
-    """The directory of the model ``name``: ``name`` itself when it is a directory, else the Hub
-    snapshot of the repository ``name`` at ``revision`` (ModelConfigError saying what to do when
-    it is neither a directory nor a repository that can be had)."""
+    """The directory of the model ``name``: ``name`` itself when it is a directory or cannot be a
+    Hub id (reading its config then says what is wrong with it), else the Hub snapshot of the
+    repository ``name`` at ``revision`` (ModelConfigError saying what to do when it cannot be had)."""
     path = Path(name).expanduser()
     if path.is_dir():
         return str(path)
-    if not _REPO_ID.match(name):
-        raise ModelConfigError(f"model {name!r} is not a directory, nor a Hugging Face Hub id (org/name); "
-                               "give a model directory or a Hub id")
+    if not _REPO_ID.match(name):  # (a path: reading its config says what is wrong with it)
+        return str(path)
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import (
         GatedRepoError,

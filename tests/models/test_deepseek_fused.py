@@ -19,21 +19,13 @@ CHILD = """
 import json, sys
 import deepinfer_kernels
 from deepinfer import LLM, SamplingParams
+from tests.counting_ops import CountingOps
 batch = [{"prompt_token_ids": p} for p in ([5, 6, 7], list(range(10, 30)))]
 one = [{"prompt_token_ids": [9]}]  # a one-token prompt: every step is single-token, prefill included
 params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, prompt_logprobs=0)
-class Counting:
-    def __init__(self, ops):
-        self.ops, self.calls = ops, {}
-    def __getattr__(self, name):
-        fn = getattr(self.ops, name)
-        def counted(*args, **kwargs):
-            self.calls[name] = self.calls.get(name, 0) + 1
-            return fn(*args, **kwargs)
-        return counted
 out = {}
 for name, prompts in (("batch", batch), ("one", one)):
-    ops = Counting(deepinfer_kernels)
+    ops = CountingOps(deepinfer_kernels)
     for fused in (False, True):
         llm = LLM(sys.argv[1], dtype="float32", block_size=4, progress=False)
         if fused:  # as the builder wires a device's fused ops

@@ -21,27 +21,18 @@ CHILD = """
 import json, sys
 import deepinfer_kernels
 from deepinfer import LLM, SamplingParams
+from tests.counting_ops import CountingOps
 path = sys.argv[1]
 batch = [{"prompt_token_ids": p} for p in ([5, 6, 7], list(range(10, 40)))]
 one = [{"prompt_token_ids": [9]}]  # a one-token prompt: every step is single-token, prefill included
 params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, prompt_logprobs=0)
-class Counting:
-    def __init__(self, ops):
-        self.ops, self.calls = ops, {}
-    def __getattr__(self, name):
-        fn = getattr(self.ops, name)
-        def counted(*args, **kwargs):
-            key = name + "+kv_cache" if kwargs.get("kv_cache") is not None else name
-            self.calls[key] = self.calls.get(key, 0) + 1
-            return fn(*args, **kwargs)
-        return counted
 out = {}
 # "tri": the one-token prompt with the triton backend, whose cache the qkv kernel then writes
 # ("trioff": with that fusion off, the backend writes k and v itself)
 off = {"triton": {"single_token_fusion": False}}
 for name, prompts, plugins, opts in (("batch", batch, [], {}), ("one", one, [], {}), ("tri", one, ["triton"], {}),
                                      ("trioff", one, ["triton"], off)):
-    ops = Counting(deepinfer_kernels)
+    ops = CountingOps(deepinfer_kernels)
     for fused in (False, True) if not name.startswith("tri") else (True,):
         llm = LLM(path, dtype="float32", block_size=4, progress=False, plugins=plugins, plugin_options=opts)
         if fused:  # as the builder wires a device's fused ops

@@ -23,6 +23,7 @@ CHILD = """
 import json, sys
 from deepinfer_kernels import FusedOps
 from deepinfer import LLM, SamplingParams
+from tests.counting_ops import CountingOps, by_name
 rows_module = sys.modules["deepinfer_kernels.gemv_rows"]  # (the package's name gemv_rows is the function)
 path, plugins, max_rows, max_weights = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 if max_weights:
@@ -30,20 +31,9 @@ if max_weights:
 # a 5-token prefill (two prompts) and decode steps of two tokens: all a few rows
 prompts = [{"prompt_token_ids": p} for p in ([5, 6, 7], [9, 10])]
 params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, prompt_logprobs=0)
-class Counting:
-    def __init__(self, ops):
-        self.ops, self.calls = ops, {}
-    def __getattr__(self, name):
-        fn = getattr(self.ops, name)
-        if name not in ("gemv", "gemv_qkv_rotary"):
-            return fn
-        def counted(x, *args, **kwargs):
-            key = name + ("+kv_cache" if kwargs.get("kv_cache") is not None else "") + f" x{x.shape[0]}"
-            self.calls[key] = self.calls.get(key, 0) + 1
-            return fn(x, *args, **kwargs)
-        return counted
 out = {}
-ops = Counting(FusedOps(gemv_rows=max_rows))
+ops = CountingOps(FusedOps(gemv_rows=max_rows), only=("gemv", "gemv_qkv_rotary"),
+                 key=lambda name, args, kwargs: by_name(name, args, kwargs) + f" x{args[0].shape[0]}")
 for fused in (False, True):
     llm = LLM(path, dtype="float32", block_size=4, progress=False, plugins=plugins)
     if fused:  # as the builder wires a device's fused ops

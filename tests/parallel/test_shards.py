@@ -68,10 +68,14 @@ def test_a_deepseek_rank_holds_its_heads_and_expert_columns_from_stacked_experts
     state = hf.state_dict()
     assert any(name.endswith("experts.gate_up_proj") for name in state)  # (the stacked layout is exercised)
     attn, ref = model.model.layers[1].self_attn, hf.model.layers[1].self_attn
-    assert torch.equal(attn.q_b_proj.weight, ref.q_b_proj.weight[2 * 24:])      # heads 2, 3 of 4 (24 rows a head)
+    # (the rows of q_b_proj and kv_a_proj that make rope dims are reordered at load, within each head:
+    # those two against the single-process model's)
+    whole = _rank_model(tmp_path, 0, 1).model.layers[1].self_attn
+    assert not torch.equal(whole.q_b_proj.weight, ref.q_b_proj.weight)          # (reordered indeed)
+    assert torch.equal(attn.q_b_proj.weight, whole.q_b_proj.weight[2 * 24:])    # heads 2, 3 of 4 (24 rows a head)
     assert torch.equal(attn.kv_b_proj.weight, ref.kv_b_proj.weight[2 * 32:])    # (16 + 16 rows a head)
     assert torch.equal(attn.o_proj.weight, ref.o_proj.weight[:, 2 * 16:])
-    assert torch.equal(attn.kv_a_proj_with_mqa.weight, ref.kv_a_proj_with_mqa.weight)
+    assert torch.equal(attn.kv_a_proj_with_mqa.weight, whole.kv_a_proj_with_mqa.weight)
     with building(TensorParallel(1, 2)):
         stacked = type(model)(model.config, _NoAttention())
     stacked.to_empty(device="cpu")
