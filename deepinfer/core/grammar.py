@@ -187,3 +187,18 @@ def mask_rows(logits: torch.Tensor, requests: Sequence[Request]) -> None:
     for i, row in enumerate(rows):
         requests[row].grammar.fill(bitmask, i)
     apply_bitmask(logits, bitmask, rows)
+
+
+def mask_drafts(logits: torch.Tensor, verifying: Sequence[tuple[Request, list[int], int]]) -> None:
+    """Mask, in place, the verification logits (each request's rows one after the other: its drafts'
+    places and the one after the last) of the requests that follow a grammar, from their grammar
+    states advanced through the drafts (``GrammarState.fill_drafts``)."""
+    bitmask = new_bitmask(len(logits), logits.shape[-1])
+    at = 0
+    for r, drafts, _ in verifying:
+        if r.grammar is not None:
+            if r.draft is not None and r.draft.source is not None:  # (the values of drafts still on the device)
+                drafts = r.draft.source.resolve(drafts)
+            r.grammar.fill_drafts(bitmask, at, drafts)
+        at += len(drafts) + 1
+    apply_bitmask(logits, bitmask)

@@ -10,7 +10,7 @@ import torch
 
 from deepinfer.core.capabilities import HandlesSingleRuns
 from deepinfer.core.eager_batch import build_step_batch
-from deepinfer.core.grammar import apply_bitmask, new_bitmask
+from deepinfer.core.grammar import mask_drafts
 from deepinfer.core.graphs import DecodeGraphs, PrefillGraphs
 from deepinfer.core.host_copy import HostCopy
 from deepinfer.core.interfaces import AttentionBackend, DeviceGraphs, SchedulerOutput
@@ -41,21 +41,6 @@ def _take_rows(hidden: torch.Tensor, rows: list[int]) -> torch.Tensor:
         return hidden[first:first + len(rows)]
     index = torch.tensor(rows, dtype=torch.long, pin_memory=hidden.device.type != "cpu")
     return hidden[index.to(hidden.device, non_blocking=True)]
-
-
-def _mask_drafts(logits: torch.Tensor, verifying: list[tuple[Request, list[int], int]]) -> None:
-    """Mask, in place, the verification logits (each request's rows one after the other: its drafts'
-    places and the one after the last) of the requests that follow a grammar, from their grammar
-    states advanced through the drafts (``GrammarState.fill_drafts``)."""
-    bitmask = new_bitmask(len(logits), logits.shape[-1])
-    at = 0
-    for r, drafts, _ in verifying:
-        if r.grammar is not None:
-            if r.draft is not None and r.draft.source is not None:  # (the values of drafts still on the device)
-                drafts = r.draft.source.resolve(drafts)
-            r.grammar.fill_drafts(bitmask, at, drafts)
-        at += len(drafts) + 1
-    apply_bitmask(logits, bitmask)
 
 
 def _one_source(current: torch.Tensor | None, new: torch.Tensor) -> torch.Tensor:
@@ -350,7 +335,7 @@ class ModelRunner:
                                                          for r, _, _ in verifying)
         logits = None if plain else self._logits(_take_rows(hidden, index))  # (head: greedy_head's)
         if grammar:  # a draft its grammar forbids gets probability 0: it is rejected
-            _mask_drafts(logits, verifying)
+            mask_drafts(logits, verifying)
         # greedy argmaxes in one kernel and copy; a drafter may queue work behind them (on_verified)
         best = None
         if any(r.params.greedy for r, _, _ in verifying):

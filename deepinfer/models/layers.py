@@ -160,11 +160,11 @@ class GatedMLP(nn.Module):
     def forward(self, x: torch.Tensor, add_to: torch.Tensor | None = None) -> torch.Tensor:
         """The MLP of x; with ``add_to``, ``add_to`` + it (for a step of one token on a device with a
         GEMV, added into ``add_to`` in place by the down projection's kernel)."""
-        if add_to is not None and (gemv := one_token_gemv(self.fused_ops, x, self.gate_up_proj, self.down_proj)) \
-                is not None and add_to.is_contiguous():
-            return gemv(gemv(x, self.gate_up_proj.weight, silu_mul=True), self.down_proj.weight, residual=add_to)
         if add_to is not None:
-            return add_to + self.forward(x)
+            gemv = one_token_gemv(self.fused_ops, x, self.gate_up_proj, self.down_proj)
+            if gemv is None or not add_to.is_contiguous():
+                return add_to + self.forward(x)
+            return gemv(gemv(x, self.gate_up_proj.weight, silu_mul=True), self.down_proj.weight, residual=add_to)
         if self.fused_ops is not None:
             return self.down_proj(self.fused_ops.silu_and_mul(self.gate_up_proj(x)))
         gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
