@@ -11,27 +11,26 @@ MLA (DeepSeek) caches one latent row per token instead, [num_slots, 1, D] = [lat
 from __future__ import annotations
 
 import torch
+import triton
 import triton.language as tl
 
 from deepinfer_kernels._launch import kernel, next_pow2
 
 
-@kernel
-def _write_kv_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
+@kernel(do_not_specialize=["num_tokens"])
+def _write_kv_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, num_tokens,
                      stride_kt, stride_kh, stride_vt, stride_vh, stride_cs, stride_ch,
                      NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-                     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
+                     BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
     if PDL:  # launched early (programmatic dependent launch): wait for the previous kernel first
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-    t = tl.program_id(0)
-    slot = tl.load(slot_ptr + t).to(tl.int64)
-    h = tl.arange(0, BLOCK_H)[:, None]
-    d = tl.arange(0, BLOCK_D)[None, :]
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)[:, None, None]  # this program's tokens
+    slot = tl.load(slot_ptr + t, mask=t < num_tokens, other=-1).to(tl.int64)
+    h = tl.arange(0, BLOCK_H)[None, :, None]
+    d = tl.arange(0, BLOCK_D)[None, None, :]
     dst = slot * stride_cs + h * stride_ch + d
-    # the slot test is broadcast to the tile first: the interpreter rejects a scalar in a mask
-    keep = (tl.zeros([BLOCK_H, BLOCK_D], tl.int64) + slot) >= 0
-    mask = (h < NUM_HEADS) & (d < HEAD_DIM) & keep
+    mask = (h < NUM_HEADS) & (d < HEAD_DIM) & (slot >= 0)
     k = tl.load(k_ptr + t * stride_kt + h * stride_kh + d, mask=mask)
     tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
     v = tl.load(v_ptr + t * stride_vt + h * stride_vh + d, mask=mask)
@@ -41,7 +40,9 @@ def _write_kv_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
 def write_kv_cache(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                    slot_mapping: torch.Tensor, pdl: bool = False) -> None:
     """Write k, v [T, kv_heads, head_dim] into the caches [num_slots, kv_heads, head_dim] in place.
-    ``pdl``: launch with programmatic dependent launch (the kernel waits for the previous one)."""
+    ``pdl``: launch with programmatic dependent launch (the kernel waits for the previous one).
+    One token a program on a GPU; off one (the interpreter, whose cost is per program and
+    operation, not per element) up to 64 a program."""
     t, h, d = k.shape
     if v.shape != k.shape or k_cache.shape[1:] != (h, d) or v_cache.shape != k_cache.shape:
         raise ValueError(f"k {tuple(k.shape)} / v {tuple(v.shape)} do not fit the caches "
@@ -55,10 +56,11 @@ def write_kv_cache(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_ca
         k, v = k.contiguous(), v.contiguous()
     if k_cache.stride(-1) != 1 or k_cache.stride() != v_cache.stride():
         raise ValueError("the key and value caches must share strides, with the last dimension contiguous")
-    _write_kv_kernel[(t,)](k, v, k_cache, v_cache, slot_mapping,
-                           k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-                           k_cache.stride(0), k_cache.stride(1),
-                           NUM_HEADS=h, HEAD_DIM=d, BLOCK_H=next_pow2(h), BLOCK_D=next_pow2(d), PDL=pdl)
+    block_t = 1 if k.device.type == "cuda" else min(next_pow2(t), 64)
+    _write_kv_kernel[(triton.cdiv(t, block_t),)](
+        k, v, k_cache, v_cache, slot_mapping, t, k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        k_cache.stride(0), k_cache.stride(1),
+        NUM_HEADS=h, HEAD_DIM=d, BLOCK_T=block_t, BLOCK_H=next_pow2(h), BLOCK_D=next_pow2(d), PDL=pdl)
 
 
 def write_kv_cache_ref(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -104,7 +104,7 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     hold this step's keys/values). query_start_loc [B+1], seq_lens [B], context_lens [B] and
     block_tables [B, max_blocks] are int32. ``skip_single``: leave rows of one-token runs untouched
     in ``out`` (the caller computes them with the decode kernel). Returns [T, H, D] in q's dtype.
-    ``block_m`` / ``block_n`` (query rows / keys a tile; default 64 on a GPU, 16 in the interpreter),
+    ``block_m`` / ``block_n`` (query rows / keys a tile; default 64),
     ``num_warps`` and ``num_stages`` tune the kernel."""
     t, h, d = q.shape
     b = seq_lens.shape[0]
@@ -127,9 +127,8 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         q = q.contiguous()
     if max_query_len is None:
         max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max())
-    on_gpu = q.device.type == "cuda"
-    block_m = block_m or (64 if on_gpu else 16)
-    block_n = block_n or (64 if on_gpu else 16)
+    block_m = block_m or 64
+    block_n = block_n or 64
     grid = (triton.cdiv(max_query_len, block_m), b, h)
     _prefill_kernel[grid](
         q, k_cache, v_cache, out, block_tables, query_start_loc, seq_lens, context_lens, scale * LOG2E,

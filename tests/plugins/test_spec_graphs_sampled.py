@@ -17,7 +17,7 @@ import torch
 
 from tests.interpreter import run_interpreted
 from tests.plugins.test_graphs import EagerGraphs, _prompts
-from tests.plugins.test_spec_graphs import near_draft
+from tests.plugins.test_spec_graphs import SPLIT, near_draft
 
 pytestmark = pytest.mark.slow  # whole engines in the Triton interpreter, in subprocesses
 
@@ -57,8 +57,8 @@ def sampled_both(model_dir: str, graphs_factory, **engine) -> dict:
     # (a tiny random model's distributions are flat: the third request's low temperature is what
     # lets argmax drafts be accepted; it decodes last, alone, with no filter that sorts the logits)
     params = [SamplingParams(temperature=t, top_p=p, seed=s, max_tokens=n, ignore_eos=True)
-              for t, p, s, n in ((0.8, 0.9, 1, 20), (1.0, 0.95, 2, 40), (0.05, 1.0, 3, 24), (0.0, 1.0, 4, 16))]
-    triton = {"triton": {"split_size": 16}}
+              for t, p, s, n in ((0.8, 0.9, 1, 12), (1.0, 0.95, 2, 24), (0.05, 1.0, 3, 14), (0.0, 1.0, 4, 10))]
+    triton = {"triton": {"split_size": SPLIT}}
     loops, propose = DraftLoopGraphs.run_padded, DraftRunner.propose
     counts, kinds = Counter(), set()
 
