@@ -24,15 +24,8 @@ from typing import Any
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from deepinfer.plugins import (
-    AttentionBackend,
-    AttentionLayerSpec,
-    EngineContext,
-    FusedKVWrite,
-    HandlesSingleRuns,
-    PluginError,
-    StepBatch,
-)
+from deepinfer.plugins import AttentionBackend, AttentionLayerSpec, EngineContext, PluginError, StepBatch
+from deepinfer.plugins.capabilities import FusedKVWrite, HandlesSingleRuns
 
 NEEDS = "needs an NVIDIA GPU, or TRITON_INTERPRET=1 to run in the Triton interpreter on CPU"
 

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from deepinfer.plugins import Block, CachePolicy, KVGroupSpec, PluginError, PrefixMatch, Request, SeparatesWindowedKV
+from deepinfer.plugins import Block, CachePolicy, KVGroupSpec, PluginError, PrefixMatch, Request
+from deepinfer.plugins.capabilities import SeparatesWindowedKV
 
 NAME = "swa-replay"
 _SLIDING = ("swa-replay checkpoint",)  # block_hash of sliding-pool blocks some checkpoint keeps

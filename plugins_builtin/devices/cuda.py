@@ -7,7 +7,8 @@ from typing import ClassVar
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from deepinfer.plugins import Device, DeviceGraphs, FusedOps
+from deepinfer.plugins import Device
+from deepinfer.plugins.capabilities import DeviceGraphs, FusedOps
 
 
 class CUDAOptions(BaseModel):

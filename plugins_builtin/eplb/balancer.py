@@ -13,7 +13,8 @@ from __future__ import annotations
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from deepinfer.plugins import CountsExpertLoad, PlacesExperts, PluginError, hookimpl
+from deepinfer.plugins import PluginError, hookimpl
+from deepinfer.plugins.capabilities import CountsExpertLoad, PlacesExperts
 from deepinfer_builtin.eplb.placement import check_sizes, identity_placement, imbalance, rebalance_experts
 
 IMBALANCE = "deepinfer:eplb_imbalance"

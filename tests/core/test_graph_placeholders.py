@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from deepinfer.core.graphs import DecodeGraphs
-from deepinfer.plugins import DeviceGraphs
+from deepinfer.plugins.capabilities import DeviceGraphs
 
 
 class _Replays(DeviceGraphs):

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from deepinfer.plugins import DeviceGraphs
+from deepinfer.plugins.capabilities import DeviceGraphs
 from tests.interpreter import run_interpreted
 
 ROOT = Path(__file__).resolve().parents[2]

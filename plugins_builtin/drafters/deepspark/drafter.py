@@ -61,7 +61,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from deepinfer.plugins import DraftProposal, Request, Rests, SkipsRounds, hookimpl
+from deepinfer.plugins import DraftProposal, Request, hookimpl
+from deepinfer.plugins.capabilities import Rests, SkipsRounds
 from deepinfer_builtin.drafters.deepspark.lookup import LookupDrafts
 from deepinfer_builtin.drafters.deepspark.options import DeepSparkOptions
 from deepinfer_builtin.drafters.deepspark.round_rates import (

@@ -5,7 +5,8 @@ from collections.abc import Callable
 
 import torch
 
-from deepinfer.plugins import DeviceGraphs, EngineContext, Request, SecondModel
+from deepinfer.plugins import EngineContext, Request, SecondModel
+from deepinfer.plugins.capabilities import DeviceGraphs
 from deepinfer_builtin.drafters.draft_model.rounds import ChainedRound, LoopRounds
 from deepinfer_builtin.drafters.draft_model.seq import Draft, DraftSeq, common_prefix, draft_seed
 
