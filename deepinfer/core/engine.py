@@ -5,16 +5,15 @@ from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
-from deepinfer.core.capabilities import SkipsRounds
 from deepinfer.core.context import EngineContext
-from deepinfer.core.expert_load import ExpertLoadGauges
+from deepinfer.core.gauges import EngineGauges
 from deepinfer.core.interfaces import Drafter, Scheduler
 from deepinfer.core.kv_manager import KVCacheManager
 from deepinfer.core.model_runner import ModelRunner, StepInFlight
 from deepinfer.core.request import Request, RequestOutput
 from deepinfer.core.request_table import RequestTable, Touched
 from deepinfer.core.sampling_params import SamplingParams
-from deepinfer.core.speculation import Speculation
+from deepinfer.core.speculation import Speculation, plans_ahead
 from deepinfer.core.tokenizer import Tokenizer
 
 
@@ -50,26 +49,17 @@ class LLMEngine:
         #: report requests after every step (streaming); off, step() returns finished ones only,
         #: sparing a copy of every running request's tokens per step
         self.emit_unfinished = True
-        #: plan step N+1 while step N runs: the scheduler's choice, on a device that runs queued
-        #: work asynchronously, without a drafter (which needs every token on the host) or with
-        #: one that says before each proposal whether it drafts (SkipsRounds); tests set
-        #: it to exercise the overlapped path on the CPU
-        device = ctx.device
-        self.overlap = (scheduler.overlap
-                        and (drafter is None or isinstance(drafter, SkipsRounds) and drafter.skips_rounds)
-                        and (device is None or device.asynchronous))
+        #: plan step N+1 while step N runs (``plans_ahead`` says when; tests set it to exercise the
+        #: overlapped path on the CPU)
+        self.overlap = plans_ahead(scheduler, drafter, ctx.device)
         self.in_flight: StepInFlight | None = None  # the step left running on the device
         #: with a drafter, propose the next step's drafts as soon as a step's tokens are taken, before
-        #: the step's text and outputs are made: a speculative round's device then waits only for
-        #: the host work its drafts depend on. On a device that runs queued work asynchronously
-        #: (elsewhere drafting is done when propose returns, and the outputs would only wait for
-        #: it); tests and benchmarks set it to compare
-        self.early_propose = device is None or device.asynchronous
+        #: its text and outputs are made, so that the drafts' device work runs meanwhile; only where
+        #: the device runs queued work asynchronously (tests and benchmarks set it to compare)
+        self.early_propose = ctx.device is None or ctx.device.asynchronous
         if drafter is not None and self.early_propose:  # (a drafter may queue its next round early)
             runner.on_verified = drafter.on_verified
-        for name in ("kv_cache_usage", "num_requests_running", "num_requests_waiting"):
-            self.metrics.gauge(f"deepinfer:{name}")
-        self.expert_gauges = ExpertLoadGauges.of(getattr(runner, "model", None), self.metrics)
+        self.gauges = EngineGauges(self.metrics, kv, scheduler, getattr(runner, "model", None))
         self.spec = Speculation(drafter, scheduler, self.metrics) if drafter is not None else None
 
     # ---------------------------------------------------------------------------------- requests
@@ -125,7 +115,7 @@ class LLMEngine:
         if self.spec is not None and self.early_propose and flight is not None and self.in_flight is None:
             self.spec.propose_early(self.table.decoding)  # (the next step's drafts, before the outputs)
         outputs = self.table.emit(touched, self.emit_unfinished)
-        self._update_gauges()
+        self.gauges.update()
         return outputs
 
     def _leave_running(self, flight: StepInFlight) -> None:
@@ -164,14 +154,6 @@ class LLMEngine:
         else:
             req.draft = None
 
-    def _update_gauges(self) -> None:
-        m = self.metrics
-        m.set("deepinfer:kv_cache_usage", self.kv.usage)
-        m.set("deepinfer:num_requests_running", self.scheduler.num_running)
-        m.set("deepinfer:num_requests_waiting", self.scheduler.num_waiting)
-
     def get_metrics(self) -> dict[str, float]:
-        self._update_gauges()
-        if self.expert_gauges is not None:
-            self.expert_gauges.update()
+        self.gauges.update(with_experts=True)
         return self.metrics.snapshot()

@@ -12,10 +12,19 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from deepinfer.core.capabilities import Rests, SkipsRounds
-from deepinfer.core.interfaces import Drafter, Scheduler, SchedulerOutput
+from deepinfer.core.interfaces import Device, Drafter, Scheduler, SchedulerOutput
 from deepinfer.core.metrics import Metrics
 from deepinfer.core.model_runner import RunnerOutput
 from deepinfer.core.request import Request
+
+
+def plans_ahead(scheduler: Scheduler, drafter: Drafter | None, device: Device | None) -> bool:
+    """Whether the engine plans step N+1 while step N runs: the scheduler's choice, on a device that
+    runs queued work asynchronously, without a drafter (which needs every token on the host) or with
+    one that says before each proposal whether it drafts (``SkipsRounds``)."""
+    return bool(scheduler.overlap
+                and (drafter is None or isinstance(drafter, SkipsRounds) and drafter.skips_rounds)
+                and (device is None or device.asynchronous))
 
 
 class Speculation:
