@@ -263,6 +263,11 @@ def build_engine(config: EngineConfig, progress: bool = True) -> LLMEngine:
         from deepinfer.parallel.launch import start_ranks
 
         ranks = start_ranks(config, sel, mcfg, registry.resolve(mcfg.architecture))
+    elif config.enable_expert_parallel or config.num_redundant_experts:  # (one rank: checked all the same)
+        from deepinfer.parallel.checks import check_expert_parallel
+
+        check_expert_parallel(config, mcfg, registry.resolve(mcfg.architecture),
+                              [sel.classes[i.name] for i in sel.all("cache_policy")])
     try:
         return _assemble(config, sel, mcfg, registry, model_path, max_model_len, tokenizer, pm, ranks, progress)
     except BaseException as e:

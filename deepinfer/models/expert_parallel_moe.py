@@ -169,8 +169,8 @@ def holds_expert(name: str, slot_experts: list[int]) -> bool:
 
 
 def summed_load(moes: list[ExpertParallelMoE], ep: ExpertParallel) -> torch.Tensor:
-    """Every rank's expert load counters [num_moe_layers, num_logical] added up on rank 0 (on the
-    host there; the other ranks' return value is their own part). Rank 0 announces it first."""
+    """Every rank's expert load counters [num_moe_layers, num_logical] added up on rank 0, on the
+    host (the other ranks' return value is meaningless). Rank 0 announces it first."""
     if ep.announce is not None:
         ep.announce("expert_load")
     load = torch.stack([m.expert_load for m in moes])

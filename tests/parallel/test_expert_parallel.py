@@ -45,6 +45,20 @@ def test_greedy_tokens_equal_the_single_process_engine(engines):
     assert [o.outputs[0].token_ids for o in _generate(ep)] == want
 
 
+def test_greedy_tokens_equal_with_overlap_scheduling(engines, monkeypatch):
+    """Overlap feeds each step's samples, still on rank 0's device, into the next step: every rank
+    gets them with the step (the CPU does not overlap by default; the test turns it on)."""
+    want, _, ep = engines
+    driver = ep.engine.runner.ranks
+    placeholders = []
+    run_step = driver.run_step
+    monkeypatch.setattr(driver, "run_step", lambda requests, seqs, prev, forward: placeholders.append(
+        prev is not None) or run_step(requests, seqs, prev, forward))
+    monkeypatch.setattr(ep.engine, "overlap", True)
+    assert [o.outputs[0].token_ids for o in _generate(ep)] == want
+    assert any(placeholders)  # (steps did take their tokens from the step left running)
+
+
 def test_each_rank_holds_only_its_share_of_the_experts(engines):
     _, _, ep = engines
     moe = ep.engine.runner.model.moe_layers()[0]

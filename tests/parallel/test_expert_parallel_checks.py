@@ -89,3 +89,8 @@ def test_eplb_options_that_disagree_with_the_engine_are_refused(deepseek):
         LLM(deepseek, device="cpu", progress=False, data_parallel_size=2, enable_expert_parallel=True,
             plugins=["eplb"], plugin_options={"eplb": {"num_ranks": 8}})
     assert _no_process_left()
+
+
+def test_expert_parallelism_of_one_rank_is_checked_too(llama):
+    with pytest.raises(ParallelConfigError, match="enable_expert_parallel: LlamaForCausalLM has no routed experts"):
+        LLM(llama, device="cpu", progress=False, enable_expert_parallel=True)
