@@ -17,6 +17,7 @@ from deepinfer.core.graphs import default_batch_sizes, default_prefill_sizes, us
 from deepinfer.core.kv_blocks import KVBlocks
 from deepinfer.core.kv_groups import build_kv_cache, kv_group_specs, windowed_policy
 from deepinfer.core.kv_manager import KVCacheManager
+from deepinfer.core.kv_partitions import PartitionedKV
 from deepinfer.core.loader import load_model, resolve_dtype
 from deepinfer.core.metrics import Metrics
 from deepinfer.core.model_config import ModelConfigError, read_model_config
@@ -204,14 +205,14 @@ def _load_shard(config: EngineConfig, sel: Selection, mcfg, registry: ModelRegis
     return Shard(ctx, device, attention, model, dtype, ops, kv, kv_caches)
 
 
-def _driver(config: EngineConfig, ranks, device, model, dtype):
+def _driver(config: EngineConfig, ranks, device, model, dtype, blocks_per_rank: int):
     """Rank 0's end of the other ranks (None: there are none)."""
     if ranks is None:
         return None
     if config.data_parallel_size > 1:
         from deepinfer.parallel.data_parallel import DataParallelDriver
 
-        return DataParallelDriver(ranks, device.torch_device, model, dtype)
+        return DataParallelDriver(ranks, device.torch_device, model, dtype, blocks_per_rank)
     from deepinfer.parallel.driver import Driver
 
     return Driver(ranks, device.torch_device)
@@ -291,12 +292,15 @@ def _assemble(config: EngineConfig, sel: Selection, mcfg, registry: ModelRegistr
     ctx, device, attention, model, dtype, ops = (shard.ctx, shard.device, shard.attention, shard.model,
                                                  shard.dtype, shard.ops)
     kv, kv_caches = shard.kv, shard.kv_caches
-    driver = _driver(config, ranks, device, model, dtype)  # (before any hook reads a sharded model's state)
+    blocks_per_rank = kv.pool.num_blocks
+    if config.data_parallel_size > 1:  # (rank 0 plans every rank's pool: a request's blocks on its rank)
+        kv = PartitionedKV(blocks_per_rank, config.data_parallel_size, config.block_size, kv.policies)
+    driver = _driver(config, ranks, device, model, dtype, blocks_per_rank)  # (before a hook reads the model)
     pm.hook.deepinfer_model_loaded(model=model)  # (rank 0's: hook plugins run with the engine)
     config = ctx.config
     ctx.kv = kv
     full = [c for s, c in zip(ctx.layers, kv_caches, strict=True) if s.kv_group == 0]
-    ctx.kv_blocks = KVBlocks.of(full, kv.pool.num_blocks, config.block_size, device.torch_device)
+    ctx.kv_blocks = KVBlocks.of(full, blocks_per_rank, config.block_size, device.torch_device)
     sched_name = sel.one("scheduler").name
     scheduler = sel.classes[sched_name](sel.options[sched_name], ctx)
     ctx.dtype = dtype

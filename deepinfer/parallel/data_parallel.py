@@ -1,12 +1,10 @@
 """Data-parallel attention: each rank runs its own requests through attention and the dense layers
 (a whole replica of them), with the routed experts shared over the ranks when expert parallelism
-is on. Rank 0 still plans every step: it pins each request to a rank when it first runs (the rank
-with the fewest pinned requests), sends every rank the step with each sequence's rank, runs its
-own, and gathers the other ranks' last hidden states to compute logits and sample.
-
-Every rank's KV pool has the same blocks, addressed by rank 0's block ids (rank 0's KV manager
-plans one pool); a request's KV is written only on its rank, so each rank uses the blocks of its
-own requests (memory: every rank holds a whole pool)."""
+is on. Rank 0 still plans every step, over one KV pool made of every rank's blocks
+(``PartitionedKV``): rank r's cache holds blocks r * blocks_per_rank onwards, and all of a
+request's blocks are on one rank, which is the rank that runs it. Rank 0 sends every rank the step
+with each sequence's rank, runs its own, and gathers the other ranks' last hidden states to compute
+logits and sample."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -32,12 +30,15 @@ from deepinfer.parallel.protocol import (
 from deepinfer.parallel.state import TensorParallel
 
 
-def own_hidden(model: Any, seqs: StepSeqs, owners: list[int], rank: int,
+def own_hidden(model: Any, seqs: StepSeqs, owners: list[int], rank: int, blocks_per_rank: int,
                forward: Callable[[StepSeqs], torch.Tensor], dtype: torch.dtype, device: torch.device
                ) -> torch.Tensor:
-    """This rank's sequences of the step through ``forward``; a rank with none runs the model's
-    expert exchanges over zero tokens (``idle_forward``), so that the other ranks' complete."""
-    mine = [s for s, o in zip(seqs, owners, strict=True) if o == rank]
+    """This rank's sequences of the step (their block ids made this rank's cache's) through
+    ``forward``; a rank with none runs the model's expert exchanges over zero tokens
+    (``idle_forward``), so that the other ranks' complete."""
+    first = rank * blocks_per_rank
+    mine = [(tokens, start, [b - first for b in blocks])
+            for (tokens, start, blocks), o in zip(seqs, owners, strict=True) if o == rank]
     if mine:
         return forward(mine)
     if (idle := getattr(model, "idle_forward", None)) is not None:
@@ -64,35 +65,25 @@ def gather_hidden(hidden: torch.Tensor, seqs: StepSeqs, owners: list[int], world
 
 
 class DataParallelDriver(Driver):
-    """Rank 0's end with data-parallel attention: pins requests to ranks, runs the steps
-    (``run_step``, in place of the runner's own forward) and tells the ranks when the model
-    announces a collective outside a step (the expert load, a new expert placement)."""
+    """Rank 0's end with data-parallel attention: runs the steps (``run_step``, in place of the
+    runner's own forward), each sequence on the rank its blocks are on, and tells the ranks when the
+    model announces a collective outside a step (the expert load, a new expert placement)."""
 
     runs_step = True
 
-    def __init__(self, ranks: Ranks, device: torch.device, model: Any, dtype: torch.dtype) -> None:
+    def __init__(self, ranks: Ranks, device: torch.device, model: Any, dtype: torch.dtype,
+                 blocks_per_rank: int) -> None:
         super().__init__(ranks, device)
         self.model = model
         self.dtype = dtype
-        self.pins: dict[str, tuple[Any, int]] = {}  # request id -> (request, its rank)
+        self.blocks_per_rank = blocks_per_rank
         if (ep := getattr(model, "ep", None)) is not None and ep.size > 1:
             ep.announce = self.announce
 
     def owners(self, requests: list[Any]) -> list[int]:
-        """Each request's rank: its pin, or, for one not pinned, the rank with the fewest pins. A
-        request whose blocks were freed (finished, preempted: its KV is gone) is pinned anew."""
-        self.pins = {rid: pin for rid, pin in self.pins.items() if pin[0].block_ids}
-        load = [0] * self.ranks.tp.size
-        for _, r in self.pins.values():
-            load[r] += 1
-        out = []
-        for req in requests:
-            if req.request_id not in self.pins:
-                rank = min(range(len(load)), key=load.__getitem__)
-                self.pins[req.request_id] = (req, rank)
-                load[rank] += 1
-            out.append(self.pins[req.request_id][1])
-        return out
+        """Each request's rank: the one its blocks are on (``PartitionedKV``: every block of a request
+        is in one rank's range, and a scheduled request holds at least one)."""
+        return [req.block_ids[0] // self.blocks_per_rank for req in requests]
 
     def run_step(self, requests: list[Any], seqs: StepSeqs, prev: torch.Tensor | None,
                  forward: Callable[[StepSeqs], torch.Tensor]) -> torch.Tensor:
@@ -105,7 +96,7 @@ class DataParallelDriver(Driver):
         dist.broadcast(torch.tensor(payload, dtype=torch.long, device=self.device), src=0, group=group)
         if prev is not None:
             dist.broadcast(prev.long().contiguous(), src=0, group=group)
-        hidden = own_hidden(self.model, seqs, owners, 0, forward, self.dtype, self.device)
+        hidden = own_hidden(self.model, seqs, owners, 0, self.blocks_per_rank, forward, self.dtype, self.device)
         return gather_hidden(hidden, seqs, owners, self.ranks.tp)
 
     def send_logits(self, hidden: torch.Tensor) -> None:
@@ -118,8 +109,9 @@ class DataParallelDriver(Driver):
             dist.broadcast(t.long().contiguous().to(self.device), src=0, group=self.ranks.tp.group)
 
 
-def serve_dp_step(model: Any, attention: Any, kv_caches: list[Any], block_size: int, device: torch.device,
-                  dtype: torch.dtype, world: TensorParallel, length: int, num_prev: int) -> None:
+def serve_dp_step(model: Any, attention: Any, kv_caches: list[Any], block_size: int, blocks_per_rank: int,
+                  device: torch.device, dtype: torch.dtype, world: TensorParallel, length: int,
+                  num_prev: int) -> None:
     """A worker's part of a ``DP_STEP``: its sequences of the step, then its hidden rows to rank 0."""
     payload = torch.empty(length, dtype=torch.long, device=device)
     dist.broadcast(payload, src=0, group=world.group)
@@ -133,7 +125,8 @@ def serve_dp_step(model: Any, attention: Any, kv_caches: list[Any], block_size: 
         batch = build_step_batch(mine, block_size, device, None, prev, ops=model.fused_ops)
         return model(batch.input_ids, batch.positions, kv_caches, attention.build_metadata(batch))
 
-    gather_hidden(own_hidden(model, seqs, owners, world.rank, forward, dtype, device), seqs, owners, world)
+    gather_hidden(own_hidden(model, seqs, owners, world.rank, blocks_per_rank, forward, dtype, device), seqs,
+                  owners, world)
 
 
 def serve_expert_command(model: Any, command: int, device: torch.device, world: TensorParallel) -> None:

@@ -31,9 +31,10 @@ from deepinfer.parallel.state import TensorParallel
 
 @torch.inference_mode()
 def serve_driver(model: Any, attention: Any, kv_caches: list[Any], block_size: int, device: torch.device,
-                 dtype: torch.dtype, tp: TensorParallel) -> None:
+                 dtype: torch.dtype, tp: TensorParallel, blocks_per_rank: int = 0) -> None:
     """Run rank 0's steps and logits calls on this rank's shard (or, with data parallelism, its
-    own sequences of each step and the model's expert collectives) until rank 0 says stop."""
+    own sequences of each step, in its ``blocks_per_rank`` blocks of rank 0's pool, and the model's
+    expert collectives) until rank 0 says stop."""
     header = torch.empty(HEADER, dtype=torch.long, device=device)
     hidden_size = model.config.hidden_size
     while True:
@@ -56,7 +57,7 @@ def serve_driver(model: Any, attention: Any, kv_caches: list[Any], block_size: i
             dist.broadcast(rows, src=0, group=tp.group)
             model.compute_logits(rows)
         elif command == DP_STEP:
-            serve_dp_step(model, attention, kv_caches, block_size, device, dtype, tp, a, b)
+            serve_dp_step(model, attention, kv_caches, block_size, blocks_per_rank, device, dtype, tp, a, b)
         elif command in (EXPERT_LOAD, EXPERT_RESET, PLACE):
             serve_expert_command(model, command, device, tp)
         else:
@@ -76,7 +77,7 @@ def run_worker(config: EngineConfig, tp: TensorParallel) -> None:
 
     shard = build_shard(config, tp, progress=False)
     serve_driver(shard.model, shard.attention, shard.kv_caches, config.block_size, shard.device.torch_device,
-                 shard.dtype, tp)
+                 shard.dtype, tp, shard.kv.pool.num_blocks)
 
 
 def _watch_parent(parent_pid: int) -> None:

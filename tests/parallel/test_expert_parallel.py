@@ -67,14 +67,16 @@ def test_each_rank_holds_only_its_share_of_the_experts(engines):
     assert moe.slot_experts() == list(range(8 // ranks))  # (rank 0: the first slots)
 
 
-def test_requests_are_spread_over_the_ranks(engines):
-    """Rank 0 pins each request to the rank with the fewest: three requests on ranks 0, 1, 2 (mod size)."""
+def test_requests_are_spread_over_the_ranks(engines, monkeypatch):
+    """Each request's blocks come from the rank's range with the most free blocks: the three
+    requests, admitted together, run on three ranks (two: one of them on both)."""
     _, _, ep = engines
     driver = ep.engine.runner.ranks
-    requests = [type("R", (), {"request_id": str(i), "block_ids": [i]})() for i in range(3)]
-    driver.pins = {}
-    assert driver.owners(requests) == [i % ep.config.data_parallel_size for i in range(3)]
-    driver.pins = {}
+    ran: list[list[int]] = []
+    owners = driver.owners
+    monkeypatch.setattr(driver, "owners", lambda requests: ran.append(owners(requests)) or ran[-1])
+    _generate(ep)
+    assert sorted(ran[0]) == sorted(i % ep.config.data_parallel_size for i in range(3))
 
 
 def test_expert_load_is_summed_over_the_ranks(engines):
