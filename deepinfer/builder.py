@@ -221,12 +221,11 @@ def _driver(config: EngineConfig, ranks, device, model, dtype, blocks_per_rank: 
 def model_layout(config: EngineConfig, world: TensorParallel) -> tuple[TensorParallel, ExpertParallel]:
     """How this rank's model is built: sharded over the tensor-parallel ranks (``world`` itself), or,
     with data parallelism, whole (dense layers) with the routed experts sharded over ``world`` when
-    expert parallelism is on."""
+    expert parallelism is on (else whole too: only the expert load counts are summed over it)."""
     if config.data_parallel_size == 1:
         return world, ExpertParallel()
-    if not config.enable_expert_parallel:
-        return TensorParallel(), ExpertParallel()
-    return TensorParallel(), ExpertParallel(world.rank, world.size, world.group, config.num_redundant_experts)
+    return TensorParallel(), ExpertParallel(world.rank, world.size, world.group, config.num_redundant_experts,
+                                            shards_experts=config.enable_expert_parallel)
 
 
 def _kv_blocks_here(ctx: EngineContext, model, attention, dtype) -> int:

@@ -55,7 +55,7 @@ class DeepseekDecoderLayer(nn.Module):
         if ds.is_moe(layer_idx):
             args = (config.hidden_size, ds.n_routed_experts, ds.moe_intermediate_size // n, ds.n_shared_experts,
                     ds.routing)
-            self.mlp: nn.Module = (ExpertParallelMoE(*args, ep=ep) if ep.size > 1 else MoE(*args) if n == 1
+            self.mlp: nn.Module = (ExpertParallelMoE(*args, ep=ep) if ep.sharded else MoE(*args) if n == 1
                                    else TensorParallelMoE(*args, tp=tp))
         else:
             self.mlp = GatedMLP(config.hidden_size, config.intermediate_size // n)
@@ -145,7 +145,7 @@ class DeepseekV2ForCausalLM(CausalLM):
         """The slice (dim, start, length) of checkpoint tensor ``name`` this rank holds; None: all of it
         (the latents' projections and norms, the router, everything at tensor-parallel size 1)."""
         tp, mla = self.tp, self.ds.mla
-        if self.ep.size > 1:  # (experts of other ranks' slots: an empty slice, never read)
+        if self.ep.sharded:  # (experts of other ranks' slots: an empty slice, never read)
             return None if holds_expert(name, self._slot_experts()) else (0, 0, 0)
         if tp.size == 1:
             return None
@@ -230,7 +230,7 @@ class DeepseekV2ForCausalLM(CausalLM):
         layers = self.moe_layers()
         if not layers:
             return torch.zeros(0, self.ds.n_routed_experts, dtype=torch.int64)
-        if self.ep.size > 1:  # (every rank counts its own tokens)
+        if self.ep.size > 1:  # (every data-parallel rank counts its own tokens)
             return summed_load(layers, self.ep)
         return torch.stack([m.expert_load for m in layers]).cpu()
 
@@ -247,7 +247,7 @@ class DeepseekV2ForCausalLM(CausalLM):
         process no weight moves and routing stays logical."""
         shape = (len(self.moe_layers()), self.ds.n_routed_experts)
         slots = self.ds.n_routed_experts + self.ep.num_redundant_experts
-        if self.ep.size > 1 and physical_to_logical.shape[-1] != slots:
+        if self.ep.sharded and physical_to_logical.shape[-1] != slots:
             raise ValueError(f"an expert placement for this model's {slots} physical expert slots a layer "
                              f"({self.ds.n_routed_experts} experts + {self.ep.num_redundant_experts} redundant), "
                              f"got {physical_to_logical.shape[-1]} slots: set the balancer's redundant experts "
@@ -262,11 +262,11 @@ class DeepseekV2ForCausalLM(CausalLM):
                              f"physical_to_logical holds it; got physical_to_logical {tuple(p2l.shape)} and "
                              f"logical_replica_count {tuple(logical_replica_count.shape)}")
         self.expert_placement = p2l.clone()
-        if self.ep.size > 1:
+        if self.ep.sharded:
             place(self.moe_layers(), p2l, logical_to_physical.long(), logical_replica_count.long())
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        if self.ep.size > 1:
+        if self.ep.sharded:
             weights = local_expert_tensors(weights, self._slot_experts())
         elif self.tp.size > 1:
             weights = self._rank_parts(weights)

@@ -168,7 +168,7 @@ def holds_expert(name: str, slot_experts: list[int]) -> bool:
     return m is None or int(m.group(2)) in slot_experts
 
 
-def summed_load(moes: list[ExpertParallelMoE], ep: ExpertParallel) -> torch.Tensor:
+def summed_load(moes: list[MoE], ep: ExpertParallel) -> torch.Tensor:
     """Every rank's expert load counters [num_moe_layers, num_logical] added up on rank 0, on the
     host (the other ranks' return value is meaningless). Rank 0 announces it first."""
     if ep.announce is not None:

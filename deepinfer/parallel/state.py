@@ -48,8 +48,8 @@ class TensorParallel:
 
 @dataclass(slots=True)
 class ExpertParallel:
-    """Rank ``rank`` of ``size`` ranks over which a mixture-of-experts model's routed experts are
-    sharded (each rank its own requests for everything else: data-parallel attention). A MoE layer
+    """Rank ``rank`` of ``size`` data-parallel ranks (each its own requests) over which a
+    mixture-of-experts model's routed experts are sharded (``shards_experts``). A MoE layer
     has ``num_logical + num_redundant_experts`` physical slots, as many on each rank. ``announce``
     (rank 0 only, set by its driver) tells the other ranks to join a collective that is not part
     of a step (reading the expert load, applying a placement) before rank 0 enters it."""
@@ -59,6 +59,13 @@ class ExpertParallel:
     group: Any = None
     num_redundant_experts: int = 0
     announce: Callable[..., None] | None = None
+    #: False: data-parallel replicas that each hold every expert (only the load counts are summed)
+    shards_experts: bool = True
+
+    @property
+    def sharded(self) -> bool:
+        """Whether the routed experts are split over the ranks (else each rank holds them all)."""
+        return self.size > 1 and self.shards_experts
 
     def exchange(self, x: torch.Tensor, send_counts: list[int], recv_counts: list[int]) -> torch.Tensor:
         """Rows of ``x`` sent to each rank in turn (``send_counts`` of them to rank r), and the rows

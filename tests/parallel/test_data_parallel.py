@@ -50,6 +50,21 @@ def test_two_replicas_give_the_single_process_engines_greedy_tokens(llama):
     assert not mp.active_children() and not dist.is_initialized()
 
 
+def test_moe_replicas_give_the_single_process_tokens_and_expert_load(tmp_path):
+    """Without expert parallelism each rank holds every expert; the load counts are still every rank's."""
+    make_model(tmp_path, "deepseek_v3", with_tokenizer=False, n_group=2, topk_group=1)
+    one = LLM(str(tmp_path), device="cpu", dtype="float32", block_size=8, progress=False)
+    want, load = _tokens(one), one.expert_load()
+    one.shutdown()
+    two = LLM(str(tmp_path), device="cpu", dtype="float32", block_size=8, progress=False, data_parallel_size=2)
+    try:
+        assert two.engine.runner.model.moe_layers()[0].w13.shape[0] == 8  # (every expert on every rank)
+        assert _tokens(two) == want
+        assert two.expert_load().tolist() == load.tolist()
+    finally:
+        two.shutdown()
+
+
 def test_a_killed_rank_ends_generation_with_an_error_naming_it(llama):
     llm = LLM(llama, device="cpu", dtype="float32", progress=False, data_parallel_size=2)
     (worker,) = llm.engine.runner.ranks.ranks.processes
