@@ -206,7 +206,8 @@ class ModelRunner:
                  prev: torch.Tensor | None) -> torch.Tensor:
         """An eager step's hidden states. With data-parallel ranks (``ranks.runs_step``) each rank runs
         its own sequences and rank 0 gets every row; with tensor-parallel ones each runs its shard."""
-        def forward(part: list[tuple[list[int], int, list[int]]], sliding=None) -> torch.Tensor:
+        def forward(part: list[tuple[list[int], int, list[int]]],
+                    sliding: list[tuple[list[int], int]] | None = None) -> torch.Tensor:
             batch = build_step_batch(part, self.block_size, self.device, sliding, prev,
                                      ops=getattr(self.model, "fused_ops", None))
             return self.model(batch.input_ids, batch.positions, self.kv_caches, self.attention.build_metadata(batch))

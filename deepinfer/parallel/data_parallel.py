@@ -103,10 +103,14 @@ class DataParallelDriver(Driver):
         """Rank 0 holds the whole LM head: the other ranks take no part in logits."""
 
     def announce(self, what: str, *tensors: torch.Tensor) -> None:
-        """Tell the ranks to join the model's collective ``what`` (``protocol.ANNOUNCED``), with its tensors."""
-        self._header(ANNOUNCED[what])
-        for t in tensors:
-            dist.broadcast(t.long().contiguous().to(self.device), src=0, group=self.ranks.tp.group)
+        """Tell the ranks to join the model's collective ``what`` (``protocol.ANNOUNCED``), with its
+        tensors; a rank found dead here ends the ranks with a ``WorkerError`` naming it, as in a step."""
+        try:
+            self._header(ANNOUNCED[what])
+            for t in tensors:
+                dist.broadcast(t.long().contiguous().to(self.device), src=0, group=self.ranks.tp.group)
+        except Exception as e:
+            raise self.failure(e) from e
 
 
 def serve_dp_step(model: Any, attention: Any, kv_caches: list[Any], block_size: int, blocks_per_rank: int,

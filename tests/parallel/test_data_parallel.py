@@ -76,3 +76,17 @@ def test_a_killed_rank_ends_generation_with_an_error_naming_it(llama):
     assert not llm.engine.has_unfinished_requests()
     llm.shutdown()
     assert not mp.active_children() and not dist.is_initialized()
+
+
+def test_a_rank_found_dead_when_the_expert_load_is_read_is_named(tmp_path):
+    """Outside a step too (the expert load, which every rank adds to): the same error as in a step."""
+    make_model(tmp_path, "deepseek_v3", with_tokenizer=False, n_group=2, topk_group=1)
+    llm = LLM(str(tmp_path), device="cpu", dtype="float32", progress=False, data_parallel_size=2,
+              enable_expert_parallel=True)
+    (worker,) = llm.engine.runner.ranks.ranks.processes
+    os.kill(worker.pid, signal.SIGKILL)
+    worker.join(10)
+    with pytest.raises(WorkerError, match=rf"data-parallel rank 1 \(pid {worker.pid}\) died: killed by signal SIGKILL"):
+        llm.expert_load()
+    llm.shutdown()
+    assert not mp.active_children() and not dist.is_initialized()
