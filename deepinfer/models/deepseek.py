@@ -247,11 +247,13 @@ class DeepseekV2ForCausalLM(CausalLM):
         process no weight moves and routing stays logical."""
         shape = (len(self.moe_layers()), self.ds.n_routed_experts)
         slots = self.ds.n_routed_experts + self.ep.num_redundant_experts
-        if self.ep.sharded and physical_to_logical.shape[-1] != slots:
+        width = slots - self.ds.n_routed_experts + 1  # (the ranks receive the maps in these shapes)
+        if self.ep.sharded and (physical_to_logical.shape[-1], logical_to_physical.shape[-1]) != (slots, width):
             raise ValueError(f"an expert placement for this model's {slots} physical expert slots a layer "
-                             f"({self.ds.n_routed_experts} experts + {self.ep.num_redundant_experts} redundant), "
-                             f"got {physical_to_logical.shape[-1]} slots: set the balancer's redundant experts "
-                             "to the engine's num_redundant_experts")
+                             f"({self.ds.n_routed_experts} experts + {self.ep.num_redundant_experts} redundant) "
+                             f"has physical_to_logical [L, {slots}] and logical_to_physical [L, E, {width}], got "
+                             f"{tuple(physical_to_logical.shape)} and {tuple(logical_to_physical.shape)}: set the "
+                             "balancer's redundant experts to the engine's num_redundant_experts")
         p2l = physical_to_logical.long()
         fits = (p2l.dim() == 2 and p2l.shape[0] == shape[0] and tuple(logical_replica_count.shape) == shape
                 and tuple(logical_to_physical.shape[:2]) == shape and 0 <= p2l.min() and p2l.max() < shape[1])

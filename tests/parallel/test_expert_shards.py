@@ -3,6 +3,7 @@ transformers' expert weights); the plan of a weight move sends each new slot its
 rank that held it (hand-computed). No process is spawned: a rank's model is built in this one."""
 from __future__ import annotations
 
+import pytest
 import torch
 from safetensors import safe_open
 
@@ -11,6 +12,7 @@ from deepinfer.core.loader import load_model
 from deepinfer.core.model_config import read_model_config
 from deepinfer.models.expert_parallel_moe import _move_plan
 from deepinfer.parallel.state import ExpertParallel, TensorParallel, building
+from deepinfer_builtin.eplb.placement import expert_maps, identity_placement
 from tests.tiny_models import make_model
 
 
@@ -65,3 +67,16 @@ def test_a_move_copies_within_a_rank_and_fetches_from_the_experts_first_holder()
     old, new = [0, 1, 2, 3, 0, 1], [0, 0, 3, 1, 2, 1]
     assert _move_plan(old, new, 3, 0, 2) == ([(0, 0), (1, 0)], [[], [2]], [[], [2]])
     assert _move_plan(old, new, 3, 1, 2) == ([(0, 2), (2, 2)], [[0], []], [[1], []])
+
+
+def test_a_placement_for_other_slots_is_refused_before_any_weight_moves(tmp_path):
+    """The ranks receive a placement's maps in the shapes of the engine's slots: another count is refused
+    on rank 0, before it tells the ranks."""
+    make_model(tmp_path, "deepseek_v3", with_tokenizer=False, n_group=2, topk_group=1)
+    model = _rank_model(tmp_path, 0, 2, redundant=2)  # (10 slots)
+    p2l = identity_placement(1, 8, 12)
+    with pytest.raises(ValueError, match=r"10 physical expert slots a layer \(8 experts \+ 2 redundant\) has "
+                                         r"physical_to_logical \[L, 10\] and logical_to_physical \[L, E, 3\], got "
+                                         r"\(1, 12\) and \(1, 8, 5\)"):
+        model.apply_placement(p2l, *expert_maps(p2l, 8))
+    assert model.expert_placement is None
