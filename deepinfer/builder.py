@@ -17,6 +17,7 @@ from deepinfer.core.graphs import default_batch_sizes, default_prefill_sizes, us
 from deepinfer.core.kv_blocks import KVBlocks
 from deepinfer.core.kv_groups import build_kv_cache, kv_group_specs, windowed_policy
 from deepinfer.core.kv_manager import KVCacheManager
+from deepinfer.core.kv_partitions import PartitionedKV
 from deepinfer.core.loader import load_model, resolve_dtype
 from deepinfer.core.metrics import Metrics
 from deepinfer.core.model_config import ModelConfigError, read_model_config
@@ -24,7 +25,7 @@ from deepinfer.core.model_registry import ModelRegistry
 from deepinfer.core.model_runner import ModelRunner
 from deepinfer.core.sampler import Sampler
 from deepinfer.core.tokenizer import Tokenizer
-from deepinfer.parallel.state import TensorParallel, building
+from deepinfer.parallel.state import ExpertParallel, TensorParallel, building
 from deepinfer.plugins import hookspecs
 from deepinfer.plugins.discovery import MODELS_GROUP, PluginError, discover, fresh, load, model_entry_points
 from deepinfer.plugins.selection import Selection, instantiate_hooks, select
@@ -188,7 +189,7 @@ def _load_shard(config: EngineConfig, sel: Selection, mcfg, registry: ModelRegis
     attn_name = sel.one("attention").name
     attention = sel.classes[attn_name](sel.options[attn_name], ctx)
     dtype = resolve_dtype(config.dtype, mcfg, device.torch_device.type)
-    with building(tp):
+    with building(*model_layout(config, tp)):
         model = load_model(mcfg, registry, attention, dtype, device.torch_device, progress)
     if (ops := device.fused_ops()) is not None:
         model.use_fused_ops(ops)
@@ -204,6 +205,29 @@ def _load_shard(config: EngineConfig, sel: Selection, mcfg, registry: ModelRegis
     return Shard(ctx, device, attention, model, dtype, ops, kv, kv_caches)
 
 
+def _driver(config: EngineConfig, ranks, device, model, dtype, blocks_per_rank: int):
+    """Rank 0's end of the other ranks (None: there are none)."""
+    if ranks is None:
+        return None
+    if config.data_parallel_size > 1:
+        from deepinfer.parallel.data_parallel import DataParallelDriver
+
+        return DataParallelDriver(ranks, device.torch_device, model, dtype, blocks_per_rank)
+    from deepinfer.parallel.driver import Driver
+
+    return Driver(ranks, device.torch_device)
+
+
+def model_layout(config: EngineConfig, world: TensorParallel) -> tuple[TensorParallel, ExpertParallel]:
+    """How this rank's model is built: sharded over the tensor-parallel ranks (``world`` itself), or,
+    with data parallelism, whole (dense layers) with the routed experts sharded over ``world`` when
+    expert parallelism is on (else whole too: only the expert load counts are summed over it)."""
+    if config.data_parallel_size == 1:
+        return world, ExpertParallel()
+    return TensorParallel(), ExpertParallel(world.rank, world.size, world.group, config.num_redundant_experts,
+                                            shards_experts=config.enable_expert_parallel)
+
+
 def _kv_blocks_here(ctx: EngineContext, model, attention, dtype) -> int:
     if ctx.config.num_kv_blocks:
         return ctx.config.num_kv_blocks
@@ -213,7 +237,8 @@ def _kv_blocks_here(ctx: EngineContext, model, attention, dtype) -> int:
 
 
 def build_shard(config: EngineConfig, tp: TensorParallel, progress: bool = False) -> Shard:
-    """Rank ``tp.rank``'s part of a tensor-parallel engine (ranks 1..N-1: no scheduler, no sampler)."""
+    """Rank ``tp.rank``'s part of a tensor- or data-parallel engine (ranks 1..N-1: no scheduler, no
+    sampler); ``tp`` is every rank's group."""
     sel = select(config)
     model_path, mcfg, registry, max_model_len = _model_facts(config)
     return _load_shard(config, sel, mcfg, registry, model_path, max_model_len, tp, progress, lambda ctx: [])
@@ -221,7 +246,8 @@ def build_shard(config: EngineConfig, tp: TensorParallel, progress: bool = False
 
 def build_engine(config: EngineConfig, progress: bool = True) -> LLMEngine:
     """Resolve plugins, load the model, size the KV pool and assemble the engine. With
-    tensor_parallel_size > 1, this process is rank 0 and the other ranks are started first."""
+    tensor_parallel_size or data_parallel_size > 1, this process is rank 0 and the other ranks are
+    started first."""
     sel = select(config)
     model_path, mcfg, registry, max_model_len = _model_facts(config)
     tok_dir = Path(config.tokenizer or model_path)
@@ -233,10 +259,15 @@ def build_engine(config: EngineConfig, progress: bool = True) -> LLMEngine:
     pm = plugin_manager(sel)
     pm.hook.deepinfer_config_finalized(config=config)
     ranks = None
-    if config.tensor_parallel_size > 1:  # (checked, then the other ranks started or joined)
+    if config.world_size > 1:  # (checked, then the other ranks started or joined)
         from deepinfer.parallel.launch import start_ranks
 
         ranks = start_ranks(config, sel, mcfg, registry.resolve(mcfg.architecture))
+    elif config.enable_expert_parallel or config.num_redundant_experts:  # (one rank: checked all the same)
+        from deepinfer.parallel.checks import check_expert_parallel
+
+        check_expert_parallel(config, mcfg, registry.resolve(mcfg.architecture),
+                              [sel.classes[i.name] for i in sel.all("cache_policy")])
     try:
         return _assemble(config, sel, mcfg, registry, model_path, max_model_len, tokenizer, pm, ranks, progress)
     except BaseException as e:
@@ -247,7 +278,7 @@ def build_engine(config: EngineConfig, progress: bool = True) -> LLMEngine:
         ranks.stop(0.0)  # (nothing left half-started)
         if why is None:
             raise
-        raise RuntimeError(f"could not build the tensor-parallel engine: {why}") from e
+        raise RuntimeError(f"could not build the {ranks.label} engine: {why}") from e
 
 
 def _assemble(config: EngineConfig, sel: Selection, mcfg, registry: ModelRegistry, model_path: str,
@@ -260,11 +291,15 @@ def _assemble(config: EngineConfig, sel: Selection, mcfg, registry: ModelRegistr
     ctx, device, attention, model, dtype, ops = (shard.ctx, shard.device, shard.attention, shard.model,
                                                  shard.dtype, shard.ops)
     kv, kv_caches = shard.kv, shard.kv_caches
+    blocks_per_rank = kv.pool.num_blocks
+    if config.data_parallel_size > 1:  # (rank 0 plans every rank's pool: a request's blocks on its rank)
+        kv = PartitionedKV(blocks_per_rank, config.data_parallel_size, config.block_size, kv.policies)
+    driver = _driver(config, ranks, device, model, dtype, blocks_per_rank)  # (before a hook reads the model)
     pm.hook.deepinfer_model_loaded(model=model)  # (rank 0's: hook plugins run with the engine)
     config = ctx.config
     ctx.kv = kv
     full = [c for s, c in zip(ctx.layers, kv_caches, strict=True) if s.kv_group == 0]
-    ctx.kv_blocks = KVBlocks.of(full, kv.pool.num_blocks, config.block_size, device.torch_device)
+    ctx.kv_blocks = KVBlocks.of(full, blocks_per_rank, config.block_size, device.torch_device)
     sched_name = sel.one("scheduler").name
     scheduler = sel.classes[sched_name](sel.options[sched_name], ctx)
     ctx.dtype = dtype
@@ -292,12 +327,9 @@ def _assemble(config: EngineConfig, sel: Selection, mcfg, registry: ModelRegistr
         sampler.argmax = ops.argmax
     runner = ModelRunner(model, attention, kv_caches, config.block_size, device.torch_device, sampler,
                          kv_groups=1 if kv.sliding is None else 2)
-    if ranks is not None:
-        from deepinfer.parallel.driver import Driver
-
-        runner.ranks = Driver(ranks, device.torch_device)
+    runner.ranks = driver
     # graphs replay steps of one KV group (sliding-window layers in a pool of their own run eagerly);
-    # steps of several tensor-parallel ranks run eagerly too (graphs across ranks are untested)
+    # steps of several ranks run eagerly too (graphs across ranks are untested)
     graphs = None if config.enforce_eager or kv.sliding is not None or ranks is not None else device.graphs()
     if graphs is not None and attention.supports_graphs:
         sizes = config.cuda_graph_sizes or default_batch_sizes(config.max_num_seqs)

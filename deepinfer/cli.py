@@ -48,6 +48,14 @@ def add_engine_args(p: argparse.ArgumentParser, model_positional: bool = True) -
     p.add_argument("--tensor-parallel-size", "-tp", type=int, default=None,
                    help="ranks (processes, one device each) to split the model over; spawned on this host, or "
                         "joined through env:// under a launcher that sets WORLD_SIZE (torchrun)")
+    p.add_argument("--data-parallel-size", "-dp", type=int, default=None,
+                   help="ranks that each run their own requests through attention (data-parallel attention); "
+                        "every rank a whole replica, or with --enable-expert-parallel the experts sharded")
+    p.add_argument("--enable-expert-parallel", action="store_const", const=True, default=None,
+                   help="shard a mixture-of-experts model's routed experts over the ranks (with "
+                        "--data-parallel-size N, tensor-parallel size 1)")
+    p.add_argument("--num-redundant-experts", type=int, default=None,
+                   help="expert slots a MoE layer has beyond its experts (expert parallelism; placed by eplb)")
 
 
 def engine_overrides(args: argparse.Namespace) -> dict[str, Any]:

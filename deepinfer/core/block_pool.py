@@ -29,12 +29,12 @@ class BlockPool:
     carries a hash is taken, ``on_evict`` listeners learn of it before the hash is cleared.
     """
 
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(self, num_blocks: int, block_size: int, first_id: int = 0) -> None:
         if num_blocks < 1:
             raise ValueError(f"the KV pool needs at least one block, got {num_blocks}")
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.blocks = [Block(first_id + i) for i in range(num_blocks)]  # (first_id: one range of a larger pool)
         self._free: OrderedDict[int, Block] = OrderedDict((b.block_id, b) for b in self.blocks)
         self._evict_listeners: list[Callable[[Block], None]] = []
         self.num_evicted = 0

@@ -54,8 +54,25 @@ class EngineConfig(BaseModel):
                              "parallelism: attention heads, MLP columns and the vocabulary; rank 0 schedules and "
                              "samples. On one host the ranks are spawned; under a launcher that sets WORLD_SIZE "
                              "(torchrun) every rank runs the same command")
+    data_parallel_size: int = Field(
+        1, ge=1, description="ranks that each run their own requests through attention and the dense layers "
+                             "(data-parallel attention; rank 0 still schedules and samples); with "
+                             "enable_expert_parallel the routed experts are sharded over them, else every rank "
+                             "holds the whole model. Not with tensor_parallel_size > 1 yet")
+    enable_expert_parallel: bool = Field(
+        False, description="shard a mixture-of-experts model's routed experts over the tensor_parallel_size x "
+                           "data_parallel_size ranks (tokens sent to their experts' ranks with all-to-all); "
+                           "runs with data_parallel_size ranks and tensor_parallel_size 1")
+    num_redundant_experts: int = Field(
+        0, ge=0, description="physical expert slots a MoE layer has beyond its experts, with "
+                             "enable_expert_parallel (replicas of hot experts placed by the eplb plugin)")
     max_seq_len_to_capture: int = Field(8192, ge=1, description="longest sequence a captured decode step "
                                                                 "covers; steps with longer ones run eagerly")
+
+    @property
+    def world_size(self) -> int:
+        """Processes (ranks) one engine runs on: tensor_parallel_size x data_parallel_size."""
+        return self.tensor_parallel_size * self.data_parallel_size
 
     @field_validator("plugins", mode="before")
     @classmethod

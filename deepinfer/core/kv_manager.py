@@ -36,6 +36,10 @@ class KVCacheManager:
         self._sliding_blocks: dict[str, list[Block | None]] = {}  # None: released (behind the window)
         self._released: dict[str, int] = {}  # table entries before this are released
 
+    def pool_for(self, request: Request) -> BlockPool:
+        """The pool the request's blocks come from (one pool here; ``PartitionedKV``: its rank's range)."""
+        return self.pool
+
     def blocks_of(self, request: Request) -> list[Block]:
         return self._blocks.get(request.request_id, [])
 
@@ -80,7 +84,7 @@ class KVCacheManager:
         need = self.num_blocks_needed(request, num_new_tokens, match)
         # matched blocks sitting in the free queue stop being free once we take them
         revived = sum(1 for b in match.blocks if b.ref_cnt == 0) if match else 0
-        if need + revived > self.pool.num_free_blocks:
+        if need + revived > self.pool_for(request).num_free_blocks:
             return False
         if self.sliding is None:
             return True
@@ -93,9 +97,10 @@ class KVCacheManager:
         if match is None and self.sliding is None:  # a running request's step: most need no block
             need = self.num_blocks_needed(request, num_new_tokens)
             if need:
-                if need > self.pool.num_free_blocks:
+                pool = self.pool_for(request)
+                if need > pool.num_free_blocks:
                     return False
-                new = self.pool.allocate(need)
+                new = pool.allocate(need)
                 self._blocks.setdefault(request.request_id, []).extend(new)
                 request.block_ids = request.block_ids + [b.block_id for b in new]
             return True
@@ -103,7 +108,7 @@ class KVCacheManager:
             return False
         blocks = self._blocks.setdefault(request.request_id, [])
         if match is not None and match.blocks:
-            self.pool.touch(match.blocks)
+            self.pool_for(request).touch(match.blocks)
             blocks.extend(match.blocks)
         if match is not None:
             if self.sliding is not None and match.num_tokens:
@@ -114,7 +119,7 @@ class KVCacheManager:
                 request.num_cached_tokens = match.num_tokens
         need = self.num_blocks_needed(request, num_new_tokens)
         if need:
-            blocks.extend(self.pool.allocate(need))
+            blocks.extend(self.pool_for(request).allocate(need))
         request.block_ids = [b.block_id for b in blocks]
         if self.sliding is not None:
             table = self._sliding_blocks.setdefault(request.request_id, [])
@@ -167,7 +172,7 @@ class KVCacheManager:
         for policy in self.policies:
             policy.on_free(request, blocks)
         # tail first, so a request's tail is evicted before its head
-        self.pool.free(reversed(blocks))
+        self.pool_for(request).free(reversed(blocks))
         if self.sliding is not None:
             table = self._sliding_blocks.pop(request.request_id, None) or []
             self._released.pop(request.request_id, None)

@@ -202,6 +202,22 @@ class ModelRunner:
             self.ranks.send_logits(hidden)
         return self.model.compute_logits(hidden)
 
+    def _forward(self, out: SchedulerOutput, seqs: list[tuple[list[int], int, list[int]]],
+                 prev: torch.Tensor | None) -> torch.Tensor:
+        """An eager step's hidden states. With data-parallel ranks (``ranks.runs_step``) each rank runs
+        its own sequences and rank 0 gets every row; with tensor-parallel ones each runs its shard."""
+        def forward(part: list[tuple[list[int], int, list[int]]],
+                    sliding: list[tuple[list[int], int]] | None = None) -> torch.Tensor:
+            batch = build_step_batch(part, self.block_size, self.device, sliding, prev,
+                                     ops=getattr(self.model, "fused_ops", None))
+            return self.model(batch.input_ids, batch.positions, self.kv_caches, self.attention.build_metadata(batch))
+
+        if getattr(self.ranks, "runs_step", False):
+            return self.ranks.run_step([s.request for s in out.scheduled], seqs, prev, forward)
+        if self.ranks is not None:
+            self.ranks.send_step(seqs, self._sliding(out), prev)
+        return forward(seqs, self._sliding(out))
+
     @torch.inference_mode()
     def _launch(self, out: SchedulerOutput) -> StepInFlight:
         seqs, prev = self._inputs(out)
@@ -227,11 +243,7 @@ class ModelRunner:
         else:
             if mark is not None:
                 mark()
-            if self.ranks is not None:
-                self.ranks.send_step(seqs, self._sliding(out), prev)
-            batch = build_step_batch(seqs, self.block_size, self.device, self._sliding(out), prev,
-                                     ops=getattr(self.model, "fused_ops", None))
-            hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, self.attention.build_metadata(batch))
+            hidden = self._forward(out, seqs, prev)
         result = RunnerOutput()
         rows: list[int] = []
         sampling: list[Request] = []

@@ -15,13 +15,20 @@ from deepinfer.core.model_config import ModelConfig
 from deepinfer.core.model_registry import CausalLM
 from deepinfer.models.deepseek_config import DeepseekConfig, deepseek_config
 from deepinfer.models.deepseek_weights import _EXPERT, load_checkpoint
+from deepinfer.models.expert_parallel_moe import (
+    ExpertParallelMoE,
+    holds_expert,
+    local_expert_tensors,
+    place,
+    summed_load,
+)
 from deepinfer.models.fp8 import fp8_block_size
 from deepinfer.models.layers import GatedMLP, Linear, RMSNorm
 from deepinfer.models.mla import MLAttention
 from deepinfer.models.moe import MoE
 from deepinfer.models.parallel_layers import RowParallelLinear, VocabParallelEmbedding, parallel_logits, vocab_shard
 from deepinfer.models.yarn import LatentRotary
-from deepinfer.parallel.state import TensorParallel, tensor_parallel
+from deepinfer.parallel.state import ExpertParallel, TensorParallel, expert_parallel, tensor_parallel
 
 
 class TensorParallelMoE(MoE):
@@ -38,7 +45,7 @@ class TensorParallelMoE(MoE):
 
 class DeepseekDecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig, ds: DeepseekConfig, layer_idx: int, softmax_scale: float,
-                 tp: TensorParallel) -> None:
+                 tp: TensorParallel, ep: ExpertParallel) -> None:
         super().__init__()
         n = tp.size  # (with tensor parallelism: this rank's heads; the latents are replicated)
         mla = replace(ds.mla, num_heads=ds.mla.num_heads // n)
@@ -48,7 +55,8 @@ class DeepseekDecoderLayer(nn.Module):
         if ds.is_moe(layer_idx):
             args = (config.hidden_size, ds.n_routed_experts, ds.moe_intermediate_size // n, ds.n_shared_experts,
                     ds.routing)
-            self.mlp: nn.Module = MoE(*args) if n == 1 else TensorParallelMoE(*args, tp=tp)
+            self.mlp: nn.Module = (ExpertParallelMoE(*args, ep=ep) if ep.sharded else MoE(*args) if n == 1
+                                   else TensorParallelMoE(*args, tp=tp))
         else:
             self.mlp = GatedMLP(config.hidden_size, config.intermediate_size // n)
             if n > 1:
@@ -68,11 +76,12 @@ class DeepseekDecoderLayer(nn.Module):
 
 
 class DeepseekModel(nn.Module):
-    def __init__(self, config: ModelConfig, ds: DeepseekConfig, softmax_scale: float, tp: TensorParallel) -> None:
+    def __init__(self, config: ModelConfig, ds: DeepseekConfig, softmax_scale: float, tp: TensorParallel,
+                 ep: ExpertParallel) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size) if tp.size == 1 else \
             VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
-        self.layers = nn.ModuleList(DeepseekDecoderLayer(config, ds, i, softmax_scale, tp)
+        self.layers = nn.ModuleList(DeepseekDecoderLayer(config, ds, i, softmax_scale, tp, ep)
                                     for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -84,16 +93,19 @@ class DeepseekV2ForCausalLM(CausalLM):
     #: shards over tensor-parallel ranks: attention heads (the latents replicated), every expert's
     #: and MLP's width, and the vocabulary
     supports_tensor_parallel: ClassVar[bool] = True
+    #: shards its routed experts over expert-parallel ranks (``ExpertParallelMoE``)
+    supports_expert_parallel: ClassVar[bool] = True
 
     def __init__(self, config: ModelConfig, attention: AttentionBackend) -> None:
         super().__init__(config, attention)
         self.tp = tp = tensor_parallel()
+        self.ep = expert_parallel()
         self.ds = deepseek_config(config, self.v3)
         self.fp8_block = fp8_block_size(config)
         mla = self.ds.mla
         self.rotary = LatentRotary(mla.qk_rope_head_dim, config.max_position_embeddings, config.rope_theta,
                                    config.rope_scaling, self.ds.rope_interleave, mla.qk_head_dim)
-        self.model = DeepseekModel(config, self.ds, self.rotary.softmax_scale, tp)
+        self.model = DeepseekModel(config, self.ds, self.rotary.softmax_scale, tp, self.ep)
         self.lm_head = None if config.tie_word_embeddings else Linear(
             config.hidden_size, vocab_shard(config.vocab_size, tp)[2], bias=False)
         #: the last expert placement applied (PlacesExperts), physical_to_logical [num_moe_layers, slots]
@@ -111,6 +123,18 @@ class DeepseekV2ForCausalLM(CausalLM):
                 and config.intermediate_size % n == 0 and ds.moe_intermediate_size % n == 0]
 
     @classmethod
+    def num_routed_experts(cls, config: ModelConfig) -> int:
+        """Routed experts a MoE layer has (0: a dense model), for the expert-parallel checks."""
+        return deepseek_config(config, cls.v3).n_routed_experts
+
+    @classmethod
+    def expert_parallel_problem(cls, config: ModelConfig) -> str | None:
+        """Why this checkpoint's experts cannot be sharded over expert-parallel ranks (None: they can)."""
+        if fp8_block_size(config) is not None:
+            return "a block-scaled FP8 checkpoint (its experts' scales are not cut to a rank's slots)"
+        return None
+
+    @classmethod
     def shard_facts(cls, config: ModelConfig) -> str:
         ds = deepseek_config(config, cls.v3)
         return (f"{ds.mla.num_heads} attention heads, MLP width {config.intermediate_size}, expert width "
@@ -121,6 +145,8 @@ class DeepseekV2ForCausalLM(CausalLM):
         """The slice (dim, start, length) of checkpoint tensor ``name`` this rank holds; None: all of it
         (the latents' projections and norms, the router, everything at tensor-parallel size 1)."""
         tp, mla = self.tp, self.ds.mla
+        if self.ep.sharded:  # (experts of other ranks' slots: an empty slice, never read)
+            return None if holds_expert(name, self._slot_experts()) else (0, 0, 0)
         if tp.size == 1:
             return None
         parts = name.split(".")
@@ -159,6 +185,11 @@ class DeepseekV2ForCausalLM(CausalLM):
                 t = torch.cat([t, t.new_zeros(rows - t.shape[0], *t.shape[1:])]) if t.shape[0] < rows else t
             yield name, t
 
+    def _slot_experts(self) -> list[int]:
+        """The logical experts of this rank's expert slots (the same in every MoE layer until a placement)."""
+        layers = self.moe_layers()
+        return layers[0].slot_experts() if layers else []
+
     def attention_layers(self) -> list[AttentionLayerSpec]:
         return [layer.self_attn.spec for layer in self.model.layers]
 
@@ -177,6 +208,15 @@ class DeepseekV2ForCausalLM(CausalLM):
             x, residual = layer(x, residual, positions, self.rotary, self.attention, cache, attn_metadata)
         return x + residual
 
+    def idle_forward(self) -> None:
+        """A step of zero tokens on this rank: with expert parallelism, its MoE layers still take part
+        in the other ranks' exchanges of tokens (data-parallel attention, a rank with no sequence)."""
+        x = torch.empty(0, self.config.hidden_size, dtype=self.model.norm.weight.dtype,
+                        device=self.model.norm.weight.device)
+        for m in self.moe_layers():
+            if isinstance(m, ExpertParallelMoE):
+                m(x)
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
         """(With tensor parallelism, every rank calls it on the same rows; rank 0 gets the logits.)"""
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
@@ -190,17 +230,30 @@ class DeepseekV2ForCausalLM(CausalLM):
         layers = self.moe_layers()
         if not layers:
             return torch.zeros(0, self.ds.n_routed_experts, dtype=torch.int64)
+        if self.ep.size > 1:  # (every data-parallel rank counts its own tokens)
+            return summed_load(layers, self.ep)
         return torch.stack([m.expert_load for m in layers]).cpu()
 
     def reset_expert_load(self) -> None:
+        if self.ep.size > 1 and self.ep.announce is not None:
+            self.ep.announce("reset_expert_load")
         for m in self.moe_layers():
             m.reset_load()
 
     def apply_placement(self, physical_to_logical: torch.Tensor, logical_to_physical: torch.Tensor,
                         logical_replica_count: torch.Tensor) -> None:
-        """One process holds every expert, so no weight moves and routing stays logical: the placement
-        is checked against the model and kept in ``expert_placement`` (PlacesExperts)."""
+        """The placement is checked against the model and kept in ``expert_placement`` (PlacesExperts).
+        With expert parallelism the ranks exchange expert weights to hold it and route by it; in one
+        process no weight moves and routing stays logical."""
         shape = (len(self.moe_layers()), self.ds.n_routed_experts)
+        slots = self.ds.n_routed_experts + self.ep.num_redundant_experts
+        width = slots - self.ds.n_routed_experts + 1  # (the ranks receive the maps in these shapes)
+        if self.ep.sharded and (physical_to_logical.shape[-1], logical_to_physical.shape[-1]) != (slots, width):
+            raise ValueError(f"an expert placement for this model's {slots} physical expert slots a layer "
+                             f"({self.ds.n_routed_experts} experts + {self.ep.num_redundant_experts} redundant) "
+                             f"has physical_to_logical [L, {slots}] and logical_to_physical [L, E, {width}], got "
+                             f"{tuple(physical_to_logical.shape)} and {tuple(logical_to_physical.shape)}: set the "
+                             "balancer's redundant experts to the engine's num_redundant_experts")
         p2l = physical_to_logical.long()
         fits = (p2l.dim() == 2 and p2l.shape[0] == shape[0] and tuple(logical_replica_count.shape) == shape
                 and tuple(logical_to_physical.shape[:2]) == shape and 0 <= p2l.min() and p2l.max() < shape[1])
@@ -211,9 +264,18 @@ class DeepseekV2ForCausalLM(CausalLM):
                              f"physical_to_logical holds it; got physical_to_logical {tuple(p2l.shape)} and "
                              f"logical_replica_count {tuple(logical_replica_count.shape)}")
         self.expert_placement = p2l.clone()
+        if self.ep.sharded:
+            place(self.moe_layers(), p2l, logical_to_physical.long(), logical_replica_count.long())
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        load_checkpoint(self, weights if self.tp.size == 1 else self._rank_parts(weights), self.fp8_block)
+        if self.ep.sharded:
+            weights = local_expert_tensors(weights, self._slot_experts())
+        elif self.tp.size > 1:
+            weights = self._rank_parts(weights)
+        load_checkpoint(self, weights, self.fp8_block)
+        for m in self.moe_layers():
+            if isinstance(m, ExpertParallelMoE):
+                m.reset_placement()
         if self.ds.rope_interleave:  # rotated as halves from now on: the fused rotary kernel's layout
             for layer in self.model.layers:
                 layer.self_attn.rope_rows_to_halves()

@@ -44,7 +44,7 @@ def _keep_groups(choice: torch.Tensor, group_scores: torch.Tensor, topk_group: i
     t, n_group = group_scores.shape
     best = group_scores.topk(topk_group, dim=-1, sorted=False).indices
     keep = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, best, True)
-    keep = keep[:, :, None].expand(t, n_group, choice.shape[1] // n_group).reshape(t, -1)
+    keep = keep[:, :, None].expand(t, n_group, choice.shape[1] // n_group).reshape(t, choice.shape[1])
     return choice.masked_fill(~keep, fill)
 
 
@@ -100,11 +100,18 @@ def moe_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weigh
     expert, each expert's rows through its gate/up and down projections in one matmul each, the
     results scaled by their weights (in float32) and added back to their tokens. [T, D]."""
     k = topk_ids.shape[1]
-    inter = w2.shape[2]
     flat = topk_ids.reshape(-1).long()
     order = flat.argsort(stable=True)
     rows = x[order // k]                                    # the pairs' tokens, expert by expert
-    counts = torch.bincount(flat, minlength=w13.shape[0]).tolist()
+    out_rows = sorted_expert_rows(rows, torch.bincount(flat, minlength=w13.shape[0]).tolist(), w13, w2)
+    scaled = (out_rows.float() * topk_weights.reshape(-1)[order, None]).to(x.dtype)
+    return torch.zeros_like(x).index_add_(0, order // k, scaled)
+
+
+def sorted_expert_rows(rows: torch.Tensor, counts: list[int], w13: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+    """Rows [N, D] sorted by expert (``counts[e]`` of expert e's, in expert order) through their
+    expert's gate/up and down projections, one matmul each an expert, unweighted. [N, D]."""
+    inter = w2.shape[2]
     out_rows = torch.empty_like(rows)
     start = 0
     for expert, n in enumerate(counts):
@@ -113,8 +120,7 @@ def moe_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weigh
             gate, up = F.linear(part, w13[expert]).split(inter, dim=-1)
             out_rows[start:start + n] = F.linear(F.silu(gate) * up, w2[expert])
             start += n
-    scaled = (out_rows.float() * topk_weights.reshape(-1)[order, None]).to(x.dtype)
-    return torch.zeros_like(x).index_add_(0, order // k, scaled)
+    return out_rows
 
 
 class Router(nn.Module):

@@ -47,7 +47,7 @@ class Driver:
 
     def _header(self, command: int, a: int = 0, b: int = 0) -> None:
         if self.stopped is not None:
-            raise WorkerError(f"this engine's tensor-parallel ranks were stopped ({self.stopped}); build a new engine")
+            raise WorkerError(f"this engine's {self.ranks.label} ranks were stopped ({self.stopped}); build a new engine")
         dist.broadcast(torch.tensor([command, a, b, 0][:HEADER], dtype=torch.long, device=self.device), src=0,
                        group=self.ranks.tp.group)
 

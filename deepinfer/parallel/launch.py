@@ -55,6 +55,7 @@ class Ranks:
     processes: list[Any] = field(default_factory=list)  # rank r at processes[r - 1] (empty: a launcher's)
     errors: Any = None  # (rank, error, traceback) from spawned ranks that failed
     store: Any = None
+    label: str = "tensor-parallel"  # (or "data-parallel": how errors name a rank)
 
     def worker_failure(self, wait: float = 2.0) -> str | None:
         """Which spawned rank died or raised, and why (given ``wait`` seconds to be seen); None: none did."""
@@ -66,11 +67,11 @@ class Ranks:
             time.sleep(0.05)
         if not self.errors.empty():
             rank, error, tb = self.errors.get()
-            return f"tensor-parallel rank {rank} failed: {error}\n{tb}"
+            return f"{self.label} rank {rank} failed: {error}\n{tb}"
         for rank, p in enumerate(self.processes, start=1):
             if not p.is_alive():
                 p.join(1)
-                return f"tensor-parallel rank {rank} (pid {p.pid}) died: {_exit_text(p.exitcode)}"
+                return f"{self.label} rank {rank} (pid {p.pid}) died: {_exit_text(p.exitcode)}"
         return None
 
     def stop(self, timeout: float = 10.0) -> None:
@@ -118,7 +119,8 @@ def spawn_ranks(config: EngineConfig, world: int) -> Ranks:
              for r in range(1, world)]
     for p in procs:
         p.start()
-    ranks = Ranks(TensorParallel(0, world), procs, errors, store)
+    ranks = Ranks(TensorParallel(0, world), procs, errors, store,
+                  "tensor-parallel" if config.data_parallel_size == 1 else "data-parallel")
     atexit.register(ranks.stop, 0.0)
     deadline = time.monotonic() + JOIN_TIMEOUT
     try:
@@ -131,7 +133,7 @@ def spawn_ranks(config: EngineConfig, world: int) -> Ranks:
     except Exception as e:  # noqa: BLE001 (any failure to start: named, and the ranks stopped)
         why = ranks.worker_failure(wait=1.0) or f"{type(e).__name__}: {e}"
         ranks.stop(0.0)
-        raise RuntimeError(f"could not start the tensor-parallel ranks: {why}") from None
+        raise RuntimeError(f"could not start the {ranks.label} ranks: {why}") from None
     return ranks
 
 
@@ -140,7 +142,7 @@ def join_launched(config: EngineConfig, rank: int, world: int, local_rank: int) 
     rank 0 until it stops, then ends the process (exit status 0)."""
     tp = init_group(config, rank, world, local_rank=local_rank)
     if rank == 0:
-        return Ranks(tp)
+        return Ranks(tp, label="tensor-parallel" if config.data_parallel_size == 1 else "data-parallel")
     from deepinfer.parallel.worker import run_worker
 
     try:
@@ -151,13 +153,13 @@ def join_launched(config: EngineConfig, rank: int, world: int, local_rank: int) 
 
 
 def start_ranks(config: EngineConfig, sel: Any, mcfg: Any, model_cls: type) -> Ranks:
-    """Check the tensor-parallel combination (``checks``), then start the other ranks (spawned) or
-    join a launcher's; returns rank 0's ``Ranks`` (other ranks of a launcher's never return)."""
-    from deepinfer.parallel.checks import check_tensor_parallel
+    """Check the parallel combination (``checks``), then start the other ranks (spawned) or join a
+    launcher's; returns rank 0's ``Ranks`` (other ranks of a launcher's never return)."""
+    from deepinfer.parallel.checks import check_parallel
 
     drafter = sel.one("drafter")
-    check_tensor_parallel(config.tensor_parallel_size, mcfg, model_cls, sel.classes[sel.one("device").name],
-                          drafter.name if drafter else None, [sel.classes[i.name] for i in sel.all("cache_policy")])
+    check_parallel(config, mcfg, model_cls, sel.classes[sel.one("device").name], drafter.name if drafter else None,
+                   [sel.classes[i.name] for i in sel.all("cache_policy")])
     if (launched := launched_world()) is not None:
         return join_launched(config, *launched)
-    return spawn_ranks(config, config.tensor_parallel_size)
+    return spawn_ranks(config, config.world_size)

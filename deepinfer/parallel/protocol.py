@@ -5,12 +5,23 @@ Every message starts with a header of ``HEADER`` int64 values ``[command, a, b, 
   the device that the step's placeholders stand for (0: none); then the packed step, then those samples.
 - ``LOGITS``: a = rows; then the rows [a, hidden] of hidden states whose logits rank 0 asks for.
 - ``STOP``: the workers leave their loop.
+
+With data parallelism (each rank its own requests for attention and the dense layers):
+- ``DP_STEP``: as ``STEP``, the packed step followed by each sequence's rank (``pack_dp_step``); every
+  rank runs its own sequences (a rank with none still joins the experts' exchanges), then sends its
+  last hidden states to rank 0 (``dist.gather``, padded to the most rows any rank computed).
+- ``EXPERT_LOAD``: the ranks add their expert load counters up on rank 0 (``dist.reduce``).
+- ``EXPERT_RESET``: the ranks set their expert load counters to zero.
+- ``PLACE``: a new expert placement: physical_to_logical, logical_to_physical and
+  logical_replica_count follow (int64, shapes from the model); the ranks exchange expert weights.
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-STOP, STEP, LOGITS = 0, 1, 2
+STOP, STEP, LOGITS, DP_STEP, EXPERT_LOAD, EXPERT_RESET, PLACE = 0, 1, 2, 3, 4, 5, 6
+#: what the model announces (``ExpertParallel.announce``) -> the command that tells the ranks
+ANNOUNCED = {"expert_load": EXPERT_LOAD, "reset_expert_load": EXPERT_RESET, "place": PLACE}
 HEADER = 4
 
 StepSeqs = list[tuple[list[int], int, list[int]]]
@@ -45,3 +56,24 @@ def unpack_step(values: Sequence[int]) -> tuple[StepSeqs, Sliding]:
             sliding.append((list(values[at + 2:at + 2 + num_table]), replay_until))
             at += 2 + num_table
     return seqs, sliding
+
+
+def pack_dp_step(seqs: StepSeqs, owners: list[int]) -> list[int]:
+    """A data-parallel step: ``pack_step``'s sequences, then the rank each sequence runs on."""
+    return pack_step(seqs, None) + owners
+
+
+def unpack_dp_step(values: Sequence[int]) -> tuple[StepSeqs, list[int]]:
+    """``pack_dp_step``'s sequences and their ranks back."""
+    seqs, _ = unpack_step(values)
+    return seqs, list(values[len(values) - len(seqs):])
+
+
+def rows_of(seqs: StepSeqs, owners: list[int], rank: int) -> list[int]:
+    """The step's rows (tokens, in the order of its sequences) that ``rank`` computes."""
+    rows, at = [], 0
+    for (tokens, _, _), owner in zip(seqs, owners, strict=True):
+        if owner == rank:
+            rows += range(at, at + len(tokens))
+        at += len(tokens)
+    return rows

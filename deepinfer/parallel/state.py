@@ -1,8 +1,9 @@
-"""This process's place in a tensor-parallel group: its rank, the group's size, and the collectives
-the model layers call (one group a process, set once before the model is built)."""
+"""This process's place among the ranks: its rank in a tensor-parallel group or in an expert-parallel
+one, the group's size, and the collectives the model layers call (one group a process, set once
+before the model is built)."""
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -45,7 +46,43 @@ class TensorParallel:
         return int(t.item())
 
 
+@dataclass(slots=True)
+class ExpertParallel:
+    """Rank ``rank`` of ``size`` data-parallel ranks (each its own requests) over which a
+    mixture-of-experts model's routed experts are sharded (``shards_experts``). A MoE layer
+    has ``num_logical + num_redundant_experts`` physical slots, as many on each rank. ``announce``
+    (rank 0 only, set by its driver) tells the other ranks to join a collective that is not part
+    of a step (reading the expert load, applying a placement) before rank 0 enters it."""
+
+    rank: int = 0
+    size: int = 1
+    group: Any = None
+    num_redundant_experts: int = 0
+    announce: Callable[..., None] | None = None
+    #: False: data-parallel replicas that each hold every expert (only the load counts are summed)
+    shards_experts: bool = True
+
+    @property
+    def sharded(self) -> bool:
+        """Whether the routed experts are split over the ranks (else each rank holds them all)."""
+        return self.size > 1 and self.shards_experts
+
+    def exchange(self, x: torch.Tensor, send_counts: list[int], recv_counts: list[int]) -> torch.Tensor:
+        """Rows of ``x`` sent to each rank in turn (``send_counts`` of them to rank r), and the rows
+        every rank sent this one, rank by rank (``all_to_all_single``)."""
+        out = x.new_empty((sum(recv_counts), *x.shape[1:]))
+        dist.all_to_all_single(out, x.contiguous(), recv_counts, send_counts, group=self.group)
+        return out
+
+    def counts(self, send_counts: torch.Tensor) -> list[int]:
+        """How many rows each rank will send this one, given how many this one sends each [size]."""
+        recv = torch.empty_like(send_counts)
+        dist.all_to_all_single(recv, send_counts, group=self.group)
+        return recv.tolist()
+
+
 _current = TensorParallel()
+_current_ep = ExpertParallel()
 
 
 def tensor_parallel() -> TensorParallel:
@@ -53,12 +90,19 @@ def tensor_parallel() -> TensorParallel:
     return _current
 
 
+def expert_parallel() -> ExpertParallel:
+    """The ranks the routed experts of the model being built are sharded over (size 1 outside ``building``)."""
+    return _current_ep
+
+
 @contextmanager
-def building(tp: TensorParallel) -> Iterator[None]:
-    """Models built inside shard themselves over ``tp`` (their layers read it at construction)."""
-    global _current
-    before, _current = _current, tp
+def building(tp: TensorParallel, ep: ExpertParallel | None = None) -> Iterator[None]:
+    """Models built inside shard themselves over ``tp``, and their routed experts over ``ep`` (their
+    layers read them at construction)."""
+    global _current, _current_ep
+    before, before_ep = _current, _current_ep
+    _current, _current_ep = tp, ep or ExpertParallel()
     try:
         yield
     finally:
-        _current = before
+        _current, _current_ep = before, before_ep

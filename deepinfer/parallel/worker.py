@@ -14,14 +14,27 @@ import torch.distributed as dist
 
 from deepinfer.core.config import EngineConfig
 from deepinfer.core.eager_batch import build_step_batch
-from deepinfer.parallel.protocol import HEADER, LOGITS, STEP, STOP, unpack_step
+from deepinfer.parallel.data_parallel import serve_dp_step, serve_expert_command
+from deepinfer.parallel.protocol import (
+    DP_STEP,
+    EXPERT_LOAD,
+    EXPERT_RESET,
+    HEADER,
+    LOGITS,
+    PLACE,
+    STEP,
+    STOP,
+    unpack_step,
+)
 from deepinfer.parallel.state import TensorParallel
 
 
 @torch.inference_mode()
 def serve_driver(model: Any, attention: Any, kv_caches: list[Any], block_size: int, device: torch.device,
-                 dtype: torch.dtype, tp: TensorParallel) -> None:
-    """Run rank 0's steps and logits calls on this rank's shard until it says stop."""
+                 dtype: torch.dtype, tp: TensorParallel, blocks_per_rank: int = 0) -> None:
+    """Run rank 0's steps and logits calls on this rank's shard (or, with data parallelism, its
+    own sequences of each step, in its ``blocks_per_rank`` blocks of rank 0's pool, and the model's
+    expert collectives) until rank 0 says stop."""
     header = torch.empty(HEADER, dtype=torch.long, device=device)
     hidden_size = model.config.hidden_size
     while True:
@@ -43,6 +56,10 @@ def serve_driver(model: Any, attention: Any, kv_caches: list[Any], block_size: i
             rows = torch.empty(a, hidden_size, dtype=dtype, device=device)
             dist.broadcast(rows, src=0, group=tp.group)
             model.compute_logits(rows)
+        elif command == DP_STEP:
+            serve_dp_step(model, attention, kv_caches, block_size, blocks_per_rank, device, dtype, tp, a, b)
+        elif command in (EXPERT_LOAD, EXPERT_RESET, PLACE):
+            serve_expert_command(model, command, device, tp)
         else:
             raise RuntimeError(f"rank {tp.rank}: unknown command {command} from rank 0 (a protocol mismatch)")
 
@@ -60,7 +77,7 @@ def run_worker(config: EngineConfig, tp: TensorParallel) -> None:
 
     shard = build_shard(config, tp, progress=False)
     serve_driver(shard.model, shard.attention, shard.kv_caches, config.block_size, shard.device.torch_device,
-                 shard.dtype, tp)
+                 shard.dtype, tp, shard.kv.pool.num_blocks)
 
 
 def _watch_parent(parent_pid: int) -> None:

@@ -57,7 +57,7 @@ class EngineClient:
         # a daemonic process may not start processes: with tensor parallelism the engine spawns its
         # ranks, and ends with the API process through its pipe (EOF) instead
         self.proc = ctx.Process(target=run_engine_core, args=(self.config, child, self.threads),
-                                name="deepinfer-engine", daemon=self.config.tensor_parallel_size == 1)
+                                name="deepinfer-engine", daemon=self.config.world_size == 1)
         self.proc.start()
         child.close()
         self._conn = parent

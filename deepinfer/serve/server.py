@@ -76,7 +76,7 @@ def run_serve(args: argparse.Namespace, engine_overrides: Callable) -> int:
     from deepinfer.serve.serving import RequestLimits, Serving
 
     config = with_role(build_config(args.config_file, engine_overrides(args)), getattr(args, "role", "both"))
-    if config.tensor_parallel_size > 1 and os.environ.get("RANK", "0") != "0" and "WORLD_SIZE" in os.environ:
+    if config.world_size > 1 and os.environ.get("RANK", "0") != "0" and "WORLD_SIZE" in os.environ:
         # a launcher's rank other than 0: no HTTP server, only this rank's shard, serving rank 0 (the
         # engine process of rank 0's server) until it stops; then this process exits 0
         from deepinfer.builder import build_engine

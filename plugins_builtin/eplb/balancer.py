@@ -53,6 +53,20 @@ class ExpertLoadBalancer:
         return self.placement.shape[1]
 
     @hookimpl
+    def deepinfer_config_finalized(self, config) -> None:
+        """With expert parallelism the ranks and the redundant slots are the engine's: taken from its
+        config, and refused where this plugin's options say otherwise."""
+        if not config.enable_expert_parallel or config.world_size == 1:
+            return
+        engine = {"num_ranks": config.world_size, "num_redundant_experts": config.num_redundant_experts}
+        for key, value in engine.items():
+            if key in self.options.model_fields_set and getattr(self.options, key) != value:
+                raise PluginError(f"plugin 'eplb': option {key} {getattr(self.options, key)} disagrees with the "
+                                  f"engine's expert parallelism ({value}: {config.world_size} ranks, "
+                                  f"num_redundant_experts {config.num_redundant_experts}); leave {key} out")
+        self.options = self.options.model_copy(update=engine)
+
+    @hookimpl
     def deepinfer_model_loaded(self, model) -> None:
         if not isinstance(model, CountsExpertLoad) or not isinstance(model, PlacesExperts):
             raise PluginError(f"plugin 'eplb' balances the routed experts of a mixture-of-experts model that counts "

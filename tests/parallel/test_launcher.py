@@ -41,6 +41,27 @@ def test_torchrun_ranks_give_the_single_process_engines_tokens(tmp_path):
 
 
 @pytest.mark.skipif(TORCHRUN is None, reason="torchrun is not installed beside this Python")
+def test_torchrun_expert_parallel_ranks_give_the_single_process_engines_tokens(tmp_path):
+    """Data-parallel attention with the experts sharded over a launcher's two ranks: two prompts, one a rank."""
+    from deepinfer import LLM, SamplingParams
+
+    make_model(tmp_path, "deepseek_v3", n_group=2, topk_group=1)
+    prompts = ["The quick brown fox", "import os"]
+    one = LLM(str(tmp_path), device="cpu", dtype="float32", progress=False)
+    want = [o.outputs[0].token_ids for o in one.generate(prompts, SamplingParams(temperature=0, max_tokens=8,
+                                                                                 ignore_eos=True), use_tqdm=False)]
+    one.shutdown()
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
+    run = subprocess.run([TORCHRUN, "--nproc-per-node", "2", "--master-port", str(free_port()), "-m", "deepinfer.cli",
+                          "generate", str(tmp_path), "--device", "cpu", "--dtype", "float32", "--data-parallel-size",
+                          "2", "--enable-expert-parallel", "--prompt", prompts[0], "--prompt", prompts[1],
+                          "--max-tokens", "8", "--ignore-eos", "--json"], check=False, capture_output=True, text=True,
+                         timeout=300, env=env)
+    assert run.returncode == 0, run.stderr
+    assert [json.loads(line)["token_ids"] for line in run.stdout.splitlines()] == want
+
+
+@pytest.mark.skipif(TORCHRUN is None, reason="torchrun is not installed beside this Python")
 def test_torchrun_ranks_serve_the_single_process_engines_text_from_rank_0(tmp_path):
     """docs/architecture.md's two-host example on one host: rank 0 opens the HTTP port, rank 1 serves it."""
     import httpx
