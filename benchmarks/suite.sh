@@ -4,7 +4,7 @@
 #   bash benchmarks/suite.sh OUT [NAME ...]      (no NAME: every one for this machine's kind)
 #
 # On a CUDA machine the GPU commands run (device DEVICE, default sm90); elsewhere the CPU ones.
-# Names: ceilings latency idle throughput prefill prefix spec swa kernels deepseek deepseek_model (GPU);
+# Names: ceilings latency idle throughput prefill prefix spec swa structured kernels deepseek deepseek_model (GPU);
 #        latency throughput prefix spec swa serve router (CPU).
 set -u
 OUT=${1:?usage: bash benchmarks/suite.sh OUT [NAME ...]}
@@ -49,6 +49,10 @@ gpu_swa() {
   run swa $BENCH swa --random-model qwen3-0.6b --window 2048 --dtype bfloat16 --device "$DEVICE" \
     --kv-cache-memory-gb 40 --context 32768 --turns 8 --conversations 8 --output-len 32 \
     --intervals 64,128,256,512 --max-num-batched-tokens 8192
+}
+gpu_structured() {
+  run structured $BENCH structured --random-model llama-1b --dtype bfloat16 --device "$DEVICE" --json-schema builtin \
+    --concurrency 64 --num-requests 256 --input-len 256 --max-tokens 1024 --repeats 3 --kv-cache-memory-gb 16
 }
 gpu_kernels() { run kernels $PY -m deepinfer.bench.kernels --out "$OUT/kernels"; }
 gpu_deepseek() {

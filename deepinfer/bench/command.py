@@ -48,12 +48,14 @@ def add_bench_parser(sub, add_engine_args, engine_overrides) -> None:
     from deepinfer.bench.prefix import add_prefix_parser
     from deepinfer.bench.router import add_router_bench_parser
     from deepinfer.bench.spec import add_spec_parser
+    from deepinfer.bench.structured import add_structured_parser
     from deepinfer.bench.swa import add_swa_parser
 
     add_prefill_parser(bsub, add_engine_args, engine_overrides)
     add_prefix_parser(bsub, add_engine_args, engine_overrides)
     add_spec_parser(bsub, add_engine_args, engine_overrides)
     add_swa_parser(bsub, add_engine_args, engine_overrides)
+    add_structured_parser(bsub, add_engine_args, engine_overrides)
     add_router_bench_parser(bsub)
     try:
         from deepinfer.bench.serve import add_bench_serve_parser
