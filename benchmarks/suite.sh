@@ -4,7 +4,7 @@
 #   bash benchmarks/suite.sh OUT [NAME ...]      (no NAME: every one for this machine's kind)
 #
 # On a CUDA machine the GPU commands run (device DEVICE, default sm90); elsewhere the CPU ones.
-# Names: ceilings latency idle throughput prefill prefix spec swa structured kvstore kernels deepseek deepseek_model (GPU);
+# Names: ceilings latency idle throughput prefill prefix spec swa structured kvstore disagg kernels deepseek deepseek_model (GPU);
 #        latency throughput prefix spec swa serve router (CPU).
 set -u
 OUT=${1:?usage: bash benchmarks/suite.sh OUT [NAME ...]}
@@ -59,6 +59,13 @@ gpu_kvstore() {
   local dir=${KVSTORE_DIR:-/var/tmp/deepinfer-kvstore-$$}
   run kvstore $BENCH kvstore --random-model llama-1b --dtype bfloat16 --device "$DEVICE" \
     --lengths 512,1024,2048,4096,8192 --repeats 3 --host-gb 8 --dir "$dir"
+  [ -n "${KVSTORE_DIR:-}" ] || rm -rf "$dir"
+}
+gpu_disagg() {
+  # two instances on one GPU: each gets a 16 GiB KV budget; the kv-store directory on a disk, not in $OUT
+  local dir=${KVSTORE_DIR:-/var/tmp/deepinfer-disagg-$$}
+  run disagg $BENCH disagg --random-model llama-1b --dtype bfloat16 --device "$DEVICE" --kv-cache-memory-gb 16 \
+    --max-model-len 8192 --num-prompts 64 --concurrency 16 --input-len 4096 --output-len 128 --dir "$dir"
   [ -n "${KVSTORE_DIR:-}" ] || rm -rf "$dir"
 }
 gpu_kernels() { run kernels $PY -m deepinfer.bench.kernels --out "$OUT/kernels"; }
