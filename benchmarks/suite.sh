@@ -58,7 +58,7 @@ gpu_kvstore() {
   # the directory tier on a disk (/var/tmp), not in $OUT; KVSTORE_DIR names another mount (it is kept)
   local dir=${KVSTORE_DIR:-/var/tmp/deepinfer-kvstore-$$}
   run kvstore $BENCH kvstore --random-model llama-1b --dtype bfloat16 --device "$DEVICE" \
-    --lengths 512,1024,2048,4096,8192 --repeats 3 --host-gb 8 --dir "$dir"
+    --kv-cache-memory-gb 16 --lengths 512,1024,2048,4096,8192 --repeats 3 --host-gb 8 --dir "$dir"
   [ -n "${KVSTORE_DIR:-}" ] || rm -rf "$dir"
 }
 gpu_disagg() {

@@ -132,27 +132,27 @@ def decode_store_counts(url: str) -> dict[str, float]:
 
 
 def _load(url: str, workload: list, concurrency: int, seed: int) -> dict[str, Any]:
-    from deepinfer.bench.serve import _served_name, _summarise_http
+    from deepinfer.bench.serve import served_name, summarise_http
 
-    results, elapsed = asyncio.run(run_http(url, _served_name(url, None), None, workload, concurrency,
+    results, elapsed = asyncio.run(run_http(url, served_name(url, None), None, workload, concurrency,
                                             float("inf"), seed))
-    return _summarise_http(results, elapsed)
+    return summarise_http(results, elapsed)
 
 
 def run_disagg(args: argparse.Namespace, overrides: dict) -> int:
     from deepinfer.bench.models import bench_model
-    from deepinfer.bench.serve import _model_dir, _vocab_size
+    from deepinfer.bench.serve import bench_model_dir, config_vocab_size
     from deepinfer.bench.structured import give_tokenizer
     from deepinfer.builder import demo_model_path
 
     # a random model takes the demo model's tokenizer and vocabulary: a token streams only as text, so
     # without them the first chunk would come with the last token and TTFT would read end to end
-    demo_vocab = _vocab_size(demo_model_path())
+    demo_vocab = config_vocab_size(demo_model_path())
     model, overrides = bench_model(args, overrides, "bfloat16", vocab_size=demo_vocab)
     if model is not None and args.random_model:
         give_tokenizer(model)
-    model = model or _model_dir(args)
-    workload = make_workload(args.num_prompts, args.input_len, args.output_len, _vocab_size(model), args.bench_seed)
+    model = model or bench_model_dir(args)
+    workload = make_workload(args.num_prompts, args.input_len, args.output_len, config_vocab_size(model), args.bench_seed)
     flags = [model, *engine_flags(args.config_file, overrides)]
     report: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="deepinfer-disagg-") as tmp:

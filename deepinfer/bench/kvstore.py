@@ -134,7 +134,9 @@ def _measure(engines: _Engines, lengths: list[int], repeats: int, directory: str
         _ttft(llm, fresh(n))  # warm-up: every length's kernels
         runs["recompute"][n] = [(*_ttft(llm, p), 0.0) for p in prompts[n]]
     progress("kvstore: recompute done")
-    _stop(llm)
+    llm.shutdown()
+    del llm  # (its device memory goes before the next engine takes any)
+    _free_device_memory()
     llm = engines.store(directory)
     filler = fresh(engines.filler_len)
     _ttft(llm, filler)
@@ -145,13 +147,15 @@ def _measure(engines: _Engines, lengths: list[int], repeats: int, directory: str
             _ttft(llm, filler)  # takes every block of the pool: the prompt leaves the device
             runs["host"][n].append(_restore(llm, p, "host"))
     progress("kvstore: host tier done")
-    _stop(llm)
+    llm.shutdown()
+    del llm
+    _free_device_memory()
     llm = engines.store(directory)  # a restart: the host tier starts empty
     if cold:
         progress(f"kvstore: {drop_page_cache(directory)} block files dropped from the page cache")
     for n in lengths:
         runs["disk"][n] = [_restore(llm, p, "disk") for p in prompts[n]]
-    _stop(llm)
+    llm.shutdown()
     return _rows(lengths, runs)
 
 
@@ -163,13 +167,11 @@ def _restore(llm, prompt: list[int], tier: str) -> tuple[float, int, float]:
     return secs, cached, llm.get_metrics().get(key, 0) - before
 
 
-def _stop(llm) -> None:
+def _free_device_memory() -> None:
     import gc
 
     import torch
 
-    llm.shutdown()
-    del llm
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
