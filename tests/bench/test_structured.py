@@ -53,3 +53,8 @@ def test_rows_ratio_and_valid_outputs(tmp_path, capsys):
     for text in result["outputs"]:
         jsonschema.validate(json.loads(text), SMALL)
     assert "constrained outputs: 3 of 3 parse as JSON, 3 valid against the schema; 0 cut" in "\n".join(lines)
+
+
+def test_a_schema_that_is_not_a_file_is_refused_before_any_work(tmp_path, capsys):
+    assert main(["bench", "structured", "--json-schema", str(tmp_path / "missing.json")]) == 2
+    assert "is neither 'builtin' nor a file" in capsys.readouterr().err
