@@ -4,7 +4,7 @@
 #   bash benchmarks/suite.sh OUT [NAME ...]      (no NAME: every one for this machine's kind)
 #
 # On a CUDA machine the GPU commands run (device DEVICE, default sm90); elsewhere the CPU ones.
-# Names: ceilings latency idle throughput prefill prefix spec swa kernels deepseek deepseek_model (GPU);
+# Names: ceilings latency idle throughput prefill prefix spec swa structured kvstore disagg kernels deepseek deepseek_model (GPU);
 #        latency throughput prefix spec swa serve router (CPU).
 set -u
 OUT=${1:?usage: bash benchmarks/suite.sh OUT [NAME ...]}
@@ -49,6 +49,24 @@ gpu_swa() {
   run swa $BENCH swa --random-model qwen3-0.6b --window 2048 --dtype bfloat16 --device "$DEVICE" \
     --kv-cache-memory-gb 40 --context 32768 --turns 8 --conversations 8 --output-len 32 \
     --intervals 64,128,256,512 --max-num-batched-tokens 8192
+}
+gpu_structured() {
+  run structured $BENCH structured --random-model llama-1b --dtype bfloat16 --device "$DEVICE" --json-schema builtin \
+    --concurrency 64 --num-requests 256 --input-len 256 --max-tokens 1024 --repeats 3 --kv-cache-memory-gb 16
+}
+gpu_kvstore() {
+  # the directory tier on a disk (/var/tmp), not in $OUT; KVSTORE_DIR names another mount (it is kept)
+  local dir=${KVSTORE_DIR:-/var/tmp/deepinfer-kvstore-$$}
+  run kvstore $BENCH kvstore --random-model llama-1b --dtype bfloat16 --device "$DEVICE" \
+    --kv-cache-memory-gb 16 --lengths 512,1024,2048,4096,8192 --repeats 3 --host-gb 8 --dir "$dir"
+  [ -n "${KVSTORE_DIR:-}" ] || rm -rf "$dir"
+}
+gpu_disagg() {
+  # two instances on one GPU: each gets a 16 GiB KV budget; the kv-store directory on a disk, not in $OUT
+  local dir=${KVSTORE_DIR:-/var/tmp/deepinfer-disagg-$$}
+  run disagg $BENCH disagg --random-model llama-1b --dtype bfloat16 --device "$DEVICE" --kv-cache-memory-gb 16 \
+    --max-model-len 8192 --num-prompts 64 --concurrency 16 --input-len 4096 --output-len 128 --dir "$dir"
+  [ -n "${KVSTORE_DIR:-}" ] || rm -rf "$dir"
 }
 gpu_kernels() { run kernels $PY -m deepinfer.bench.kernels --out "$OUT/kernels"; }
 gpu_deepseek() {

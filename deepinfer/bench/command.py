@@ -44,16 +44,22 @@ def add_bench_parser(sub, add_engine_args, engine_overrides) -> None:
                            help="run the peer on only the first N requests (its rate is compared)")
         b.add_argument("--peer-repeats", type=int, default=None, help="timed runs of the peer (default: --repeats)")
         b.set_defaults(func=lambda a, _ov=engine_overrides: run_bench(a, _ov(a)))
+    from deepinfer.bench.disagg import add_disagg_parser
+    from deepinfer.bench.kvstore import add_kvstore_parser
     from deepinfer.bench.prefill import add_prefill_parser
     from deepinfer.bench.prefix import add_prefix_parser
     from deepinfer.bench.router import add_router_bench_parser
     from deepinfer.bench.spec import add_spec_parser
+    from deepinfer.bench.structured import add_structured_parser
     from deepinfer.bench.swa import add_swa_parser
 
     add_prefill_parser(bsub, add_engine_args, engine_overrides)
     add_prefix_parser(bsub, add_engine_args, engine_overrides)
+    add_kvstore_parser(bsub, add_engine_args, engine_overrides)
+    add_disagg_parser(bsub, add_engine_args, engine_overrides)
     add_spec_parser(bsub, add_engine_args, engine_overrides)
     add_swa_parser(bsub, add_engine_args, engine_overrides)
+    add_structured_parser(bsub, add_engine_args, engine_overrides)
     add_router_bench_parser(bsub)
     try:
         from deepinfer.bench.serve import add_bench_serve_parser

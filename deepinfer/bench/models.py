@@ -179,9 +179,10 @@ def require_transformers(what: str = "--peer hf") -> None:
         raise ValueError(f"{what} runs Hugging Face transformers, which is not installed: {PEER_HINT}") from None
 
 
-def bench_model(args, overrides: dict, default_dtype: str) -> tuple[str | None, dict]:
+def bench_model(args, overrides: dict, default_dtype: str, **shape_overrides) -> tuple[str | None, dict]:
     """The model directory a benchmark runs on (with ``--random-model``, one built now, on the GPU
-    when one is there and not excluded) and the engine overrides left for LLM(...)."""
+    when one is there and not excluded, its config's fields replaced by ``shape_overrides``) and the
+    engine overrides left for LLM(...)."""
     import torch
 
     overrides = dict(overrides)
@@ -190,6 +191,6 @@ def bench_model(args, overrides: dict, default_dtype: str) -> tuple[str | None, 
         dtype = overrides.get("dtype", "auto")
         on_gpu = overrides.get("device", "auto") != "cpu" and torch.cuda.is_available()
         model = build_random_model(args.random_model, default_dtype if dtype == "auto" else dtype,
-                                   "cuda" if on_gpu else "cpu")
+                                   "cuda" if on_gpu else "cpu", **shape_overrides)
         atexit.register(shutil.rmtree, model, True)  # (a temporary directory, gone with the run)
     return model, overrides

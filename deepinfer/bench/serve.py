@@ -109,7 +109,8 @@ class _LaunchedServer:
                 self.proc.wait(10)
 
 
-def _model_dir(args: argparse.Namespace) -> str:
+def bench_model_dir(args: argparse.Namespace) -> str:
+    """The model directory of the run: the one given, else the demo model."""
     if args.model:
         return args.model
     from deepinfer.builder import demo_model_path
@@ -117,12 +118,14 @@ def _model_dir(args: argparse.Namespace) -> str:
     return demo_model_path()
 
 
-def _vocab_size(model_dir: str) -> int:
+def config_vocab_size(model_dir: str) -> int:
+    """The vocabulary size in a model directory's config.json (a multimodal one's text_config too)."""
     cfg = json.loads((Path(model_dir) / "config.json").read_text())
     return int(cfg.get("vocab_size") or cfg.get("text_config", {}).get("vocab_size"))
 
 
-def _served_name(url: str, api_key: str | None) -> str:
+def served_name(url: str, api_key: str | None) -> str:
+    """The first model name a server (or the router) lists at /v1/models."""
     import httpx
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -131,7 +134,8 @@ def _served_name(url: str, api_key: str | None) -> str:
     return r.json()["data"][0]["id"]
 
 
-def _summarise_http(results: list, elapsed: float) -> dict[str, Any]:
+def summarise_http(results: list, elapsed: float) -> dict[str, Any]:
+    """Throughput and TTFT / ITL / end-to-end percentiles (ms) of one HTTP run."""
     ok = [r for r in results if r.ok]
     out_tokens = sum(r.output_tokens for r in ok)
     return {"requests": len(results), "failed": len(results) - len(ok), "duration_s": elapsed,
@@ -143,9 +147,9 @@ def _summarise_http(results: list, elapsed: float) -> dict[str, Any]:
 
 
 def run_bench_serve(args: argparse.Namespace) -> int:
-    model_dir = _model_dir(args)
+    model_dir = bench_model_dir(args)
     api_key = args.api_key or os.environ.get("DEEPINFER_API_KEY") or None
-    workload = make_workload(args.num_prompts, args.input_len, args.output_len, _vocab_size(model_dir),
+    workload = make_workload(args.num_prompts, args.input_len, args.output_len, config_vocab_size(model_dir),
                              args.bench_seed)
     probe = workload[:args.ttft_requests]
     report: dict[str, Any] = {"config": {k: getattr(args, k) for k in (
@@ -154,13 +158,13 @@ def run_bench_serve(args: argparse.Namespace) -> int:
     launched = None if args.base_url else _LaunchedServer(args, api_key)
     url = args.base_url or launched.url
     try:
-        name = args.model_name or _served_name(url, api_key)
+        name = args.model_name or served_name(url, api_key)
         if probe:
             report["http_ttft_alone_ms"] = {k: v * 1000 for k, v in
                                             percentiles(asyncio.run(http_ttft(url, name, api_key, probe))).items()}
         results, elapsed = asyncio.run(run_http(url, name, api_key, workload, args.concurrency, args.request_rate,
                                                 args.bench_seed))
-        report["http"] = _summarise_http(results, elapsed)
+        report["http"] = summarise_http(results, elapsed)
     finally:
         if launched is not None:
             launched.stop()  # the offline run gets the machine to itself
