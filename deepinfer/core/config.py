@@ -65,7 +65,8 @@ class EngineConfig(BaseModel):
                            "runs with data_parallel_size ranks and tensor_parallel_size 1")
     num_redundant_experts: int = Field(
         0, ge=0, description="physical expert slots a MoE layer has beyond its experts, with "
-                             "enable_expert_parallel (replicas of hot experts placed by the eplb plugin)")
+                             "enable_expert_parallel (replicas of hot experts, placed by an expert-load-balancing "
+                             "hook plugin)")
     max_seq_len_to_capture: int = Field(8192, ge=1, description="longest sequence a captured decode step "
                                                                 "covers; steps with longer ones run eagerly")
 
