@@ -46,7 +46,7 @@ def parse(spec: StructuredOutputsParams) -> Any:
             return xgr.Grammar.from_json_schema('{"type": "object"}', any_whitespace=False, strict_mode=False)
         if kind == "json_schema":
             schema = spec.json_schema if isinstance(spec.json_schema, str) else json.dumps(spec.json_schema)
-            return xgr.Grammar.from_json_schema(schema, any_whitespace=False, strict_mode=True)
+            return _json_strings(xgr, xgr.Grammar.from_json_schema(schema, any_whitespace=False, strict_mode=True))
         if kind == "regex":
             return xgr.Grammar.from_regex(spec.regex)
         if kind == "choice":  # (JSON's string escapes are EBNF's)
@@ -56,6 +56,21 @@ def parse(spec: StructuredOutputsParams) -> Any:
         what = {"json_schema": "JSON schema", "regex": "regular expression", "choice": "choice",
                 "grammar": "EBNF grammar", "json_object": "JSON grammar"}[kind]
         raise GrammarError(f"the {what} of structured_outputs cannot be compiled: {_first_line(e)}") from None
+
+
+#: xgrammar 0.2's rule for one character of a string with ``minLength`` or ``maxLength`` takes any
+#: character but a quote, a backslash, CR and LF: raw control characters pass (JSON forbids them in
+#: strings; json.loads refuses them) and escapes do not. Such a rule is given what its unbounded
+#: strings take instead: a character that is not a control character, quote or backslash, or an escape.
+_BOUNDED_CHARACTER = re.compile(r'^(\w+_characters) ::= \(\(\[\^\\"\\\\\\r\\n\]\)\)$', re.MULTILINE)
+_JSON_CHARACTER = r'\1 ::= (([^\\0-\\x1f\\"\\\\]) | ("\\\\" ([\\"\\\\/bfnrt] | "u" [A-Fa-f0-9]{4})))'
+
+
+def _json_strings(xgr: Any, grammar: Any) -> Any:
+    """``grammar`` (from a JSON schema) with every bounded string's characters as JSON allows them."""
+    text = str(grammar)
+    fixed = _BOUNDED_CHARACTER.sub(_JSON_CHARACTER, text)
+    return grammar if fixed == text else xgr.Grammar.from_ebnf(fixed)
 
 
 def _first_line(e: BaseException) -> str:

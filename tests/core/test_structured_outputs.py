@@ -204,3 +204,25 @@ def test_grammar_drafts_rows_roll_back_and_block_after_a_forbidden_draft():
     assert bit(1, 2) and not bit(1, bad[0])        # after "yes": only the stop token
     assert int((mask[2] == -1).all())              # past the forbidden draft: nothing read
     assert state.accept(yes[0])                     # rolled back to the start
+
+
+@pytest.mark.parametrize("bound", [{"maxLength": 12}, {"minLength": 1}, {}])
+def test_a_strings_characters_are_what_json_allows_whatever_its_length_bounds(llm, bound):
+    """Inside a string of a schema, a token that decodes to a control character (here the demo
+    tokenizer's byte 0x03 and a tab) is refused and an escape is taken, with or without minLength or
+    maxLength (xgrammar's own rule for bounded strings lets raw control characters through)."""
+    tok = llm.get_tokenizer()
+    spec = StructuredOutputsParams(json_schema={"type": "object", "properties": {"a": {"type": "string", **bound}},
+                                                "required": ["a"], "additionalProperties": False})
+    table = llm.engine.table
+    compiled = Grammars(table.tokenizer, table.vocab_size, table.eos_token_ids).compiler.compile_grammar(parse(spec))
+
+    def accepts(text: str) -> bool:
+        matcher = xgr.GrammarMatcher(compiled)
+        return all(matcher.accept_token(t) for t in tok.encode(text, add_special_tokens=False))
+
+    assert accepts('{"a": "ab') and accepts('{"a": "a\\u0041b\\n')
+    for control in ("\x03", "\t"):
+        assert tok.decode(tok.encode(control, add_special_tokens=False)) == control
+        assert not accepts('{"a": "a' + control)
+    assert json.loads(tok.decode(tok.encode('{"a": "a\\u0041"}', add_special_tokens=False))) == {"a": "aA"}
