@@ -32,11 +32,17 @@ def _tokens(llm: LLM, prompts=PROMPTS) -> list[list[int]]:
                                                          use_tqdm=False)]
 
 
-def test_two_replicas_give_the_single_process_engines_greedy_tokens(llama):
-    one = LLM(llama, device="cpu", dtype="float32", block_size=8, progress=False)
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_two_replicas_give_the_single_process_engines_greedy_tokens(llama, tmp_path, arch):
+    """qwen3: q/k norms and tied embeddings, each replica whole."""
+    path = llama
+    if arch == "qwen3":
+        path = str(tmp_path)
+        make_model(path, "qwen3", with_tokenizer=False, tie_word_embeddings=True)
+    one = LLM(path, device="cpu", dtype="float32", block_size=8, progress=False)
     want = _tokens(one)
     one.shutdown()
-    two = LLM(llama, device="cpu", dtype="float32", block_size=8, progress=False, data_parallel_size=2)
+    two = LLM(path, device="cpu", dtype="float32", block_size=8, progress=False, data_parallel_size=2)
     try:
         ran: list[list[int]] = []
         driver = two.engine.runner.ranks
