@@ -1,5 +1,5 @@
 """Copies of device tensors to host memory that the host waits for later (a step's samples, a
-draft round's tokens)."""
+draft round's tokens), and rows of a device tensor taken without waiting for it."""
 from __future__ import annotations
 
 import torch
@@ -48,3 +48,15 @@ class HostCopy:
             self._ready.synchronize()
             self._ready = None
         return self._host
+
+
+def take_rows(hidden: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """hidden[rows] without waiting for the device: a view when the rows are consecutive (every
+    request of a verification computing all its rows, or every row sampling), else a gather whose
+    index goes over from pinned memory (a plain list index would wait for the step to finish
+    before the host could queue what follows it)."""
+    first = rows[0]
+    if rows[-1] - first == len(rows) - 1 and rows == list(range(first, first + len(rows))):
+        return hidden[first:first + len(rows)]
+    index = torch.tensor(rows, dtype=torch.long, pin_memory=hidden.device.type != "cpu")
+    return hidden[index.to(hidden.device, non_blocking=True)]

@@ -12,7 +12,7 @@ from deepinfer.core.capabilities import HandlesSingleRuns
 from deepinfer.core.eager_batch import build_step_batch
 from deepinfer.core.grammar import mask_drafts
 from deepinfer.core.graphs import DecodeGraphs, PrefillGraphs
-from deepinfer.core.host_copy import HostCopy
+from deepinfer.core.host_copy import HostCopy, take_rows
 from deepinfer.core.interfaces import AttentionBackend, DeviceGraphs, SchedulerOutput
 from deepinfer.core.logprobs import TokenLogprobs
 from deepinfer.core.model_registry import CausalLM
@@ -29,18 +29,6 @@ class RunnerOutput:
     prompt_logprobs: dict[str, list[TokenLogprobs | None]] = field(default_factory=dict)
     num_rejected: dict[str, int] = field(default_factory=dict)  # drafts whose KV is rolled back
     num_verified: dict[str, int] = field(default_factory=dict)
-
-
-def _take_rows(hidden: torch.Tensor, rows: list[int]) -> torch.Tensor:
-    """hidden[rows] without waiting for the device: a view when the rows are consecutive (every
-    request of a verification computing all its rows, or every row sampling), else a gather whose
-    index goes over from pinned memory (a plain list index would wait for the step to finish
-    before the host could queue what follows it)."""
-    first = rows[0]
-    if rows[-1] - first == len(rows) - 1 and rows == list(range(first, first + len(rows))):
-        return hidden[first:first + len(rows)]
-    index = torch.tensor(rows, dtype=torch.long, pin_memory=hidden.device.type != "cpu")
-    return hidden[index.to(hidden.device, non_blocking=True)]
 
 
 def _one_source(current: torch.Tensor | None, new: torch.Tensor) -> torch.Tensor:
@@ -214,9 +202,10 @@ class ModelRunner:
 
         if getattr(self.ranks, "runs_step", False):
             return self.ranks.run_step([s.request for s in out.scheduled], seqs, prev, forward)
+        sliding = self._sliding(out)
         if self.ranks is not None:
-            self.ranks.send_step(seqs, self._sliding(out), prev)
-        return forward(seqs, self._sliding(out))
+            self.ranks.send_step(seqs, sliding, prev)
+        return forward(seqs, sliding)
 
     @torch.inference_mode()
     def _launch(self, out: SchedulerOutput) -> StepInFlight:
@@ -269,7 +258,7 @@ class ModelRunner:
         flight = StepInFlight(out, result, sampling,
                               must_sync=bool(verifying) or not all(s.request.overlappable for s in out.scheduled))
         # (queued before on_verified may queue a drafter's graph, which may reuse the pool memory under hidden)
-        logits = self._logits(_take_rows(hidden, rows)) if sampling and flight.must_sync else None
+        logits = self._logits(take_rows(hidden, rows)) if sampling and flight.must_sync else None
         if verifying:
             self._verify(hidden, verifying, result, head)
         if sampling:
@@ -290,7 +279,7 @@ class ModelRunner:
                         and (argmaxes := self.graphs.replay_head(graph_size)) is not None:
                     flight.tokens = argmaxes[:len(sampling)]
                 else:
-                    logits = self._logits(_take_rows(hidden, rows))
+                    logits = self._logits(take_rows(hidden, rows))
                     flight.tokens = self.sampler.sample_on_device(logits, sampling, out=into)
                 self._prev_tokens = flight.tokens
                 self._prev_rows = {r.request_id: i for i, r in enumerate(sampling)}
@@ -345,13 +334,13 @@ class ModelRunner:
         grammar = any(r.grammar is not None for r, _, _ in verifying)
         plain = head is not None and not grammar and all(r.params.greedy and r.params.logprobs is None
                                                          for r, _, _ in verifying)
-        logits = None if plain else self._logits(_take_rows(hidden, index))  # (head: greedy_head's)
+        logits = None if plain else self._logits(take_rows(hidden, index))  # (head: greedy_head's)
         if grammar:  # a draft its grammar forbids gets probability 0: it is rejected
             mask_drafts(logits, verifying)
         # greedy argmaxes in one kernel and copy; a drafter may queue work behind them (on_verified)
         best = None
         if any(r.params.greedy for r, _, _ in verifying):
-            copy = HostCopy(best := _take_rows(head, index) if plain else self.sampler.argmax(logits))
+            copy = HostCopy(best := take_rows(head, index) if plain else self.sampler.argmax(logits))
             if self.on_verified is not None and all(r.params.greedy for r, _, _ in verifying):
                 starts = list(accumulate((len(d) + 1 for _, d, _ in verifying), initial=0))
                 self.on_verified([(r, d, at) for (r, d, _), at in zip(verifying, starts, strict=False)], best, copy)
