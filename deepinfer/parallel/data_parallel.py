@@ -24,7 +24,9 @@ from deepinfer.parallel.protocol import (
     PLACE,
     StepSeqs,
     pack_dp_step,
+    receive_payload,
     rows_of,
+    send_payload,
     unpack_dp_step,
 )
 from deepinfer.parallel.state import TensorParallel
@@ -92,10 +94,7 @@ class DataParallelDriver(Driver):
         owners = self.owners(requests)
         payload = pack_dp_step(seqs, owners)
         self._header(DP_STEP, len(payload), 0 if prev is None else prev.numel())
-        group = self.ranks.tp.group
-        dist.broadcast(torch.tensor(payload, dtype=torch.long, device=self.device), src=0, group=group)
-        if prev is not None:
-            dist.broadcast(prev.long().contiguous(), src=0, group=group)
+        send_payload(payload, prev, self.device, self.ranks.tp.group)
         hidden = own_hidden(self.model, seqs, owners, 0, self.blocks_per_rank, forward, self.dtype, self.device)
         return gather_hidden(hidden, seqs, owners, self.ranks.tp)
 
@@ -117,13 +116,8 @@ def serve_dp_step(model: Any, attention: Any, kv_caches: list[Any], block_size: 
                   device: torch.device, dtype: torch.dtype, world: TensorParallel, length: int,
                   num_prev: int) -> None:
     """A worker's part of a ``DP_STEP``: its sequences of the step, then its hidden rows to rank 0."""
-    payload = torch.empty(length, dtype=torch.long, device=device)
-    dist.broadcast(payload, src=0, group=world.group)
-    seqs, owners = unpack_dp_step(payload.tolist())
-    prev = None
-    if num_prev:
-        prev = torch.empty(num_prev, dtype=torch.long, device=device)
-        dist.broadcast(prev, src=0, group=world.group)
+    payload, prev = receive_payload(length, num_prev, device, world.group)
+    seqs, owners = unpack_dp_step(payload)
 
     def forward(mine: StepSeqs) -> torch.Tensor:
         batch = build_step_batch(mine, block_size, device, None, prev, ops=model.fused_ops)

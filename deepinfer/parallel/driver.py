@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 from deepinfer.parallel.errors import WorkerError
 from deepinfer.parallel.launch import Ranks
-from deepinfer.parallel.protocol import HEADER, LOGITS, STEP, STOP, Sliding, StepSeqs, pack_step
+from deepinfer.parallel.protocol import HEADER, LOGITS, STEP, STOP, Sliding, StepSeqs, pack_step, send_payload
 
 __all__ = ["Driver", "WorkerError"]
 
@@ -55,10 +55,7 @@ class Driver:
         """Before rank 0's forward: the step's sequences, and the samples its placeholders stand for."""
         payload = pack_step(seqs, sliding)
         self._header(STEP, len(payload), 0 if prev is None else prev.numel())
-        group = self.ranks.tp.group
-        dist.broadcast(torch.tensor(payload, dtype=torch.long, device=self.device), src=0, group=group)
-        if prev is not None:
-            dist.broadcast(prev.long().contiguous(), src=0, group=group)
+        send_payload(payload, prev, self.device, self.ranks.tp.group)
 
     def send_logits(self, hidden: torch.Tensor) -> None:
         """Before rank 0's ``compute_logits(hidden)``: the rows, so that every rank computes its part."""

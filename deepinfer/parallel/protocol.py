@@ -18,6 +18,10 @@ With data parallelism (each rank its own requests for attention and the dense la
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
 
 STOP, STEP, LOGITS, DP_STEP, EXPERT_LOAD, EXPERT_RESET, PLACE = 0, 1, 2, 3, 4, 5, 6
 #: what the model announces (``ExpertParallel.announce``) -> the command that tells the ranks
@@ -77,3 +81,24 @@ def rows_of(seqs: StepSeqs, owners: list[int], rank: int) -> list[int]:
             rows += range(at, at + len(tokens))
         at += len(tokens)
     return rows
+
+
+def send_payload(payload: list[int], prev: torch.Tensor | None, device: torch.device, group: Any) -> None:
+    """Rank 0's part of a step after its header: the packed step, then the samples its placeholders
+    stand for (if any)."""
+    dist.broadcast(torch.tensor(payload, dtype=torch.long, device=device), src=0, group=group)
+    if prev is not None:
+        dist.broadcast(prev.long().contiguous(), src=0, group=group)
+
+
+def receive_payload(length: int, num_prev: int, device: torch.device, group: Any
+                    ) -> tuple[list[int], torch.Tensor | None]:
+    """Another rank's part of a step after its header (``length`` and ``num_prev`` from it): the packed
+    step, and the samples its placeholders stand for (None: none)."""
+    payload = torch.empty(length, dtype=torch.long, device=device)
+    dist.broadcast(payload, src=0, group=group)
+    prev = None
+    if num_prev:
+        prev = torch.empty(num_prev, dtype=torch.long, device=device)
+        dist.broadcast(prev, src=0, group=group)
+    return payload.tolist(), prev

@@ -24,6 +24,7 @@ from deepinfer.parallel.protocol import (
     PLACE,
     STEP,
     STOP,
+    receive_payload,
     unpack_step,
 )
 from deepinfer.parallel.state import TensorParallel
@@ -43,13 +44,8 @@ def serve_driver(model: Any, attention: Any, kv_caches: list[Any], block_size: i
         if command == STOP:
             return
         if command == STEP:
-            payload = torch.empty(a, dtype=torch.long, device=device)
-            dist.broadcast(payload, src=0, group=tp.group)
-            seqs, sliding = unpack_step(payload.tolist())
-            prev = None
-            if b:
-                prev = torch.empty(b, dtype=torch.long, device=device)
-                dist.broadcast(prev, src=0, group=tp.group)
+            payload, prev = receive_payload(a, b, device, tp.group)
+            seqs, sliding = unpack_step(payload)
             batch = build_step_batch(seqs, block_size, device, sliding, prev, ops=model.fused_ops)
             model(batch.input_ids, batch.positions, kv_caches, attention.build_metadata(batch))
         elif command == LOGITS:
