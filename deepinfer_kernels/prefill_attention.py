@@ -143,14 +143,18 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
 
 def paged_prefill_attention_ref(q, k_cache, v_cache, query_start_loc, seq_lens, context_lens, block_tables,
                                 block_size, scale, sliding_window=None, max_query_len=None, **_) -> torch.Tensor:
-    """Torch reference of :func:`paged_prefill_attention`: one sequence at a time, in float32."""
+    """Torch reference of :func:`paged_prefill_attention`: one sequence at a time, in float32. As in
+    the kernel, sequence i's queries are rows query_start_loc[i]:query_start_loc[i+1] at positions
+    from context_lens[i] on, and see the keys before seq_lens[i]; a row that sees none gets zeros."""
     out = torch.zeros_like(q)
     group = q.shape[1] // k_cache.shape[1]
     starts = query_start_loc.tolist()
     for i, (n, ctx) in enumerate(zip(seq_lens.tolist(), context_lens.tolist(), strict=True)):
         rows = slice(starts[i], starts[i + 1])
+        if starts[i + 1] == starts[i]:
+            continue
         kpos = torch.arange(n, device=q.device)
-        qpos = torch.arange(ctx, n, device=q.device)
+        qpos = torch.arange(ctx, ctx + starts[i + 1] - starts[i], device=q.device)
         slots = block_tables[i].long()[kpos // block_size] * block_size + kpos % block_size
         k = k_cache[slots].float().repeat_interleave(group, 1)   # [n, H, D]
         v = v_cache[slots].float().repeat_interleave(group, 1)
@@ -158,6 +162,6 @@ def paged_prefill_attention_ref(q, k_cache, v_cache, query_start_loc, seq_lens, 
         see = kpos[None, :] <= qpos[:, None]
         if sliding_window is not None:
             see &= qpos[:, None] - kpos[None, :] < sliding_window
-        p = s.masked_fill(~see, float("-inf")).softmax(-1)
+        p = s.masked_fill(~see, float("-inf")).softmax(-1).nan_to_num(0.0)
         out[rows] = torch.einsum("hqn,nhd->qhd", p, v).to(q.dtype)
     return out

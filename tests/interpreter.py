@@ -29,9 +29,12 @@ ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT = 1200
 
 
-def run_interpreted(argv: list[str], timeout: float = TIMEOUT) -> subprocess.CompletedProcess:
+def run_interpreted(argv: list[str], timeout: float = TIMEOUT, reference_attention: bool = False
+                    ) -> subprocess.CompletedProcess:
     """Run ``python -m MODULE ARGS...`` or ``python -c CODE ARGS...`` (``argv`` without the
-    interpreter) in the Triton interpreter, from the repository root; its output is captured."""
+    interpreter) in the Triton interpreter, from the repository root; its output is captured.
+    ``reference_attention``: the triton backend's attention kernels are their torch references
+    there (tests/reference_kernels.py), for tests of the engine around them."""
     mode, target, *args = argv
     if mode == "-m":
         body = f"import runpy\nrunpy.run_module({target!r}, run_name='__main__', alter_sys=True)\n"
@@ -39,7 +42,10 @@ def run_interpreted(argv: list[str], timeout: float = TIMEOUT) -> subprocess.Com
         body = target
     else:
         raise ValueError(f"argv must start with -m MODULE or -c CODE, not {mode!r}")
-    code = "from tests.interpreter import quicken\nquicken()\n" + body
+    code = "from tests.interpreter import quicken\nquicken()\n"
+    if reference_attention:
+        code += "from tests.reference_kernels import use_reference_attention\nuse_reference_attention()\n"
+    code += body
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
     return subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=timeout, check=False)

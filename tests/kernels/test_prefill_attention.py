@@ -66,3 +66,20 @@ def test_skip_single_leaves_one_token_runs_to_the_caller(device):
     keep = torch.ones(q.shape[0], dtype=torch.bool)
     keep[single] = False
     torch.testing.assert_close(out[keep], ref[keep], atol=2e-5, rtol=2e-5)
+
+
+def test_rows_other_than_the_new_tokens_follow_query_start_loc_as_in_the_reference(device):
+    # a padded graph's runs: fewer rows than new tokens, none, more than the sequence's keys reach,
+    # and a row of an empty sequence (it sees no key: zeros)
+    seqs = [(0, 9, 3), (20, 37, 0), (40, 41, 1), (10, 10, 2), (0, 0, 1)]
+    starts = [0]
+    for _, _, rows in seqs:
+        starts.append(starts[-1] + rows)
+    qsl, lens = i32(starts, device), [n for _, n, _ in seqs]
+    seq_lens, ctx_lens = i32(lens, device), i32([c for c, _, _ in seqs], device)
+    k_cache, v_cache, tables = random_paged_kv([max(n, 1) for n in lens], 4, 2, 16, torch.float32, device)
+    q = randn(starts[-1], 4, 16, dtype=torch.float32, device=device)
+    args = (q, k_cache, v_cache, qsl, seq_lens, ctx_lens, tables, 4, 0.25)
+    out, ref = paged_prefill_attention(*args), paged_prefill_attention_ref(*args)
+    assert torch.all(ref[-1] == 0) and ref[:-1].abs().sum(-1).gt(0).all()
+    torch.testing.assert_close(out, ref, atol=2e-5, rtol=2e-5)

@@ -4,7 +4,8 @@ overlap path's placeholders resolved into the static inputs, and eager fallback 
 On the CPU the graphs are stood in for by ``EagerGraphs``, which re-runs the captured function on
 the same static tensors at every replay (so a step that fills them wrongly fails), with the Triton
 backend in the interpreter (in a subprocess: TRITON_INTERPRET must be set before triton is
-imported). On a GPU the real CUDA graphs run.
+imported): its real kernels with the device's fused kernels, its torch references without them
+(tests/reference_kernels.py). On a GPU the real CUDA graphs run.
 """
 from __future__ import annotations
 
@@ -90,7 +91,8 @@ def test_graph_steps_give_the_eager_tokens_in_the_interpreter(tmp_path, fused):
     from tests.tiny_models import hybrid, make_model
 
     make_model(tmp_path, "qwen3", **hybrid(12))
-    res = run_interpreted(["-m", "tests.plugins.test_graphs", str(tmp_path)] + ["fused"] * fused)
+    res = run_interpreted(["-m", "tests.plugins.test_graphs", str(tmp_path)] + ["fused"] * fused,
+                          reference_attention=not fused)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     got = json.loads(res.stdout.strip().splitlines()[-1])
     assert got["graphs"] == got["eager"]

@@ -3,8 +3,9 @@ replayed from prefill graphs give the eager engine's tokens and prompt logprobs;
 cannot take (two prompts at once, a prompt longer than the largest token count) run eagerly.
 
 On the CPU the graphs are stood in for by ``EagerGraphs`` (tests/plugins/test_graphs.py), with the
-Triton backend in the interpreter, in a subprocess; on a GPU the real CUDA graphs run, set up by
-the engine's own defaults.
+Triton backend in the interpreter with its kernels' torch references (tests/reference_kernels.py),
+in a subprocess; on a GPU the real CUDA graphs run, with the real kernels, set up by the engine's
+own defaults.
 """
 from __future__ import annotations
 
@@ -154,7 +155,7 @@ def test_prefill_steps_from_graphs_give_the_eager_tokens_in_the_interpreter(tmp_
     from tests.tiny_models import hybrid, make_model
 
     make_model(tmp_path, "qwen3", **hybrid(12))
-    res = run_interpreted(["-m", "tests.plugins.test_prefill_graphs", str(tmp_path)])
+    res = run_interpreted(["-m", "tests.plugins.test_prefill_graphs", str(tmp_path)], reference_attention=True)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     got = json.loads(res.stdout.strip().splitlines()[-1])
     check(got["single"], [8, 16, 32], 1e-4)

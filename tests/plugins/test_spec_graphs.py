@@ -3,7 +3,8 @@ target's verification graphs, the draft's one-token and first-step graphs, the l
 greedy round, rounds chained behind verifications, and deepspark's lookups joining the loop.
 
 On the CPU the graphs are stood in for by ``EagerGraphs`` (test_graphs.py), with the Triton backend
-in the interpreter, in a subprocess; on a GPU the real CUDA graphs run.
+in the interpreter and its kernels' torch references (tests/reference_kernels.py), in a
+subprocess; on a GPU the real CUDA graphs run, with the real kernels.
 """
 from __future__ import annotations
 
@@ -18,11 +19,10 @@ import torch
 from tests.interpreter import run_interpreted
 from tests.plugins.test_graphs import EagerGraphs, _prompts
 
-pytestmark = pytest.mark.slow  # whole engines in the Triton interpreter, in subprocesses
+pytestmark = pytest.mark.slow  # whole engines, in subprocesses
 
-#: keys per split of the Triton decode kernel: the longest sequences here (67 tokens) span two. The
-#: interpreter's cost is per program and operation, not per element: a split of 64 keys costs about
-#: what one of 16 does (a generation's decode kernels took 3.2 s instead of 5.2 s)
+#: keys per split of the Triton decode kernel (on a GPU): the longest sequences here (67 tokens)
+#: span two
 SPLIT = 64
 
 
@@ -35,7 +35,8 @@ def test_speculative_steps_from_graphs_give_the_eager_drafts_and_tokens_in_the_i
     target = make_model(tmp_path, "qwen3", **hybrid(12))
     if drafter.endswith("+near"):
         near_draft(target, tmp_path / "near")
-    res = run_interpreted(["-m", "tests.plugins.test_spec_graphs", str(tmp_path), drafter, str(int(loop))])
+    res = run_interpreted(["-m", "tests.plugins.test_spec_graphs", str(tmp_path), drafter, str(int(loop))],
+                          reference_attention=True)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     check_draft_graphs(json.loads(res.stdout.strip().splitlines()[-1]), drafter, loop)
 

@@ -3,7 +3,8 @@ sampled loop graphs, drawn step by step, and argmax drafts in the greedy loop gr
 (``sampled_drafts``, ``sampled_loop``).
 
 On the CPU the graphs are stood in for by ``EagerGraphs`` (test_graphs.py), with the Triton backend
-in the interpreter, in a subprocess; on a GPU the real CUDA graphs run.
+in the interpreter and its kernels' torch references (tests/reference_kernels.py), in a
+subprocess; on a GPU the real CUDA graphs run, with the real kernels.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from tests.interpreter import run_interpreted
 from tests.plugins.test_graphs import EagerGraphs, _prompts
 from tests.plugins.test_spec_graphs import SPLIT, near_draft
 
-pytestmark = pytest.mark.slow  # whole engines in the Triton interpreter, in subprocesses
+pytestmark = pytest.mark.slow  # whole engines, in subprocesses
 
 
 def test_sampled_rounds_in_loop_graphs_give_the_eager_tokens_in_the_interpreter(tmp_path):
@@ -27,7 +28,7 @@ def test_sampled_rounds_in_loop_graphs_give_the_eager_tokens_in_the_interpreter(
 
     target = make_model(tmp_path, "qwen3", **hybrid(12))
     near_draft(target, tmp_path / "near")
-    res = run_interpreted(["-m", "tests.plugins.test_spec_graphs_sampled", str(tmp_path)])
+    res = run_interpreted(["-m", "tests.plugins.test_spec_graphs_sampled", str(tmp_path)], reference_attention=True)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     check_sampled_graphs(json.loads(res.stdout.strip().splitlines()[-1]))
 
