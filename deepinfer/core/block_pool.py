@@ -27,6 +27,10 @@ class BlockPool:
     A block whose reference count drops to zero joins the tail of the free queue but keeps its
     hash, so a cache policy can revive it; allocation takes from the head. When a block that still
     carries a hash is taken, ``on_evict`` listeners learn of it before the hash is cleared.
+
+    Blocks never taken yet head the free queue, in id order; their ``Block`` objects are made when
+    first taken (a pool sized from memory holds a million blocks of a tiny model, and making them
+    all up front took seconds). ``blocks`` makes every one.
     """
 
     def __init__(self, num_blocks: int, block_size: int, first_id: int = 0) -> None:
@@ -34,34 +38,54 @@ class BlockPool:
             raise ValueError(f"the KV pool needs at least one block, got {num_blocks}")
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self.blocks = [Block(first_id + i) for i in range(num_blocks)]  # (first_id: one range of a larger pool)
-        self._free: OrderedDict[int, Block] = OrderedDict((b.block_id, b) for b in self.blocks)
+        self._first_id = first_id  # (one range of a larger pool)
+        self._made: list[Block] = []  # the blocks taken at least once, in id order
+        self._free: OrderedDict[int, Block] = OrderedDict()  # made blocks at zero references, LRU first
         self._evict_listeners: list[Callable[[Block], None]] = []
         self.num_evicted = 0
+
+    @property
+    def blocks(self) -> list[Block]:
+        """Every block, in id order (those never taken join the head of the free queue, as they were)."""
+        if len(self._made) < self.num_blocks:
+            fresh = [Block(self._first_id + i) for i in range(len(self._made), self.num_blocks)]
+            for block in reversed(fresh):
+                self._free[block.block_id] = block
+                self._free.move_to_end(block.block_id, last=False)
+            self._made.extend(fresh)
+        return self._made
+
+    def _take_fresh(self) -> Block:
+        block = Block(self._first_id + len(self._made))
+        self._made.append(block)
+        return block
 
     def add_evict_listener(self, fn: Callable[[Block], None]) -> None:
         self._evict_listeners.append(fn)
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self._free)
+        return len(self._free) + self.num_blocks - len(self._made)
 
     @property
     def usage(self) -> float:
-        return 1.0 - len(self._free) / self.num_blocks
+        return 1.0 - self.num_free_blocks / self.num_blocks
 
     def allocate(self, n: int) -> list[Block]:
-        if n > len(self._free):
-            raise NoFreeBlocksError(f"asked for {n} KV blocks, {len(self._free)} free")
+        if n > self.num_free_blocks:
+            raise NoFreeBlocksError(f"asked for {n} KV blocks, {self.num_free_blocks} free")
         out = []
         for _ in range(n):
-            _, block = self._free.popitem(last=False)
-            if block.block_hash is not None:
-                for fn in self._evict_listeners:
-                    fn(block)
-                block.block_hash = None
-                block.token_ids = None
-                self.num_evicted += 1
+            if len(self._made) < self.num_blocks:
+                block = self._take_fresh()
+            else:
+                _, block = self._free.popitem(last=False)
+                if block.block_hash is not None:
+                    for fn in self._evict_listeners:
+                        fn(block)
+                    block.block_hash = None
+                    block.token_ids = None
+                    self.num_evicted += 1
             block.ref_cnt = 1
             out.append(block)
         return out
@@ -85,9 +109,9 @@ class BlockPool:
 
     def check_all_free(self) -> None:
         """Raise unless every block is free (cached blocks count as free: nobody holds them)."""
-        held = [b.block_id for b in self.blocks if b.ref_cnt != 0]
-        if held or len(self._free) != self.num_blocks:
+        held = [b.block_id for b in self._made if b.ref_cnt != 0]
+        if held or self.num_free_blocks != self.num_blocks:
             raise AssertionError(
                 f"{len(held)} blocks still referenced ({held[:10]}...), "
-                f"{len(self._free)}/{self.num_blocks} in the free queue"
+                f"{self.num_free_blocks}/{self.num_blocks} in the free queue"
             )
