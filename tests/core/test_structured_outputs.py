@@ -16,7 +16,7 @@ import torch
 import xgrammar as xgr
 
 from deepinfer import DEMO_MODEL, LLM, SamplingParams
-from deepinfer.core.grammar import GrammarError, Grammars, new_bitmask, parse
+from deepinfer.core.grammar import BATCH_FILL_ROWS, GrammarError, Grammars, fill_rows, new_bitmask, parse
 from deepinfer.core.sampling_params import StructuredOutputsParams
 from deepinfer.core.tokenizer import Tokenizer
 
@@ -204,6 +204,29 @@ def test_grammar_drafts_rows_roll_back_and_block_after_a_forbidden_draft():
     assert bit(1, 2) and not bit(1, bad[0])        # after "yes": only the stop token
     assert int((mask[2] == -1).all())              # past the forbidden draft: nothing read
     assert state.accept(yes[0])                     # rolled back to the start
+
+
+@pytest.mark.parametrize("rows", [BATCH_FILL_ROWS - 1, 12])
+def test_rows_filled_together_are_each_states_own_mask(rows):
+    """``fill_rows`` (xgrammar's threads from BATCH_FILL_ROWS rows) against each state's ``fill``,
+    over states at different places in different grammars, a terminated one among them."""
+    tok = Tokenizer(DEMO_MODEL)
+    grammars = Grammars(tok, tok.vocab_size, [2])
+    specs = [StructuredOutputsParams(json_schema=SCHEMA), StructuredOutputsParams(choice=["yes", "no"]),
+             StructuredOutputsParams(regex=r"[a-z]{2,5}[0-9]+")]
+    texts = ['{"name": "Rex", "kind": "d', "", "ab", '{"na', "yes", "abc12"]  # (text i fits spec i % 3)
+    states = []
+    for i in range(rows):
+        state = grammars.state(grammars.compile(specs[i % 3]))
+        assert all(state.accept(t) for t in tok.encode(texts[i % 6], add_special_tokens=False))
+        states.append(state)
+    assert states[1].accept(tok.encode("no")[0]) and states[1].accept(2) and states[1].done
+    one_by_one, together = new_bitmask(rows, tok.vocab_size), new_bitmask(rows, tok.vocab_size)
+    for i, state in enumerate(states):
+        state.fill(one_by_one, i)
+    fill_rows(together, states)
+    assert torch.equal(together, one_by_one)
+    assert bool((together[1] == -1).all()) and len({tuple(r.tolist()) for r in together}) >= min(rows, 4)
 
 
 @pytest.mark.parametrize("bound", [{"maxLength": 12}, {"minLength": 1}, {}])
