@@ -70,12 +70,22 @@ class KVBlocks:
         event.record()
         return out, event.synchronize
 
-    def write(self, block_ids: Sequence[int], rows: torch.Tensor) -> None:
-        """Put ``rows`` ([n, bytes_per_block] uint8, as ``read`` gave them) into the blocks, queued on
-        the device before any later step."""
+    def write(self, block_ids: Sequence[int], rows: torch.Tensor | Sequence[torch.Tensor]) -> None:
+        """Put ``rows`` ([n, bytes_per_block] uint8, as ``read`` gave them, or n such rows apart) into
+        the blocks, queued on the device before any later step. Rows apart each go to the device in
+        a copy of their own, which waits for nothing where they are in pinned memory (a KV store's
+        host tier keeps them so): no gathering on the host first."""
         ids = self._ids(block_ids)
-        if self.device.type != "cpu":
-            rows = rows.pin_memory().to(self.device, non_blocking=True)
+        if self.device.type == "cpu":
+            rows = rows if isinstance(rows, torch.Tensor) else torch.stack(list(rows))
+        else:
+            staged = torch.empty(len(block_ids), self.bytes_per_block, dtype=torch.uint8, device=self.device)
+            if isinstance(rows, torch.Tensor):
+                staged.copy_(rows, non_blocking=rows.is_pinned())
+            else:
+                for i, row in enumerate(rows):
+                    staged[i].copy_(row, non_blocking=row.is_pinned())
+            rows = staged
         col = 0
         for (view, d), size in zip(self._views, self._sizes, strict=True):
             part = rows[:, col:col + size].contiguous().view(view.dtype)

@@ -134,16 +134,20 @@ def test_crashed_write_leftovers_are_removed_at_start(tmp_path):
     assert not os.path.exists(leftover) and _key(2) not in again and again.get(_key(1), TOKS) is not None
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("apart", [False, True], ids=["one-tensor", "rows-apart"])
 @pytest.mark.parametrize("layout", ["slots", "blocks", "latent"])
-def test_kv_blocks_round_trip_bit_for_bit(layout):
+def test_kv_blocks_round_trip_bit_for_bit(layout, apart, device):
     nb, bs = 6, 4
     shapes = {"slots": (2, nb * bs, 2, 8), "blocks": (2, nb, bs, 2, 8), "latent": (nb * bs, 1, 12)}
-    caches = [torch.randn(*shapes[layout]), torch.randn(*shapes[layout]).half()]
-    kv = KVBlocks.of(caches, nb, bs, torch.device("cpu"))
+    caches = [torch.randn(*shapes[layout], device=device), torch.randn(*shapes[layout], device=device).half()]
+    kv = KVBlocks.of(caches, nb, bs, torch.device(device))
     rows, ready = kv.read([4, 1])
     ready()
+    assert rows.device.type == "cpu"
     before = [c.clone() for c in caches]
-    kv.write([0, 5], rows)
+    # (rows apart: each its own host tensor, pinned on a GPU machine, as a KV store's host tier keeps them)
+    kv.write([0, 5], [r.clone().pin_memory() if device == "cuda" else r.clone() for r in rows] if apart else rows)
     for c, b in zip(caches, before, strict=True):
         view = c.view(*c.shape[:-3], nb, bs, *c.shape[-2:]) if layout != "blocks" else c
         ref = b.view_as(view)

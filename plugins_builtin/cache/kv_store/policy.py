@@ -14,7 +14,6 @@ import threading
 import time
 from concurrent.futures import Future
 
-import torch
 from pydantic import Field, model_validator
 
 from deepinfer.plugins import Block, PluginError, PrefixMatch, Request, hookimpl
@@ -169,7 +168,7 @@ class KVStore(PrefixCache):
             return m
         pool.touch(m.blocks)  # (taken for the allocation: it may not evict the match itself)
         blocks: list[Block] = pool.allocate(len(rows))
-        self.ctx.kv_blocks.write([b.block_id for b in blocks], torch.stack(rows))
+        self.ctx.kv_blocks.write([b.block_id for b in blocks], rows)  # (pinned rows: one copy each)
         bs, toks, start = self.block_size, request.all_token_ids, len(m.blocks)
         st = self._state(request)
         for i, block in enumerate(blocks, start):
