@@ -1,6 +1,7 @@
 """Load a model's weights from *.safetensors (single file or sharded with an index), memory-mapped."""
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -51,13 +52,54 @@ def iter_weights(path: str | Path, progress: bool = True,
                     yield name, st.get_slice(name)[(slice(None),) * dim + (slice(start, start + length),)]
 
 
+#: torch.nn.init's in-place initialisers, which the layers' constructors call
+_INITS = ("uniform_", "normal_", "trunc_normal_", "constant_", "ones_", "zeros_", "eye_", "dirac_",
+          "xavier_uniform_", "xavier_normal_", "kaiming_uniform_", "kaiming_normal_", "orthogonal_", "sparse_")
+
+
+@contextlib.contextmanager
+def skipped_init() -> Iterator[None]:
+    """torch.nn.init's initialisers leave their tensor as it is, while a model whose weights the
+    checkpoint gives is built on the meta device: nothing there to initialise, and on meta tensors
+    they run torch's Python decompositions, whose first use imports torch's compiler (2.7 s of
+    every process's start here)."""
+    saved = {name: getattr(torch.nn.init, name) for name in _INITS if hasattr(torch.nn.init, name)}
+    for name in saved:
+        setattr(torch.nn.init, name, lambda tensor, *args, **kwargs: tensor)
+    try:
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(torch.nn.init, name, fn)
+
+
+def materialize(model: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> None:
+    """Give every meta parameter and buffer of ``model`` uninitialised memory on ``device``, floating
+    point ones in ``dtype`` (``to_empty`` then ``to(dtype)`` would allocate each twice, and on meta
+    tensors ``to_empty`` runs a decomposition that imports sympy: 0.8 s of a process's start)."""
+    made: dict[int, torch.Tensor] = {}  # (a tensor two modules share, tied weights, stays one)
+
+    def empty(t: torch.Tensor) -> torch.Tensor:
+        if id(t) not in made:
+            new = torch.empty(t.shape, dtype=dtype if t.is_floating_point() else t.dtype, device=device)
+            made[id(t)] = torch.nn.Parameter(new, requires_grad=t.requires_grad) \
+                if isinstance(t, torch.nn.Parameter) else new
+        return made[id(t)]
+
+    for module in model.modules():
+        for table in (module._parameters, module._buffers):
+            for name, t in table.items():
+                if t is not None and t.is_meta:
+                    table[name] = empty(t)
+
+
 def load_model(config: ModelConfig, registry: ModelRegistry, attention: AttentionBackend,
                dtype: torch.dtype, device: torch.device, progress: bool = True) -> CausalLM:
     """Build the registered model for ``config`` on ``device`` and fill it from the checkpoint."""
     cls = registry.resolve(config.architecture)
-    with torch.device("meta"):
+    with torch.device("meta"), skipped_init():
         model = cls(config, attention)
-    model = model.to_empty(device=device).to(dtype)
+    materialize(model, device, dtype)
     model.load_weights(iter_weights(config.path, progress, getattr(model, "weight_shard", None)))
     model.eval()
     return model

@@ -35,8 +35,9 @@ class RMSNorm(nn.Module):
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:
-    """Inverse frequencies of rotary embedding, with the scaling types deepinfer supports."""
-    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    """Inverse frequencies of rotary embedding, with the scaling types deepinfer supports (on the
+    CPU, whatever the default device: a model is built on the meta device)."""
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim))
     if not scaling:
         return inv
     kind = scaling["rope_type"]
