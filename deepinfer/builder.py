@@ -188,6 +188,13 @@ def _load_shard(config: EngineConfig, sel: Selection, mcfg, registry: ModelRegis
     ctx.device = device
     attn_name = sel.one("attention").name
     attention = sel.classes[attn_name](sel.options[attn_name], ctx)
+    if config.batch_invariant:
+        refused = [f"{kind} plugin {name!r}: {why}" for kind, name, why in (
+            ("device", dev_info.name, device.batch_invariance_unavailable()),
+            ("attention", attn_name, attention.batch_invariance_unavailable())) if why is not None]
+        if refused:
+            raise PluginError("--batch-invariant cannot run here: " + "; ".join(refused) + " (built in, the cpu "
+                              "device with the torch attention plugin runs it)")
     dtype = resolve_dtype(config.dtype, mcfg, device.torch_device.type)
     with building(*model_layout(config, tp)):
         model = load_model(mcfg, registry, attention, dtype, device.torch_device, progress)

@@ -54,6 +54,8 @@ def add_engine_args(p: argparse.ArgumentParser, model_positional: bool = True) -
     p.add_argument("--enable-expert-parallel", action="store_const", const=True, default=None,
                    help="shard a mixture-of-experts model's routed experts over the ranks (with "
                         "--data-parallel-size N, tensor-parallel size 1)")
+    p.add_argument("--batch-invariant", action="store_const", const=True, default=None,
+                   help="the same bits for a request whatever it is batched with (slower; see docs/batch-invariance.md)")
     p.add_argument("--num-redundant-experts", type=int, default=None,
                    help="expert slots a MoE layer has beyond its experts (expert parallelism; placed by eplb)")
 

@@ -67,6 +67,11 @@ class EngineConfig(BaseModel):
         0, ge=0, description="physical expert slots a MoE layer has beyond its experts, with "
                              "enable_expert_parallel (replicas of hot experts, placed by an expert-load-balancing "
                              "hook plugin)")
+    batch_invariant: bool = Field(
+        False, description="give a request the same bits whatever it is batched with: every matmul, "
+                           "reduction and attention computes each row in an order that does not depend on "
+                           "the batch, and a token the same way in prefill, decode, verification or after a "
+                           "cached prefix (slower; refused by a device or attention plugin that cannot)")
     max_seq_len_to_capture: int = Field(8192, ge=1, description="longest sequence a captured decode step "
                                                                 "covers; steps with longer ones run eagerly")
 

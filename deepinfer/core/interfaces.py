@@ -75,7 +75,9 @@ class Device(Plugin, ABC):
     def linear_op(self, dtype: torch.dtype) -> Callable[..., torch.Tensor] | None:
         """The matmul the linear layers and LM head of a model of ``dtype`` should use here, as
         ``fn(x, weight, bias=None)`` with ``F.linear``'s meaning and result, or None (the default):
-        torch's ``F.linear``. For devices whose own matmul is slow for some dtype or shape."""
+        torch's ``F.linear``. For devices whose own matmul is slow for some dtype or shape, or that
+        compute rows batch-invariantly (``batch_invariant``); then it carries ``batched(x, w)``, a
+        ``torch.bmm`` alike for models' per-head products (MLA's absorbed projections)."""
         return None
 
     def draft_dtype(self, dtype: torch.dtype) -> torch.dtype:
@@ -83,11 +85,11 @@ class Device(Plugin, ABC):
         choose (a draft runs mostly steps of one token a sequence): the target's by default."""
         return dtype
 
-    @property
-    def supports_batch_invariance(self) -> bool:
-        """Whether this device's kernels, as configured, give a sequence the same bits whatever it
-        is batched with."""
-        return False
+    def batch_invariance_unavailable(self) -> str | None:
+        """Why this device cannot run the engine's ``batch_invariant`` mode, or None where it can:
+        under it (``ctx.config.batch_invariant``) its matmuls and reductions (``linear_op``,
+        ``fused_ops``) compute every row in an order that does not depend on the other rows."""
+        return f"device plugin {self.name!r} does not implement it"
 
     def graphs(self) -> DeviceGraphs | None:
         """Graph capture on this device (decode steps are then recorded once per batch size and
@@ -147,6 +149,13 @@ class AttentionBackend(Plugin, ABC):
     #: layer, the values read as the keys' first ``value_dim`` dims; the engine refuses a model
     #: with such layers on a backend without it
     supports_latent_kv: ClassVar[bool] = False
+
+    def batch_invariance_unavailable(self) -> str | None:
+        """Why this backend cannot run the engine's ``batch_invariant`` mode, or None where it can:
+        under it (``ctx.config.batch_invariant``) a query row's attention is computed the same way
+        whatever else the step holds, and whether the row comes in a prefill, a chunk of one, a
+        decode, a verification or after a cached prefix."""
+        return f"attention plugin {self.name!r} does not implement it"
 
     @abstractmethod
     def kv_cache_bytes_per_block(self, layers: Sequence[AttentionLayerSpec], block_size: int,

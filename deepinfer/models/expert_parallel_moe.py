@@ -95,7 +95,7 @@ class ExpertParallelMoE(MoE):
         by_slot = local.argsort(stable=True)
         out = torch.empty_like(rows)
         out[by_slot] = sorted_expert_rows(rows[by_slot], torch.bincount(local, minlength=per).tolist(),
-                                          self.w13, self.w2)
+                                          self.w13, self.w2, self.linear_op)
         back = ep.exchange(out, recv, send)
         # (weighted in float32 and added in slot order, as the single-process ``moe_experts`` does)
         scaled = (back.float() * topk_weights.reshape(-1)[order, None]).to(x.dtype)

@@ -111,10 +111,11 @@ class MLAttention(nn.Module):
         # kv_b_proj's rows per head: [W_UK (qk_nope_head_dim rows) | W_UV (v_head_dim rows)], kv_lora_rank columns
         w = self.kv_b_proj.weight.view(d.num_heads, d.qk_nope_head_dim + d.v_head_dim, d.kv_lora_rank)
         w_uk, w_uv = w.split([d.qk_nope_head_dim, d.v_head_dim], dim=1)
-        q_latent = torch.bmm(q_nope.transpose(0, 1), w_uk).transpose(0, 1)            # [T, H, kv_lora_rank]
+        bmm = getattr(self.kv_b_proj.linear_op, "batched", torch.bmm)  # (the device's, where it has one)
+        q_latent = bmm(q_nope.transpose(0, 1), w_uk).transpose(0, 1)                  # [T, H, kv_lora_rank]
         query = torch.cat([q_latent, q_pe], dim=-1)
         key = torch.cat([self.kv_a_layernorm(latent), k_pe[:, 0]], dim=-1)[:, None]     # [T, 1, rank + rope]
         out = backend.forward(self.spec, query, key, None, kv_cache, meta)             # [T, H, kv_lora_rank]
-        out = torch.bmm(out.transpose(0, 1), w_uv.transpose(1, 2)).transpose(0, 1)     # [T, H, v_head_dim]
+        out = bmm(out.transpose(0, 1), w_uv.transpose(1, 2)).transpose(0, 1)           # [T, H, v_head_dim]
         out = out.reshape(-1, d.num_heads * d.v_head_dim)
         return self.o_proj(out) if gemv is None else gemv(out, self.o_proj.weight)

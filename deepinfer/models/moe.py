@@ -48,6 +48,17 @@ def _keep_groups(choice: torch.Tensor, group_scores: torch.Tensor, topk_group: i
     return choice.masked_fill(~keep, fill)
 
 
+def _sigmoid(x: torch.Tensor) -> torch.Tensor:
+    """``x.sigmoid()`` with each row's bits independent of the other rows: torch's CPU kernels compute
+    a tensor's elements past its last whole pair of vectors with scalar code, whose bits differ from
+    the vectorised code's, so rows of a width that is not a multiple of 32 (8 experts) would get
+    other bits alone than in a batch; here every row sits in whole vectors."""
+    pad = -x.shape[-1] % 32
+    if pad == 0 or x.device.type != "cpu":
+        return x.sigmoid()
+    return F.pad(x, (0, pad)).sigmoid()[..., :x.shape[-1]]
+
+
 def route(router_logits: torch.Tensor, routing: Routing,
           correction_bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Each token's experts and their weights from the router's logits [T, E]:
@@ -62,7 +73,7 @@ def route(router_logits: torch.Tensor, routing: Routing,
             choice = _keep_groups(scores, groups, routing.topk_group, 0.0)
         weights, ids = choice.topk(routing.top_k, dim=-1, sorted=False)
     elif routing.scoring == "sigmoid":
-        scores = logits.sigmoid()
+        scores = _sigmoid(logits)
         choice = scores if correction_bias is None else scores + correction_bias.float()
         if routing.n_group > 1:
             groups = choice.view(t, routing.n_group, e // routing.n_group).topk(2, dim=-1).values.sum(dim=-1)
@@ -95,30 +106,34 @@ def physical_expert_ids(topk_ids: torch.Tensor, logical_to_physical: torch.Tenso
 
 
 def moe_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-                topk_ids: torch.Tensor) -> torch.Tensor:
+                topk_ids: torch.Tensor, linear: Callable[..., torch.Tensor] | None = None) -> torch.Tensor:
     """The routed experts' weighted sum for each token, in torch: the (token, expert) pairs sorted by
-    expert, each expert's rows through its gate/up and down projections in one matmul each, the
-    results scaled by their weights (in float32) and added back to their tokens. [T, D]."""
+    expert, each expert's rows through its gate/up and down projections in one matmul each (``linear``,
+    F.linear by default), the results scaled by their weights (in float32) and added back to their
+    tokens, each token's in the order of its experts' ids. [T, D]."""
     k = topk_ids.shape[1]
     flat = topk_ids.reshape(-1).long()
     order = flat.argsort(stable=True)
     rows = x[order // k]                                    # the pairs' tokens, expert by expert
-    out_rows = sorted_expert_rows(rows, torch.bincount(flat, minlength=w13.shape[0]).tolist(), w13, w2)
+    out_rows = sorted_expert_rows(rows, torch.bincount(flat, minlength=w13.shape[0]).tolist(), w13, w2, linear)
     scaled = (out_rows.float() * topk_weights.reshape(-1)[order, None]).to(x.dtype)
     return torch.zeros_like(x).index_add_(0, order // k, scaled)
 
 
-def sorted_expert_rows(rows: torch.Tensor, counts: list[int], w13: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+def sorted_expert_rows(rows: torch.Tensor, counts: list[int], w13: torch.Tensor, w2: torch.Tensor,
+                       linear: Callable[..., torch.Tensor] | None = None) -> torch.Tensor:
     """Rows [N, D] sorted by expert (``counts[e]`` of expert e's, in expert order) through their
-    expert's gate/up and down projections, one matmul each an expert, unweighted. [N, D]."""
+    expert's gate/up and down projections, one matmul each an expert (``linear``, F.linear by
+    default), unweighted. [N, D]."""
     inter = w2.shape[2]
+    linear = linear or F.linear
     out_rows = torch.empty_like(rows)
     start = 0
     for expert, n in enumerate(counts):
         if n:
             part = rows[start:start + n]
-            gate, up = F.linear(part, w13[expert]).split(inter, dim=-1)
-            out_rows[start:start + n] = F.linear(F.silu(gate) * up, w2[expert])
+            gate, up = linear(part, w13[expert]).split(inter, dim=-1)
+            out_rows[start:start + n] = linear(F.silu(gate) * up, w2[expert])
             start += n
     return out_rows
 
@@ -132,12 +147,13 @@ class Router(nn.Module):
         self.weight = nn.Parameter(torch.empty(num_experts, hidden))
         self.e_score_correction_bias = (nn.Parameter(torch.zeros(num_experts)) if routing.scoring == "sigmoid"
                                         else None)
+        self.linear_op: Callable[..., torch.Tensor] | None = None  # the device's matmul (use_linear_op)
 
     def forward(self, x: torch.Tensor, grouped_topk: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """(topk_weights float32 [T, K], topk_ids int32 [T, K]); by the device's ``grouped_topk`` kernel
         where it offers one (FusedOps), else by ``route``."""
-        logits = F.linear(x.float(), self.weight.float())
+        logits = (self.linear_op or F.linear)(x.float(), self.weight.float())
         if grouped_topk is None:
             return route(logits, self.routing, self.e_score_correction_bias)
         r = self.routing
@@ -162,6 +178,7 @@ class MoE(nn.Module):
         # built on the meta device gets its buffers uninitialised)
         self.register_buffer("one", torch.ones((), dtype=torch.int64), persistent=False)
         self.fused_ops: FusedOps | None = None
+        self.linear_op: Callable[..., torch.Tensor] | None = None  # the experts' matmul (use_linear_op)
 
     def reset_load(self) -> None:
         """Every expert's count back to zero."""
@@ -173,5 +190,6 @@ class MoE(nn.Module):
         flat = topk_ids.reshape(-1)  # (int32: index_add_ takes it, and a stride-0 one, in one kernel)
         self.expert_load.index_add_(0, flat, self.one.expand(flat.shape[0]))
         fused = getattr(self.fused_ops, "fused_moe", None)
-        out = (fused or moe_experts)(x, self.w13, self.w2, topk_weights, topk_ids)
+        out = fused(x, self.w13, self.w2, topk_weights, topk_ids) if fused is not None else \
+            moe_experts(x, self.w13, self.w2, topk_weights, topk_ids, self.linear_op)
         return out if self.shared_experts is None else self.shared_experts(x, add_to=out)

@@ -57,6 +57,10 @@ class AscendAttention(AttentionBackend):
     def unavailable_reason(cls) -> str | None:
         return None if torch_npu_installed() else INSTALL_HINT
 
+    def batch_invariance_unavailable(self) -> str | None:
+        return ("npu_fused_infer_attention_score is not documented to reduce a query row the same way whatever "
+                "the batch and the step kind, and nothing has been measured on an NPU")
+
     @classmethod
     def kernels(cls) -> tuple[Any, KernelLimits | None]:
         """The module providing the ops and its documented limits; the tests substitute stand-ins."""

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from deepinfer.plugins import AttentionBackend, AttentionLayerSpec, KVGroupBatch, StepBatch
+from deepinfer_builtin.attention.torch_invariant import attend_invariant
 
 
 def _write_kv(kv_cache: torch.Tensor, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -96,6 +97,14 @@ class TorchAttention(AttentionBackend):
     supports_kv_groups = True
     supports_latent_kv = True
 
+    def batch_invariance_unavailable(self) -> str | None:
+        return None
+
+    @property
+    def invariant(self) -> bool:
+        """``--batch-invariant``: every step attends through ``attend_invariant``."""
+        return bool(getattr(getattr(self.ctx, "config", None), "batch_invariant", False))
+
     def kv_cache_bytes_per_block(self, layers: Sequence[AttentionLayerSpec], block_size: int,
                                  dtype: torch.dtype) -> int:
         size = torch.empty((), dtype=dtype).element_size()
@@ -122,7 +131,7 @@ class TorchAttention(AttentionBackend):
             group_slots[g] = (tables[:, :, None] * bs + torch.arange(bs, device=dev)).reshape(b, -1)[:, :max_kv]
         keys = self._keys | {(0, None)}
         windows = {w for _, w in keys if w is not None}
-        if max_q == 1 and min(batch.seq_lens_cpu) == max_kv:
+        if max_q == 1 and min(batch.seq_lens_cpu) == max_kv and not self.invariant:
             # decodes of equal length need no mask: read exactly each window's keys (a masked
             # attention costs a fixed ~0.1 ms per layer on CPU, the cost of a whole small layer)
             slots = {(g, w): group_slots[g][:, max(0, max_kv - w) if w else 0:] for g, w in keys}
@@ -221,7 +230,8 @@ class TorchAttention(AttentionBackend):
             qb = q[:, None]                       # [B, 1, H, D]
         else:
             qb = q[metadata.q_index]              # [B, max_q, H, D]
-        out = _attend(qb, keys.to(q.dtype), values.to(q.dtype), metadata.masks[layer.sliding_window], layer.scale)
+        attend = attend_invariant if self.invariant else _attend  # (the former: keys counted from position 0)
+        out = attend(qb, keys.to(q.dtype), values.to(q.dtype), metadata.masks[layer.sliding_window], layer.scale)
         if metadata.q_index is None:
             return out[0] if metadata.one_seq else out[:, 0]
         return out.reshape(-1, layer.num_heads, values.shape[-1])[metadata.out_index]

@@ -44,10 +44,9 @@ class TritonAttentionOptions(BaseModel):
                                                     "fixed, so results do not depend on the batch (steps of a "
                                                     "single token: see single_token_split)")
     single_token_split: int | None = Field(128, ge=16, description="key positions per decode split in steps of a "
-                                           "single token (batch-1 decode; None: split_size), on devices that do "
-                                           "not claim batch invariance (all but a CUDA device with its "
-                                           "single-token GEMVs off); a sequence decoded alone then gets other "
-                                           "bits than in a batch")
+                                           "single token (batch-1 decode; None: split_size); a sequence decoded "
+                                           "alone then gets other bits than in a batch, as it does from the "
+                                           "devices' single-token GEMVs and cuBLAS")
     programmatic_launch: bool = Field(True, description="in steps of a single token (batch-1 decode), launch "
                                       "the KV write and decode kernels with programmatic dependent launch "
                                       "(compute capability 9.0+): each starts while the previous kernel finishes")
@@ -126,11 +125,12 @@ class TritonAttention(AttentionBackend, HandlesSingleRuns, FusedKVWrite):
         if reason is not None:
             raise PluginError(f"attention plugin 'triton' cannot run here: {reason}")
         self.kernels = _kernels()
-        # a split of its own for single-token steps only where they already get other bits than in a
-        # batch (a device that says so; none known: one split for every step)
-        device = getattr(ctx, "device", None)
-        self.single_split = None if device is None or device.supports_batch_invariance \
-            else self.options.single_token_split
+        self.single_split = self.options.single_token_split
+
+    def batch_invariance_unavailable(self) -> str | None:
+        return ("its decode kernel merges splits of the keys where its prefill kernel runs one pass over them, "
+                "so a token decoded gets other bits than in a prefill or a verification; a batch-invariant "
+                "mode of these kernels is not written yet (the torch attention plugin has one)")
 
     def kv_cache_bytes_per_block(self, layers: Sequence[AttentionLayerSpec], block_size: int,
                                  dtype: torch.dtype) -> int:

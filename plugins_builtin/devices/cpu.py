@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from deepinfer.plugins import Device
 from deepinfer_builtin.devices import cpu_bf16
+from deepinfer_builtin.devices.cpu_invariant import invariant_linear
 
 log = logging.getLogger("deepinfer")
 
@@ -163,7 +164,12 @@ class CPUDevice(Device):
         bfloat16 matmul costs in proportion to its rows (``slow_bf16_matmul``)."""
         return self.options.bf16_float32_rows if slow_bf16_matmul() else 0
 
+    def batch_invariance_unavailable(self) -> str | None:
+        return None
+
     def linear_op(self, dtype: torch.dtype):
+        if getattr(getattr(self.ctx, "config", None), "batch_invariant", False):  # (every dtype: see cpu_invariant)
+            return invariant_linear
         if dtype != torch.bfloat16:
             return None
         kernel_rows, from_rows = self._kernel_rows(dtype), self._float32_rows()

@@ -133,11 +133,12 @@ class CUDADevice(Device):
                                           l2_keep_bytes=int(self.options.l2_keep_mb * 1e6),
                                           gemv_rows=self.options.gemv_rows)
 
-    @property
-    def supports_batch_invariance(self) -> bool:
-        # the single-token GEMVs sum in another order than the batched projections: a sequence
-        # decoded alone does not get the bits it gets in a batch
-        return not (self.options.fused_kernels and self.options.single_token_gemv)
+    def batch_invariance_unavailable(self) -> str | None:
+        # (cuBLAS picks its kernels, and so its order of sums, by the number of rows; the single-token
+        # GEMVs sum in another order than the batched projections)
+        return ("cuBLAS and the single-token GEMVs sum a row in an order that depends on the batch's rows; "
+                "a batch-invariant Triton matmul for CUDA devices is not written yet (the cpu device has "
+                "its batch-invariant mode)")
 
     def graphs(self) -> CUDAGraphs:
         return CUDAGraphs(self.torch_device)

@@ -87,7 +87,6 @@ def test_interpreter_engine_gives_the_torch_backends_greedy_tokens(model_dir):
     alone = got["alone"]
     assert alone["triton"] == alone["torch"]
     assert alone["splits"] == {"1:16": alone["splits"]["1:16"]} and alone["splits"]["1:16"] > 0
-    assert got["single_split"] == [128, None]
     batched = got["batched_splits"]  # steps of several sequences keep split_size
     assert all(key.endswith(":16") for key in batched if not key.startswith("1:")) and len(batched) > 1
 
@@ -165,13 +164,6 @@ def _main(model_dir: str) -> None:
                           triton_options={"split_size": 32, "single_token_split": 16}, **engine)
     deepinfer_kernels.paged_decode_attention = decode
     out["alone"] = {"torch": alone["torch"], "triton": alone["triton"], "splits": dict(splits)}
-    # ... but only on a device whose kernels give single-token steps other bits anyway
-    from types import SimpleNamespace
-
-    from deepinfer_builtin.attention.triton_attn import TritonAttention, TritonAttentionOptions
-
-    out["single_split"] = [TritonAttention(TritonAttentionOptions(), SimpleNamespace(
-        device=SimpleNamespace(supports_batch_invariance=inv))).single_split for inv in (False, True)]
     from deepinfer import LLM
 
     try:

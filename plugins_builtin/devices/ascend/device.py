@@ -131,6 +131,12 @@ class AscendDevice(Device):
         if options.deterministic:
             self._make_deterministic()
 
+    def batch_invariance_unavailable(self) -> str | None:
+        return ("torch-npu's matmuls are documented to give a row the same result wherever it sits only under "
+                "CANN's strong consistency (the 'deterministic' option, CANN 8.5+), its attention kernel not at "
+                "all, and nothing has been measured on an NPU; run with the 'deterministic' option for "
+                "run-to-run reproducibility")
+
     def _make_deterministic(self) -> None:
         # torch's switch maps to CANN's ACL_OPT_DETERMINISTIC; level 2 adds strong consistency (the
         # same row gives the same matmul result wherever it sits; CANN 8.5+); HCCL reduces in order
