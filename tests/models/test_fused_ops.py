@@ -16,16 +16,18 @@ from tests.tiny_models import hybrid, make_model
 pytestmark = pytest.mark.slow  # whole engines in the Triton interpreter, in subprocesses
 
 ROOT = Path(__file__).resolve().parents[2]
+#: tokens each request makes: the prompt's step and three decode steps (each kernel's every path)
+STEPS = 4
 
 CHILD = """
 import json, sys
 import deepinfer_kernels
 from deepinfer import LLM, SamplingParams
 from tests.counting_ops import CountingOps
-path = sys.argv[1]
+path, STEPS = sys.argv[1], int(sys.argv[2])
 batch = [{"prompt_token_ids": p} for p in ([5, 6, 7], list(range(10, 40)))]
 one = [{"prompt_token_ids": [9]}]  # a one-token prompt: every step is single-token, prefill included
-params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, prompt_logprobs=0)
+params = SamplingParams(temperature=0, max_tokens=STEPS, ignore_eos=True, prompt_logprobs=0)
 out = {}
 # "tri": the one-token prompt with the triton backend, whose cache the qkv kernel then writes
 # ("trioff": with that fusion off, the backend writes k and v itself)
@@ -50,7 +52,7 @@ print(json.dumps(out))
 def test_fused_kernels_match_plain_layers(tmp_path, arch):
     extra = hybrid(12) if arch == "qwen3" else {}
     make_model(tmp_path, arch, with_tokenizer=False, **extra)
-    res = run_interpreted(["-c", CHILD, str(tmp_path)])
+    res = run_interpreted(["-c", CHILD, str(tmp_path), str(STEPS)])
     assert res.returncode == 0, res.stderr[-3000:]
     out = json.loads(res.stdout.strip().splitlines()[-1])
     # two sequences: the multi-token kernels in every step, prompts and decode alike (T >= 2)
@@ -59,7 +61,7 @@ def test_fused_kernels_match_plain_layers(tmp_path, arch):
     # (3 GEMVs a layer and one qkv GEMV a layer, every step); the LM head of one row is a GEMV too,
     # with the final norm folded in (each step's; a one-token prompt has no token for prompt logprobs
     # to score, so none for them): no separate norm kernel
-    layers, steps = 2, 6
+    layers, steps = 2, STEPS
     heads = steps
     if arch == "qwen2":  # a qkv bias: single-token steps keep the multi-token kernels (not the LM head)
         assert set(out["onecalls"]) == {"embedding", "rms_norm", "apply_rotary", "silu_and_mul", "argmax", "gemv"}

@@ -65,15 +65,15 @@ async def _streamed(client, seed: int) -> str:
     return "".join(parts)
 
 
-@pytest.mark.parametrize("stream", [False, True])
-def test_strict_json_schema_holds_on_100_of_100_sampled_requests(client, stream):
+def test_strict_json_schema_holds_on_100_of_100_sampled_requests(client):
+    """Half of them streamed, half whole, all at once."""
     async def run():
-        return await asyncio.gather(*[(_streamed if stream else _whole)(client, seed) for seed in range(100)])
+        return await asyncio.gather(*[(_streamed if seed % 2 else _whole)(client, seed) for seed in range(100)])
 
     texts = asyncio.run(run())
     for text in texts:
         jsonschema.validate(json.loads(text), SCHEMA)
-    assert len(set(texts)) > 10  # (sampled: the outputs differ)
+    assert len(set(texts[0::2])) > 10 and len(set(texts[1::2])) > 10  # (sampled: the outputs differ)
 
 
 def test_json_object_regex_and_choice_are_obeyed(client):
