@@ -87,12 +87,14 @@ def test_chunked_prefill_boundaries_moved_and_a_prefix_cache_hit_change_no_bit(m
 def test_a_drafter_changes_no_bit(tmp_path, drafter):
     make_model(tmp_path, "llama", with_tokenizer=False)
     # (the draft: the target itself, so that rounds verify drafts and accept some)
-    options = {"draft-model": {"model": str(tmp_path), "compile": False}} if drafter == "draft-model" else {}
+    options = {"draft-model": {"model": str(tmp_path)}} if drafter == "draft-model" else {}
     prompts = _prompts(6, 3) + [{"prompt_token_ids": [5, 6, 7, 8] * 6}]
     plain = [_bits(o) for o in _engine(str(tmp_path)).generate(prompts, PARAMS, use_tqdm=False)]
     spec = _engine(str(tmp_path), plugins=[drafter], plugin_options=options)
     assert [_bits(o) for o in spec.generate(prompts, PARAMS, use_tqdm=False)] == plain
     assert spec.get_metrics()["deepinfer:spec_decode_num_accepted_tokens"] > 0
+    if drafter == "draft-model":  # (its compiled step is off by default under the mode)
+        assert spec.engine.drafter.runner.draft.compiled is None
 
 
 def test_a_plugin_that_cannot_run_the_mode_is_refused_with_its_reason(tmp_path, monkeypatch):

@@ -75,7 +75,9 @@ class DraftModelOptions(BaseModel):
     compile: bool | None = Field(None, description="compile the draft's one-token steps of a single "
                                                    "sequence with torch.compile (needs a C++ compiler; without "
                                                    "one they run eagerly); default: on the CPU, where steps "
-                                                   "run eagerly (CUDA devices replay graphs instead)")
+                                                   "run eagerly (CUDA devices replay graphs instead), unless "
+                                                   "batch_invariant (its attention's loop over key chunks "
+                                                   "recompiles as sequences grow)")
 
 
 class DraftModelDrafter(Drafter):
@@ -90,7 +92,8 @@ class DraftModelDrafter(Drafter):
         if model is None:
             raise ValueError(f"{self.name}: no draft model given and the target ({ctx.model_path}) is not the "
                              f"demo model; set plugin_options {{'{self.name}': {{'model': DIR}}}}")
-        compile_steps = options.compile if options.compile is not None else ctx.device.torch_device.type == "cpu"
+        compile_steps = options.compile if options.compile is not None else \
+            ctx.device.torch_device.type == "cpu" and not ctx.config.batch_invariant
         self.runner = DraftRunner(ctx, model, options.num_blocks or draft_blocks(ctx), draft_dtype(ctx, options.dtype),
                                   compile_steps, greedy_sampled=options.sampled_drafts == "greedy")
         self.k = options.num_speculative_tokens
